@@ -1,0 +1,2 @@
+//! Admission control. STUB.
+pub mod estimate;

@@ -1,0 +1,3 @@
+//! Caller identity. SigV4 verification lives in [`sigv4`].
+
+pub mod sigv4;

@@ -1,0 +1,1 @@
+//! SigV4 signature verification. STUB.

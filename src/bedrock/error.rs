@@ -1,0 +1,210 @@
+//! Bedrock's restJson1 error shape: status code, `x-amzn-ErrorType`, `{"message": ...}` and an
+//! `x-amzn-RequestId`. Used for the proxy's own errors and by the simulator.
+
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+
+/// The errors `bedrock-runtime` answers with (and the SDK error codes they map to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    Throttling,
+    ModelNotReady,
+    ServiceUnavailable,
+    InternalServer,
+    Validation,
+    ServiceQuotaExceeded,
+    AccessDenied,
+    UnrecognizedClient,
+    ResourceNotFound,
+    ModelTimeout,
+    ModelError,
+    ModelStreamError,
+}
+
+impl ErrorCode {
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorCode::Throttling | ErrorCode::ModelNotReady => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::ServiceUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::InternalServer => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Validation | ErrorCode::ServiceQuotaExceeded => StatusCode::BAD_REQUEST,
+            ErrorCode::AccessDenied | ErrorCode::UnrecognizedClient => StatusCode::FORBIDDEN,
+            ErrorCode::ResourceNotFound => StatusCode::NOT_FOUND,
+            ErrorCode::ModelTimeout => StatusCode::REQUEST_TIMEOUT,
+            ErrorCode::ModelError | ErrorCode::ModelStreamError => StatusCode::FAILED_DEPENDENCY,
+        }
+    }
+
+    /// The `x-amzn-ErrorType` value, e.g. `ThrottlingException`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::Throttling => "ThrottlingException",
+            ErrorCode::ModelNotReady => "ModelNotReadyException",
+            ErrorCode::ServiceUnavailable => "ServiceUnavailableException",
+            ErrorCode::InternalServer => "InternalServerException",
+            ErrorCode::Validation => "ValidationException",
+            ErrorCode::ServiceQuotaExceeded => "ServiceQuotaExceededException",
+            ErrorCode::AccessDenied => "AccessDeniedException",
+            ErrorCode::UnrecognizedClient => "UnrecognizedClientException",
+            ErrorCode::ResourceNotFound => "ResourceNotFoundException",
+            ErrorCode::ModelTimeout => "ModelTimeoutException",
+            ErrorCode::ModelError => "ModelErrorException",
+            ErrorCode::ModelStreamError => "ModelStreamErrorException",
+        }
+    }
+
+    /// The event-stream `:exception-type`: the lowerCamel member name (`throttlingException`).
+    pub fn event_member(self) -> String {
+        let name = self.name();
+        let mut out = String::with_capacity(name.len());
+        let mut chars = name.chars();
+        if let Some(first) = chars.next() {
+            out.push(first.to_ascii_lowercase());
+        }
+        out.extend(chars);
+        out
+    }
+
+    /// Parses an `x-amzn-ErrorType` value (which may carry a `:namespace` suffix).
+    pub fn from_name(value: &str) -> Option<ErrorCode> {
+        let name = value.split(':').next().unwrap_or(value).trim();
+        ALL_CODES.into_iter().find(|c| c.name() == name)
+    }
+
+    /// Whether the SDKs retry it (see BEDROCK.md, "How SDKs retry").
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::Throttling
+                | ErrorCode::ModelNotReady
+                | ErrorCode::ServiceUnavailable
+                | ErrorCode::InternalServer
+        )
+    }
+}
+
+const ALL_CODES: [ErrorCode; 12] = [
+    ErrorCode::Throttling,
+    ErrorCode::ModelNotReady,
+    ErrorCode::ServiceUnavailable,
+    ErrorCode::InternalServer,
+    ErrorCode::Validation,
+    ErrorCode::ServiceQuotaExceeded,
+    ErrorCode::AccessDenied,
+    ErrorCode::UnrecognizedClient,
+    ErrorCode::ResourceNotFound,
+    ErrorCode::ModelTimeout,
+    ErrorCode::ModelError,
+    ErrorCode::ModelStreamError,
+];
+
+pub const X_AMZN_ERROR_TYPE: HeaderName = HeaderName::from_static("x-amzn-errortype");
+pub const X_AMZN_REQUEST_ID: HeaderName = HeaderName::from_static("x-amzn-requestid");
+
+/// An error response in Bedrock's shape, with optional extra headers (retry hints,
+/// `x-tokengate-*`).
+#[derive(Debug, Clone)]
+pub struct BedrockError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub headers: HeaderMap,
+}
+
+impl BedrockError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        BedrockError {
+            code,
+            message: message.into(),
+            headers: HeaderMap::new(),
+        }
+    }
+
+    pub fn validation(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Validation, message)
+    }
+
+    /// Adds a header; values that are not valid header text are dropped.
+    pub fn with_header(mut self, name: impl Into<HeaderName>, value: impl AsRef<str>) -> Self {
+        if let Ok(v) = HeaderValue::from_str(value.as_ref()) {
+            self.headers.insert(name.into(), v);
+        }
+        self
+    }
+
+    /// The JSON body, `{"message": "..."}`.
+    pub fn body(&self) -> Bytes {
+        Bytes::from(serde_json::json!({ "message": self.message }).to_string())
+    }
+}
+
+impl std::fmt::Display for BedrockError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.name(), self.message)
+    }
+}
+
+impl IntoResponse for BedrockError {
+    fn into_response(self) -> Response {
+        let body = self.body();
+        let mut response = (self.code.status(), body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            X_AMZN_ERROR_TYPE,
+            HeaderValue::from_static(self.code.name()),
+        );
+        if let Ok(id) = HeaderValue::from_str(&new_request_id()) {
+            headers.insert(X_AMZN_REQUEST_ID, id);
+        }
+        headers.extend(self.headers);
+        response
+    }
+}
+
+/// A fresh request id in the UUID form AWS uses.
+pub fn new_request_id() -> String {
+    let v: u128 = rand::random();
+    let h = format!("{v:032x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_member_names_are_lower_camel() {
+        for code in ALL_CODES {
+            assert_eq!(ErrorCode::from_name(code.name()), Some(code));
+        }
+        assert_eq!(ErrorCode::Throttling.event_member(), "throttlingException");
+        assert_eq!(
+            ErrorCode::from_name(
+                "ThrottlingException:http://internal.amazon.com/coral/com.amazon.bedrock/"
+            ),
+            Some(ErrorCode::Throttling)
+        );
+    }
+
+    #[test]
+    fn response_has_bedrock_shape() {
+        let r = BedrockError::new(ErrorCode::Throttling, "slow down")
+            .with_header(HeaderName::from_static("x-amz-retry-after"), "1500")
+            .into_response();
+        assert_eq!(r.status(), 429);
+        assert_eq!(r.headers()[X_AMZN_ERROR_TYPE], "ThrottlingException");
+        assert_eq!(r.headers()["x-amz-retry-after"], "1500");
+        assert!(r.headers().contains_key(X_AMZN_REQUEST_ID));
+    }
+}

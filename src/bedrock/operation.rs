@@ -1,0 +1,305 @@
+//! Operations and their REST paths.
+//!
+//! SDKs percent-encode the modelId in the path (`:` as `%3A`, `/` as `%2F`, so ARNs stay one
+//! segment). We route on the raw path: the model segment is everything between `/model/` and the
+//! last `/{operation}`, decoded exactly once. The raw path is forwarded upstream unchanged.
+
+use http::Method;
+use percent_encoding::percent_decode_str;
+
+/// A `bedrock-runtime` operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    Converse,
+    ConverseStream,
+    InvokeModel,
+    InvokeModelWithResponseStream,
+    InvokeModelWithBidirectionalStream,
+    CountTokens,
+    ApplyGuardrail,
+    InvokeGuardrailChecks,
+    StartAsyncInvoke,
+    GetAsyncInvoke,
+    ListAsyncInvokes,
+}
+
+impl Operation {
+    pub const ALL: [Operation; 11] = [
+        Operation::Converse,
+        Operation::ConverseStream,
+        Operation::InvokeModel,
+        Operation::InvokeModelWithResponseStream,
+        Operation::InvokeModelWithBidirectionalStream,
+        Operation::CountTokens,
+        Operation::ApplyGuardrail,
+        Operation::InvokeGuardrailChecks,
+        Operation::StartAsyncInvoke,
+        Operation::GetAsyncInvoke,
+        Operation::ListAsyncInvokes,
+    ];
+
+    /// The operation's name as AWS spells it (and as metrics label it).
+    pub fn name(self) -> &'static str {
+        match self {
+            Operation::Converse => "Converse",
+            Operation::ConverseStream => "ConverseStream",
+            Operation::InvokeModel => "InvokeModel",
+            Operation::InvokeModelWithResponseStream => "InvokeModelWithResponseStream",
+            Operation::InvokeModelWithBidirectionalStream => "InvokeModelWithBidirectionalStream",
+            Operation::CountTokens => "CountTokens",
+            Operation::ApplyGuardrail => "ApplyGuardrail",
+            Operation::InvokeGuardrailChecks => "InvokeGuardrailChecks",
+            Operation::StartAsyncInvoke => "StartAsyncInvoke",
+            Operation::GetAsyncInvoke => "GetAsyncInvoke",
+            Operation::ListAsyncInvokes => "ListAsyncInvokes",
+        }
+    }
+
+    /// The trailing path segment of a `/model/{modelId}/{segment}` operation.
+    fn model_segment(self) -> Option<&'static str> {
+        match self {
+            Operation::Converse => Some("converse"),
+            Operation::ConverseStream => Some("converse-stream"),
+            Operation::InvokeModel => Some("invoke"),
+            Operation::InvokeModelWithResponseStream => Some("invoke-with-response-stream"),
+            Operation::InvokeModelWithBidirectionalStream => {
+                Some("invoke-with-bidirectional-stream")
+            }
+            Operation::CountTokens => Some("count-tokens"),
+            _ => None,
+        }
+    }
+
+    /// Whether the call draws on the model's tokens-per-minute quota (Bedrock's on-demand
+    /// throughput). CountTokens is free of charge; guardrails and async jobs are billed apart.
+    pub fn consumes_quota(self) -> bool {
+        matches!(
+            self,
+            Operation::Converse
+                | Operation::ConverseStream
+                | Operation::InvokeModel
+                | Operation::InvokeModelWithResponseStream
+                | Operation::InvokeModelWithBidirectionalStream
+        )
+    }
+
+    /// Whether the response is an `application/vnd.amazon.eventstream`.
+    pub fn is_streaming(self) -> bool {
+        matches!(
+            self,
+            Operation::ConverseStream
+                | Operation::InvokeModelWithResponseStream
+                | Operation::InvokeModelWithBidirectionalStream
+        )
+    }
+
+    /// Whether the request body is a Converse-shaped JSON document (as opposed to a
+    /// model-native InvokeModel body).
+    pub fn is_converse(self) -> bool {
+        matches!(self, Operation::Converse | Operation::ConverseStream)
+    }
+}
+
+impl std::fmt::Display for Operation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a request addresses: the operation and, for model operations, the decoded modelId.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub operation: Operation,
+    /// The modelId, percent-decoded once. `None` for operations without one in the path.
+    pub model_id: Option<String>,
+}
+
+/// Why a path is not a `bedrock-runtime` operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    #[error("no bedrock-runtime operation is served at {method} {path}")]
+    UnknownOperation { method: String, path: String },
+    #[error("the modelId in the path is empty")]
+    EmptyModelId,
+    #[error("the modelId in the path is not valid percent-encoded UTF-8")]
+    BadModelIdEncoding,
+}
+
+impl Target {
+    /// Parses a request line. `raw_path` is the path exactly as received, without the query.
+    pub fn parse(method: &Method, raw_path: &str) -> Result<Target, TargetError> {
+        let unknown = || TargetError::UnknownOperation {
+            method: method.to_string(),
+            path: raw_path.to_string(),
+        };
+        if let Some(rest) = raw_path.strip_prefix("/model/") {
+            if method != Method::POST {
+                return Err(unknown());
+            }
+            let (encoded_model, segment) = rest.rsplit_once('/').ok_or_else(unknown)?;
+            let operation = Operation::ALL
+                .into_iter()
+                .find(|op| op.model_segment() == Some(segment))
+                .ok_or_else(unknown)?;
+            if encoded_model.is_empty() {
+                return Err(TargetError::EmptyModelId);
+            }
+            let model_id = decode_once(encoded_model)?;
+            if model_id.is_empty() {
+                return Err(TargetError::EmptyModelId);
+            }
+            return Ok(Target {
+                operation,
+                model_id: Some(model_id),
+            });
+        }
+        let operation = match (method, raw_path) {
+            (&Method::POST, "/guardrail-checks/invoke") => Operation::InvokeGuardrailChecks,
+            (&Method::POST, "/async-invoke") => Operation::StartAsyncInvoke,
+            (&Method::GET, "/async-invoke") => Operation::ListAsyncInvokes,
+            (&Method::GET, p) if p.starts_with("/async-invoke/") && p.len() > 14 => {
+                Operation::GetAsyncInvoke
+            }
+            (&Method::POST, p) if is_apply_guardrail(p) => Operation::ApplyGuardrail,
+            _ => return Err(unknown()),
+        };
+        Ok(Target {
+            operation,
+            model_id: None,
+        })
+    }
+}
+
+/// `/guardrail/{id}/version/{version}/apply`
+fn is_apply_guardrail(path: &str) -> bool {
+    let mut parts = path.split('/');
+    matches!(
+        (parts.next(), parts.next(), parts.next(), parts.next(), parts.next(), parts.next(), parts.next()),
+        (Some(""), Some("guardrail"), Some(id), Some("version"), Some(v), Some("apply"), None)
+            if !id.is_empty() && !v.is_empty()
+    )
+}
+
+fn decode_once(encoded: &str) -> Result<String, TargetError> {
+    // Reject malformed escapes ("%G1", a trailing "%") rather than passing them through literally.
+    let bytes = encoded.as_bytes();
+    for (i, b) in bytes.iter().enumerate() {
+        if *b == b'%' {
+            let ok = bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
+            if !ok {
+                return Err(TargetError::BadModelIdEncoding);
+            }
+        }
+    }
+    percent_decode_str(encoded)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| TargetError::BadModelIdEncoding)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn post(path: &str) -> Result<Target, TargetError> {
+        Target::parse(&Method::POST, path)
+    }
+
+    #[test]
+    fn model_operations_decode_the_model_id_once() {
+        let t =
+            post("/model/us.anthropic.claude-sonnet-4-20250514-v1%3A0/converse-stream").unwrap();
+        assert_eq!(t.operation, Operation::ConverseStream);
+        assert_eq!(
+            t.model_id.as_deref(),
+            Some("us.anthropic.claude-sonnet-4-20250514-v1:0")
+        );
+
+        let arn = "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Ainference-profile%2Fus.anthropic.claude-3-haiku-20240307-v1%3A0/invoke";
+        let t = post(arn).unwrap();
+        assert_eq!(t.operation, Operation::InvokeModel);
+        assert_eq!(
+            t.model_id.as_deref(),
+            Some(
+                "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-3-haiku-20240307-v1:0"
+            )
+        );
+        // A doubly-encoded sequence is decoded once only.
+        let t = post("/model/a%253Ab/count-tokens").unwrap();
+        assert_eq!(t.model_id.as_deref(), Some("a%3Ab"));
+    }
+
+    #[test]
+    fn every_model_operation_routes() {
+        for (seg, op) in [
+            ("converse", Operation::Converse),
+            ("converse-stream", Operation::ConverseStream),
+            ("invoke", Operation::InvokeModel),
+            (
+                "invoke-with-response-stream",
+                Operation::InvokeModelWithResponseStream,
+            ),
+            (
+                "invoke-with-bidirectional-stream",
+                Operation::InvokeModelWithBidirectionalStream,
+            ),
+            ("count-tokens", Operation::CountTokens),
+        ] {
+            assert_eq!(post(&format!("/model/m/{seg}")).unwrap().operation, op);
+        }
+    }
+
+    #[test]
+    fn other_operations_route() {
+        assert_eq!(
+            post("/guardrail/gr1/version/3/apply").unwrap().operation,
+            Operation::ApplyGuardrail
+        );
+        assert_eq!(
+            post("/guardrail-checks/invoke").unwrap().operation,
+            Operation::InvokeGuardrailChecks
+        );
+        assert_eq!(
+            post("/async-invoke").unwrap().operation,
+            Operation::StartAsyncInvoke
+        );
+        let get = |p| Target::parse(&Method::GET, p);
+        assert_eq!(
+            get("/async-invoke").unwrap().operation,
+            Operation::ListAsyncInvokes
+        );
+        assert_eq!(
+            get("/async-invoke/arn%3Aaws%3Ax").unwrap().operation,
+            Operation::GetAsyncInvoke
+        );
+    }
+
+    #[test]
+    fn bad_paths_are_refused() {
+        assert!(matches!(
+            post("/model/m/chat"),
+            Err(TargetError::UnknownOperation { .. })
+        ));
+        assert!(matches!(
+            post("/model//converse"),
+            Err(TargetError::EmptyModelId)
+        ));
+        assert!(matches!(
+            post("/model/a%G1/converse"),
+            Err(TargetError::BadModelIdEncoding)
+        ));
+        assert!(matches!(
+            post("/model/a%/converse"),
+            Err(TargetError::BadModelIdEncoding)
+        ));
+        assert!(matches!(
+            post("/model/%FF%FE/converse"),
+            Err(TargetError::BadModelIdEncoding)
+        ));
+        assert!(Target::parse(&Method::GET, "/model/m/converse").is_err());
+        assert!(post("/guardrail/x/version//apply").is_err());
+        assert!(post("/").is_err());
+    }
+}

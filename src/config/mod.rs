@@ -1,0 +1,462 @@
+//! Configuration: the TOML file ([`raw`]) validated into typed settings ([`Config`]).
+//!
+//! Every error names the key at fault and says what to write instead, so that
+//! `tokengate check-config FILE` is enough to fix a file.
+
+pub mod raw;
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use http::Uri;
+
+use crate::simulator::SimulatorConfig;
+use raw::{RawConfig, RawPool};
+
+/// A configuration error: the key at fault and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("{0}")]
+    Parse(String),
+    #[error("{key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub upstream: UpstreamConfig,
+    pub ledger: LedgerConfig,
+    pub admission: AdmissionConfig,
+    pub log: LogConfig,
+    pub pools: Vec<PoolConfig>,
+    pub simulator: SimulatorConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub tls: Option<TlsFiles>,
+    /// Largest request body accepted (413-free: answered as a `ValidationException`).
+    pub max_body_bytes: usize,
+    /// How long shutdown waits for in-flight requests and streams.
+    pub drain: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Where requests go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `https://bedrock-runtime.{region}.amazonaws.com`
+    Aws,
+    /// The built-in simulator, started in the same process.
+    Simulated,
+    /// An explicit base URL (`http://127.0.0.1:9000`, a VPC endpoint, ...).
+    Url(Uri),
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub region: String,
+    pub endpoint: Endpoint,
+    pub connect_timeout: Duration,
+    /// Longest wait for the response head. Non-streaming generations answer only when done.
+    pub response_timeout: Duration,
+    /// Longest silence between two body chunks of a response.
+    pub idle_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerConfig {
+    Memory,
+    Redis { url: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownModels {
+    /// 400 `ValidationException` naming the model.
+    Reject,
+    /// Forwarded uncounted (and counted in metrics as such).
+    Pass,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdmissionConfig {
+    pub unknown_models: UnknownModels,
+    /// Application-inference-profile ARN or id -> the model id whose pool it draws on.
+    pub application_profiles: BTreeMap<String, String>,
+    /// Upper bound of the `x-amz-retry-after` hint. SDKs honour hints up to about their own
+    /// backoff + 5 s (boto3, JS) or 20 s (Rust).
+    pub max_retry_hint: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputEstimate {
+    /// The built-in text estimate, calibrated online.
+    Heuristic,
+    /// Ask upstream CountTokens (free of charge) before admitting.
+    CountTokens,
+}
+
+/// A quota pool: the unit Bedrock enforces quota on (model x Region x inference route).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolConfig {
+    pub name: String,
+    pub models: Vec<String>,
+    pub region: String,
+    pub tokens_per_minute: u64,
+    pub requests_per_minute: Option<u64>,
+    pub max_concurrency: u32,
+    pub output_burndown: u32,
+    pub default_max_tokens: u64,
+    /// Fraction of the bucket kept free, in `[0, 1)`.
+    pub headroom: f64,
+    pub input_estimate: InputEstimate,
+}
+
+impl PoolConfig {
+    /// Tokens per minute after headroom: the capacity admission works with.
+    pub fn usable_tokens_per_minute(&self) -> u64 {
+        ((self.tokens_per_minute as f64) * (1.0 - self.headroom)).floor() as u64
+    }
+}
+
+const DEFAULT_MAX_BODY: u64 = 26 * 1024 * 1024;
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Config::parse(&text)
+    }
+
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        Config::from_raw(raw)
+    }
+
+    pub fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
+        let server = ServerConfig {
+            listen: raw.server.listen.parse().map_err(|_| {
+                invalid(
+                    "server.listen",
+                    format!(
+                        "{:?} is not an address; write \"127.0.0.1:8080\"",
+                        raw.server.listen
+                    ),
+                )
+            })?,
+            tls: match (raw.server.tls_cert, raw.server.tls_key) {
+                (Some(cert), Some(key)) => Some(TlsFiles {
+                    cert: cert.into(),
+                    key: key.into(),
+                }),
+                (None, None) => None,
+                _ => {
+                    return Err(invalid(
+                        "server.tls_cert",
+                        "tls_cert and tls_key go together; set both or neither",
+                    ));
+                }
+            },
+            max_body_bytes: positive(
+                "server.max_body_bytes",
+                raw.server.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
+            )? as usize,
+            drain: Duration::from_secs(raw.server.drain_secs.unwrap_or(30)),
+        };
+        let upstream = validate_upstream(raw.upstream)?;
+        let ledger = match (
+            raw.ledger.backend.as_deref().unwrap_or("memory"),
+            raw.ledger.url,
+        ) {
+            ("memory", None) => LedgerConfig::Memory,
+            ("memory", Some(_)) => {
+                return Err(invalid("ledger.url", "only the redis backend takes a url"));
+            }
+            ("redis", Some(url)) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+                LedgerConfig::Redis { url }
+            }
+            ("redis", _) => {
+                return Err(invalid(
+                    "ledger.url",
+                    "backend = \"redis\" needs url = \"redis://host:6379\"",
+                ));
+            }
+            (other, _) => {
+                return Err(invalid(
+                    "ledger.backend",
+                    format!("{other:?} is not a backend; use \"memory\" or \"redis\""),
+                ));
+            }
+        };
+        let admission = AdmissionConfig {
+            unknown_models: match raw.admission.unknown_models.as_deref().unwrap_or("reject") {
+                "reject" => UnknownModels::Reject,
+                "pass" => UnknownModels::Pass,
+                other => {
+                    return Err(invalid(
+                        "admission.unknown_models",
+                        format!("{other:?}: use \"reject\" or \"pass\""),
+                    ));
+                }
+            },
+            application_profiles: raw.admission.application_profiles,
+            max_retry_hint: Duration::from_millis(positive(
+                "admission.max_retry_hint_ms",
+                raw.admission.max_retry_hint_ms.unwrap_or(5000),
+            )?),
+        };
+        let log = LogConfig {
+            format: match raw.log.format.as_deref().unwrap_or("text") {
+                "text" => LogFormat::Text,
+                "json" => LogFormat::Json,
+                other => {
+                    return Err(invalid(
+                        "log.format",
+                        format!("{other:?}: use \"text\" or \"json\""),
+                    ));
+                }
+            },
+            level: raw.log.level.unwrap_or_else(|| "info".to_string()),
+        };
+        let mut pools = Vec::with_capacity(raw.pools.len());
+        for (i, pool) in raw.pools.into_iter().enumerate() {
+            pools.push(validate_pool(i, pool, &upstream.region)?);
+        }
+        check_pools_disjoint(&pools)?;
+        for (profile, model) in &admission.application_profiles {
+            if !pools.iter().any(|p| p.models.contains(model)) {
+                return Err(invalid(
+                    format!("admission.application_profiles.{profile:?}"),
+                    format!("maps to {model:?}, which no pool lists in its models"),
+                ));
+            }
+        }
+        Ok(Config {
+            server,
+            upstream,
+            ledger,
+            admission,
+            log,
+            pools,
+            simulator: raw.simulator.unwrap_or_default(),
+        })
+    }
+}
+
+fn positive(key: &str, v: u64) -> Result<u64, ConfigError> {
+    if v == 0 {
+        Err(invalid(key, "must be greater than zero"))
+    } else {
+        Ok(v)
+    }
+}
+
+fn validate_upstream(raw: raw::RawUpstream) -> Result<UpstreamConfig, ConfigError> {
+    if raw.region.is_empty()
+        || !raw
+            .region
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err(invalid(
+            "upstream.region",
+            format!("{:?} is not a Region name like \"us-east-1\"", raw.region),
+        ));
+    }
+    let endpoint = match raw.endpoint.as_deref() {
+        None => Endpoint::Aws,
+        Some("simulated") => Endpoint::Simulated,
+        Some(url) => {
+            let uri: Uri = url
+                .parse()
+                .map_err(|_| invalid("upstream.endpoint", format!("{url:?} is not a URL")))?;
+            match (uri.scheme_str(), uri.authority()) {
+                (Some("http" | "https"), Some(_)) if uri.path() == "/" || uri.path().is_empty() => {
+                    Endpoint::Url(uri)
+                }
+                _ => {
+                    return Err(invalid(
+                        "upstream.endpoint",
+                        format!(
+                            "{url:?}: write \"simulated\" or a base URL such as \"http://127.0.0.1:9000\" (no path)"
+                        ),
+                    ));
+                }
+            }
+        }
+    };
+    Ok(UpstreamConfig {
+        region: raw.region,
+        endpoint,
+        connect_timeout: Duration::from_secs(positive(
+            "upstream.connect_timeout_secs",
+            raw.connect_timeout_secs.unwrap_or(5),
+        )?),
+        response_timeout: Duration::from_secs(positive(
+            "upstream.response_timeout_secs",
+            raw.response_timeout_secs.unwrap_or(3600),
+        )?),
+        idle_timeout: Duration::from_secs(positive(
+            "upstream.idle_timeout_secs",
+            raw.idle_timeout_secs.unwrap_or(300),
+        )?),
+    })
+}
+
+fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolConfig, ConfigError> {
+    let key = |field: &str| {
+        if raw.name.is_empty() {
+            format!("pools[{i}].{field}")
+        } else {
+            format!("pools[{i}] ({}).{field}", raw.name)
+        }
+    };
+    if raw.name.is_empty()
+        || !raw
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(invalid(
+            key("name"),
+            "must be non-empty letters, digits, '-', '_' or '.'",
+        ));
+    }
+    if raw.models.is_empty() {
+        return Err(invalid(key("models"), "list at least one model id"));
+    }
+    if let Some(m) = raw
+        .models
+        .iter()
+        .find(|m| m.trim().is_empty() || m.trim() != m.as_str())
+    {
+        return Err(invalid(key("models"), format!("{m:?} is not a model id")));
+    }
+    let nonzero = |field: &str, v: u64| {
+        if v == 0 {
+            Err(invalid(key(field), "must be greater than zero"))
+        } else {
+            Ok(v)
+        }
+    };
+    let tokens_per_minute = nonzero("tokens_per_minute", raw.tokens_per_minute)?;
+    if tokens_per_minute > 1_000_000_000 {
+        return Err(invalid(
+            key("tokens_per_minute"),
+            "must be at most 1000000000",
+        ));
+    }
+    let requests_per_minute = raw
+        .requests_per_minute
+        .map(|v| nonzero("requests_per_minute", v))
+        .transpose()?;
+    let max_concurrency = nonzero("max_concurrency", u64::from(raw.max_concurrency))? as u32;
+    if raw.output_burndown < 1 {
+        return Err(invalid(
+            key("output_burndown"),
+            "must be at least 1 (5 for Claude 3.7 and Claude 4 models, 1 for most others)",
+        ));
+    }
+    let default_max_tokens = nonzero("default_max_tokens", raw.default_max_tokens)?;
+    let headroom = raw.headroom.unwrap_or(0.0);
+    if !(0.0..0.9).contains(&headroom) {
+        return Err(invalid(
+            key("headroom"),
+            "must be a fraction in [0, 0.9), e.g. 0.05",
+        ));
+    }
+    let input_estimate = match raw.input_estimate.as_deref().unwrap_or("heuristic") {
+        "heuristic" => InputEstimate::Heuristic,
+        "count_tokens" => InputEstimate::CountTokens,
+        other => {
+            return Err(invalid(
+                key("input_estimate"),
+                format!("{other:?}: use \"heuristic\" or \"count_tokens\""),
+            ));
+        }
+    };
+    let pool = PoolConfig {
+        name: raw.name.clone(),
+        models: raw.models,
+        region: raw.region.unwrap_or_else(|| default_region.to_string()),
+        tokens_per_minute,
+        requests_per_minute,
+        max_concurrency,
+        output_burndown: raw.output_burndown,
+        default_max_tokens,
+        headroom,
+        input_estimate,
+    };
+    if default_max_tokens >= pool.usable_tokens_per_minute() {
+        return Err(invalid(
+            key("default_max_tokens"),
+            format!(
+                "{default_max_tokens} does not fit in the bucket ({} tokens per minute after headroom): lower it",
+                pool.usable_tokens_per_minute()
+            ),
+        ));
+    }
+    Ok(pool)
+}
+
+fn check_pools_disjoint(pools: &[PoolConfig]) -> Result<(), ConfigError> {
+    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, pool) in pools.iter().enumerate() {
+        if names.insert(&pool.name, i).is_some() {
+            return Err(invalid(
+                format!("pools[{i}].name"),
+                format!("{:?} names two pools; pool names must be unique", pool.name),
+            ));
+        }
+        for model in &pool.models {
+            if let Some(other) = seen.insert(model, &pool.name) {
+                return Err(invalid(
+                    format!("pools[{i}] ({}).models", pool.name),
+                    format!("{model:?} is already in pool {other:?}; a model belongs to one pool"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,83 @@
+//! The configuration file as written: serde structs that mirror the TOML, unknown keys refused.
+//! [`super::Config::from_raw`] turns them into the validated, typed [`super::Config`].
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::simulator::SimulatorConfig;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub server: RawServer,
+    pub upstream: RawUpstream,
+    #[serde(default)]
+    pub ledger: RawLedger,
+    #[serde(default)]
+    pub admission: RawAdmission,
+    #[serde(default)]
+    pub log: RawLog,
+    #[serde(default)]
+    pub pools: Vec<RawPool>,
+    #[serde(default)]
+    pub simulator: Option<SimulatorConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: String,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
+    pub max_body_bytes: Option<u64>,
+    pub drain_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub region: String,
+    pub endpoint: Option<String>,
+    pub connect_timeout_secs: Option<u64>,
+    pub response_timeout_secs: Option<u64>,
+    pub idle_timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLedger {
+    pub backend: Option<String>,
+    pub url: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmission {
+    pub unknown_models: Option<String>,
+    #[serde(default)]
+    pub application_profiles: BTreeMap<String, String>,
+    pub max_retry_hint_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    pub format: Option<String>,
+    pub level: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPool {
+    pub name: String,
+    pub models: Vec<String>,
+    pub region: Option<String>,
+    pub tokens_per_minute: u64,
+    pub requests_per_minute: Option<u64>,
+    pub max_concurrency: u32,
+    pub output_burndown: u32,
+    pub default_max_tokens: u64,
+    pub headroom: Option<f64>,
+    pub input_estimate: Option<String>,
+}

@@ -1,0 +1,1 @@
+//! The quota ledger. STUB.

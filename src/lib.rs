@@ -1,0 +1,34 @@
+//! tokengate: an admission-control proxy for Amazon Bedrock's `bedrock-runtime` API.
+//!
+//! Unmodified AWS SDK clients point `endpoint_url` at tokengate. For every model call it reserves
+//! `input + maxTokens` of tokens-per-minute quota in the right pool (exactly as Bedrock deducts at
+//! request start), enforces concurrency and request-rate limits, forwards the call re-signed with
+//! its own credentials without buffering the response, and settles the reservation to Bedrock's
+//! own end-of-request charge. What does not fit is turned away with a Bedrock-shaped, retryable
+//! `ThrottlingException` carrying a jittered retry hint computed from the ledger.
+//!
+//! # Layout
+//!
+//! | module | what lives there |
+//! |---|---|
+//! | [`config`] | raw TOML config, validation into typed config, error messages that name the key |
+//! | [`bedrock`] | the wire format: operations and paths, modelId parsing, maxTokens and usage extraction, event-stream frames, AWS error shapes |
+//! | [`admission`] | pool resolution, estimates, the admit/reject decision, retry hints, reconciliation |
+//! | [`ledger`] | the [`ledger::Ledger`] trait, bucket arithmetic, the memory backend |
+//! | [`upstream`] | SigV4 re-signing, the pooled HTTPS client, metered streaming pass-through |
+//! | [`auth`] | caller identity; SigV4 signature verification |
+//! | [`metrics`] | the Prometheus registry and every `tokengate_*` metric |
+//! | [`simulator`] | a faithful stand-in for `bedrock-runtime` with Bedrock's own quota arithmetic |
+//! | [`app`] | the axum router and the layer stack, in one place |
+//! | [`server`] | the listener: HTTP/1.1 and h2c on one port, optional TLS, graceful shutdown |
+
+pub mod admission;
+pub mod app;
+pub mod auth;
+pub mod bedrock;
+pub mod config;
+pub mod ledger;
+pub mod metrics;
+pub mod server;
+pub mod simulator;
+pub mod upstream;

@@ -1,0 +1,1 @@
+//! Upstream forwarding. STUB.
