@@ -1,2 +1,270 @@
-//! Admission control. STUB.
+//! Admission control: from a request to a reservation, or to a rejection that says when to retry.
+//!
+//! For a model call: resolve the pool from the modelId; read `maxTokens` (the pool's
+//! `default_max_tokens` when absent: Bedrock itself would reserve the model's maximum, so set the
+//! default to what your callers really need); estimate input tokens (conservative, calibrated
+//! online from reported usage); reserve `input + maxTokens` in the ledger, all limits at once.
+//!
+//! - A reservation larger than the pool can ever hold is a 400 `ValidationException` that says
+//!   which `maxTokens` would fit: retrying would never help.
+//! - A reservation that does not fit now is a 429 `ThrottlingException` with a jittered retry
+//!   hint projected from the ledger ([`hint`]).
+//! - An admitted request carries an [`Admitted`] guard that settles it ([`settle`] has the rules).
+
 pub mod estimate;
+pub mod hint;
+pub mod pools;
+pub mod settle;
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use rand::{SeedableRng, rngs::SmallRng};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::{
+    bedrock::{BedrockError, ErrorCode, ModelRef, Operation, max_tokens::requested_max_tokens},
+    config::{AdmissionConfig, PoolConfig, UnknownModels},
+    ledger::{Decision, Ledger, Limit, PoolSnapshot, Rejection, ReserveRequest},
+    metrics::{Metrics, NO_POOL},
+};
+pub use pools::{Pool, PoolTable};
+pub use settle::{Admitted, Estimate, Rule};
+
+pub const X_TOKENGATE_REASON: &str = "x-tokengate-reason";
+pub const X_TOKENGATE_POOL: &str = "x-tokengate-pool";
+
+/// What admission decided for a request that may go upstream.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Counted against a pool; settle through the guard.
+    Admitted(Admitted),
+    /// Forwarded without a reservation: not a quota-consuming call, or an unknown model under
+    /// `unknown_models = "pass"`.
+    Uncounted,
+}
+
+/// The admission controller: pools, the ledger, and the metrics they move.
+#[derive(Debug)]
+pub struct Admission {
+    table: PoolTable,
+    ledger: Arc<dyn Ledger>,
+    metrics: Arc<Metrics>,
+    config: AdmissionConfig,
+}
+
+impl Admission {
+    pub fn new(pools: &[PoolConfig], config: AdmissionConfig, ledger: Arc<dyn Ledger>, metrics: Arc<Metrics>) -> Admission {
+        let table = PoolTable::new(pools, &config);
+        for pool in table.pools() {
+            let name = &*pool.name;
+            metrics.configured_tokens_per_minute.with_label_values(&[name]).set(pool.config.tokens_per_minute as f64);
+            metrics.effective_tokens_per_minute.with_label_values(&[name]).set(pool.limits().tokens_per_minute as f64);
+            metrics.calibration_ratio.with_label_values(&[name]).set(pool.calibration_ratio());
+            metrics.reserved_tokens.with_label_values(&[name]).set(0);
+            metrics.inflight_requests.with_label_values(&[name]).set(0);
+        }
+        Admission { table, ledger, metrics, config }
+    }
+
+    pub fn ledger(&self) -> &Arc<dyn Ledger> {
+        &self.ledger
+    }
+
+    pub fn pools(&self) -> &[Arc<Pool>] {
+        self.table.pools()
+    }
+
+    /// Decides a request. `body` is the whole request body.
+    pub async fn admit(&self, operation: Operation, model_id: Option<&str>, body: &Bytes) -> Result<Verdict, BedrockError> {
+        let (Some(model_id), true) = (model_id, operation.consumes_quota()) else {
+            self.count(NO_POOL, operation, "passthrough");
+            return Ok(Verdict::Uncounted);
+        };
+        let model = ModelRef::parse(model_id);
+        let Some(pool) = self.table.resolve(&model).cloned() else {
+            return match self.config.unknown_models {
+                UnknownModels::Pass => {
+                    self.count(NO_POOL, operation, "unknown_model_passed");
+                    Ok(Verdict::Uncounted)
+                }
+                UnknownModels::Reject => {
+                    self.count(NO_POOL, operation, "unknown_model");
+                    Err(BedrockError::validation(format!(
+                        "tokengate has no quota pool for model {model_id:?}: add it to the models list of a [[pools]] entry, \
+                         or set [admission] unknown_models = \"pass\" to forward unknown models uncounted"
+                    )))
+                }
+            };
+        };
+        let estimate = self.estimate(&pool, operation, &model, body).inspect_err(|_| self.count(&pool.name, operation, "invalid"))?;
+        self.reserve(pool, operation, estimate).await
+    }
+
+    fn estimate(&self, pool: &Pool, operation: Operation, model: &ModelRef, body: &Bytes) -> Result<Estimate, BedrockError> {
+        let json: Value = serde_json::from_slice(body).map_err(|e| {
+            BedrockError::validation(format!("the request body is not valid JSON ({e}); {} needs a JSON body", operation.name()))
+        })?;
+        if !json.is_object() {
+            return Err(BedrockError::validation(format!("the request body must be a JSON object for {}", operation.name())));
+        }
+        let max_tokens = requested_max_tokens(operation, model.provider(), &json)
+            .map_err(|e| BedrockError::validation(e.to_string()))?
+            .unwrap_or(pool.config.default_max_tokens);
+        let raw_input = estimate::estimate_input_tokens(operation, &json);
+        Ok(Estimate { raw_input, input: pool.calibrated_input(raw_input), max_tokens })
+    }
+
+    async fn reserve(&self, pool: Arc<Pool>, operation: Operation, estimate: Estimate) -> Result<Verdict, BedrockError> {
+        let name = &*pool.name;
+        let tokens = estimate.reservation();
+        let capacity = pool.config.usable_tokens_per_minute();
+        if tokens > capacity {
+            self.count(name, operation, "invalid");
+            self.metrics.rejections.with_label_values(&[name, "never_fits"]).inc();
+            pool.counters.never_fits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let fits = capacity.saturating_sub(estimate.input);
+            return Err(BedrockError::validation(format!(
+                "this request reserves {tokens} tokens (about {} input + {} maxTokens) but pool {name:?} holds at most {capacity} \
+                 tokens per minute, so it can never be admitted; set maxTokens to at most {fits}, or shorten the input",
+                estimate.input, estimate.max_tokens
+            ))
+            .with_header(http::HeaderName::from_static(X_TOKENGATE_POOL), name));
+        }
+        let limits = pool.limits();
+        self.metrics.effective_tokens_per_minute.with_label_values(&[name]).set(limits.tokens_per_minute as f64);
+        let started = std::time::Instant::now();
+        let decision = self.ledger.reserve(&ReserveRequest { pool: name, limits, tokens }).await;
+        self.metrics.ledger_seconds.observe(started.elapsed().as_secs_f64());
+        match decision {
+            Ok(Decision::Admitted(reservation)) => {
+                pool.counters.admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.count(name, operation, "admitted");
+                Ok(Verdict::Admitted(Admitted::new(pool.clone(), self.ledger.clone(), self.metrics.clone(), reservation, operation, estimate)))
+            }
+            Ok(Decision::Rejected(rejection)) => {
+                self.count(name, operation, "rejected");
+                Err(self.rejection(&pool, &rejection, tokens))
+            }
+            Err(e) => {
+                self.metrics.ledger_errors.with_label_values(&[self.ledger.backend()]).inc();
+                self.count(name, operation, "ledger_error");
+                tracing::error!(error = %e, pool = name, "ledger unavailable");
+                Err(self.retryable(ErrorCode::ServiceUnavailable, &pool, Duration::from_secs(1), "the quota ledger is unavailable; retry shortly".into()))
+            }
+        }
+    }
+
+    /// The 429 for a request that does not fit now.
+    fn rejection(&self, pool: &Pool, rejection: &Rejection, tokens: u64) -> BedrockError {
+        let name = &*pool.name;
+        pool.counters.rejected(rejection.limit);
+        self.metrics.rejections.with_label_values(&[name, rejection.limit.label()]).inc();
+        let (typical_duration, charge_ratio) = pool.typical();
+        let history = hint::PoolHistory { typical_duration, charge_ratio };
+        let wait = hint::projected_wait(rejection, history, self.config.max_retry_hint);
+        let message = match rejection.limit {
+            Limit::Tokens => format!(
+                "Too many tokens: this request reserves {tokens} tokens and pool {name:?} has {} available now; retry after the hinted delay",
+                tokens.saturating_sub(rejection.token_deficit)
+            ),
+            Limit::Requests => format!("Too many requests: pool {name:?} is at its requests-per-minute limit; retry after the hinted delay"),
+            Limit::Concurrency => format!(
+                "Too many concurrent requests: pool {name:?} has all {} slots in use; retry after the hinted delay",
+                rejection.in_flight_requests
+            ),
+        };
+        self.retryable(ErrorCode::Throttling, pool, wait, message)
+            .with_header(http::HeaderName::from_static(X_TOKENGATE_REASON), rejection.limit.label())
+    }
+
+    /// A retryable error with jittered `x-amz-retry-after` / `Retry-After` around `wait`.
+    pub fn retryable(&self, code: ErrorCode, pool: &Pool, wait: Duration, message: String) -> BedrockError {
+        let mut rng = SmallRng::from_rng(&mut rand::rng());
+        let hint = hint::jittered(wait, self.config.max_retry_hint, &mut rng);
+        self.metrics.retry_hint_seconds.with_label_values(&[&pool.name]).observe(hint.as_secs_f64());
+        let (ms, secs) = hint::header_values(hint);
+        BedrockError::new(code, message)
+            .with_header(http::HeaderName::from_static("x-amz-retry-after"), ms)
+            .with_header(http::header::RETRY_AFTER, secs)
+            .with_header(http::HeaderName::from_static(X_TOKENGATE_POOL), &*pool.name)
+    }
+
+    /// Upstream throttled a request this proxy admitted: shrink the pool's limit and count it.
+    pub fn upstream_throttled(&self, pool: &Pool) {
+        pool.upstream_throttled();
+        self.metrics.upstream_throttles.with_label_values(&[&pool.name]).inc();
+        self.metrics.effective_tokens_per_minute.with_label_values(&[&pool.name]).set(pool.limits().tokens_per_minute as f64);
+    }
+
+    fn count(&self, pool: &str, operation: Operation, outcome: &str) {
+        self.metrics.requests.with_label_values(&[pool, operation.name(), outcome]).inc();
+    }
+
+    /// Live state of every pool, for `GET /v1/pools`.
+    pub async fn pool_states(&self) -> Vec<PoolState> {
+        let mut out = Vec::with_capacity(self.pools().len());
+        for pool in self.pools() {
+            let limits = pool.limits();
+            let ledger = self.ledger.snapshot(&pool.name, &limits).await.ok();
+            if let Some(s) = &ledger {
+                self.metrics.tokens_available.with_label_values(&[&pool.name]).set(s.tokens_available as f64);
+            }
+            let c = &pool.counters;
+            let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+            out.push(PoolState {
+                name: pool.name.to_string(),
+                models: pool.config.models.clone(),
+                region: pool.config.region.clone(),
+                tokens_per_minute: pool.config.tokens_per_minute,
+                usable_tokens_per_minute: pool.config.usable_tokens_per_minute(),
+                effective_tokens_per_minute: limits.tokens_per_minute,
+                requests_per_minute: limits.requests_per_minute,
+                max_concurrency: limits.max_concurrency,
+                output_burndown: pool.config.output_burndown,
+                default_max_tokens: pool.config.default_max_tokens,
+                ledger,
+                admitted: load(&c.admitted),
+                rejected: RejectedCounts {
+                    tokens: load(&c.rejected_tokens),
+                    requests: load(&c.rejected_requests),
+                    concurrency: load(&c.rejected_concurrency),
+                    never_fits: load(&c.never_fits),
+                },
+                upstream_throttles: load(&c.upstream_throttles),
+                learned: pool.learned_view(),
+            });
+        }
+        out
+    }
+}
+
+/// One pool in `GET /v1/pools`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolState {
+    pub name: String,
+    pub models: Vec<String>,
+    pub region: String,
+    pub tokens_per_minute: u64,
+    pub usable_tokens_per_minute: u64,
+    pub effective_tokens_per_minute: u64,
+    pub requests_per_minute: Option<u64>,
+    pub max_concurrency: u32,
+    pub output_burndown: u32,
+    pub default_max_tokens: u64,
+    /// `null` when the ledger could not be read.
+    pub ledger: Option<PoolSnapshot>,
+    pub admitted: u64,
+    pub rejected: RejectedCounts,
+    pub upstream_throttles: u64,
+    pub learned: pools::LearnedView,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RejectedCounts {
+    pub tokens: u64,
+    pub requests: u64,
+    pub concurrency: u64,
+    pub never_fits: u64,
+}

@@ -1,1 +1,192 @@
-//! The quota ledger. STUB.
+//! The quota ledger: where reservations are taken and settled.
+//!
+//! [`Ledger`] is the seam between admission (which decides *what* to ask for) and storage (which
+//! holds the shared state and answers atomically). A backend checks every limit of a pool (the
+//! token bucket, the request bucket, the concurrency semaphore) and takes all of them or none.
+//! The memory backend serves one process; a Redis backend shares one quota between replicas
+//! behind the same trait.
+//!
+//! Limits travel with each call instead of living in the backend: admission owns the effective
+//! limits (headroom, upstream-throttle feedback, config reloads), and every replica sharing a
+//! Redis ledger applies its own current view.
+//!
+//! A [`Reservation`] is `#[must_use]` and must be handed back to [`Ledger::settle`] exactly once.
+//! Dropping one unsettled is a bug: it is logged and counted in [`unsettled_drops`], which tests
+//! assert stays zero. (The admission layer wraps reservations in a guard that always settles.)
+
+pub mod bucket;
+pub mod clock;
+pub mod memory;
+
+use std::{
+    fmt,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+pub use clock::Clock;
+pub use memory::MemoryLedger;
+
+/// The limits of one pool, as admission currently applies them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Token bucket capacity (and refill per minute), after headroom and feedback.
+    pub tokens_per_minute: u64,
+    pub requests_per_minute: Option<u64>,
+    pub max_concurrency: u32,
+}
+
+/// One request's demand on one pool.
+#[derive(Debug, Clone, Copy)]
+pub struct ReserveRequest<'a> {
+    pub pool: &'a str,
+    pub limits: Limits,
+    /// Tokens to reserve: `input + maxTokens`, as Bedrock deducts at request start.
+    pub tokens: u64,
+}
+
+/// Which limit turned a request away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Limit {
+    Tokens,
+    Requests,
+    Concurrency,
+}
+
+impl Limit {
+    /// The `x-tokengate-reason` value and metrics label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Limit::Tokens => "tokens",
+            Limit::Requests => "requests",
+            Limit::Concurrency => "concurrency",
+        }
+    }
+}
+
+/// Why a request does not fit now, with what the ledger knows about when it might.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// The binding limit: the one with the longest projected wait.
+    pub limit: Limit,
+    /// Time until refill alone makes room (zero for concurrency, which does not refill).
+    /// `None` when refill alone never will (the demand exceeds the current capacity).
+    pub refill_wait: Option<Duration>,
+    /// Tokens missing right now.
+    pub token_deficit: u64,
+    /// Tokens reserved by requests in flight, which settlement will partly return.
+    pub in_flight_tokens: u64,
+    pub in_flight_requests: u32,
+}
+
+/// The outcome of [`Ledger::reserve`].
+#[derive(Debug)]
+pub enum Decision {
+    Admitted(Reservation),
+    Rejected(Rejection),
+}
+
+static UNSETTLED_DROPS: AtomicU64 = AtomicU64::new(0);
+
+/// Reservations dropped without being settled since the process started (a bug if non-zero).
+pub fn unsettled_drops() -> u64 {
+    UNSETTLED_DROPS.load(Ordering::Relaxed)
+}
+
+/// Tokens, a request and a concurrency permit held in one pool until settled.
+#[must_use = "a reservation must be settled with Ledger::settle"]
+pub struct Reservation {
+    pool: Arc<str>,
+    tokens: u64,
+    id: u64,
+    settled: bool,
+}
+
+impl Reservation {
+    pub(crate) fn new(pool: Arc<str>, tokens: u64, id: u64) -> Self {
+        Reservation { pool, tokens, id, settled: false }
+    }
+
+    pub fn pool(&self) -> &str {
+        &self.pool
+    }
+
+    /// Tokens reserved.
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// Unique within the backend (a lease id for shared backends).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Marks the reservation settled; backends call this inside `settle`.
+    pub(crate) fn disarm(mut self) -> (Arc<str>, u64, u64) {
+        self.settled = true;
+        (self.pool.clone(), self.tokens, self.id)
+    }
+}
+
+impl fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reservation")
+            .field("pool", &self.pool)
+            .field("tokens", &self.tokens)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if !self.settled {
+            UNSETTLED_DROPS.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(pool = %self.pool, tokens = self.tokens, id = self.id, "reservation dropped without settlement");
+        }
+    }
+}
+
+/// A pool's live state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PoolSnapshot {
+    /// Tokens in the bucket now; negative while repaying a burndown charge.
+    pub tokens_available: i64,
+    pub tokens_capacity: u64,
+    pub reserved_tokens: u64,
+    pub in_flight_requests: u32,
+    pub requests_available: Option<u64>,
+}
+
+/// The ledger backend failed (unreachable, timed out, answered nonsense).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("ledger {backend}: {message}")]
+pub struct LedgerError {
+    pub backend: &'static str,
+    pub message: String,
+}
+
+/// Quota state, checked and updated atomically per request.
+#[async_trait]
+pub trait Ledger: Send + Sync + fmt::Debug + 'static {
+    /// Takes `tokens` from the token bucket, one request from the request bucket (if limited)
+    /// and one concurrency permit, all or nothing.
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError>;
+
+    /// Settles a reservation to the actual charge: credits back `reserved - charged` (or debits
+    /// the excess), releases the permit. The request stays counted in the request bucket.
+    async fn settle(&self, reservation: Reservation, charged_tokens: u64) -> Result<(), LedgerError>;
+
+    /// The pool's state now, as seen with `limits`.
+    async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError>;
+
+    /// `memory`, `redis`, ...: for logs and metrics.
+    fn backend(&self) -> &'static str;
+}

@@ -1,1 +1,139 @@
-//! Metrics. STUB.
+//! Every `tokengate_*` metric, registered in a [`prometheus::Registry`] that is passed in (so each
+//! test gets a fresh one), and the `/metrics` text exposition.
+//!
+//! Labels are bounded: `pool` comes from config (plus `none` for calls outside any pool),
+//! `operation` from the fixed operation list, `outcome`, `reason` and `rule` from fixed enums,
+//! `status` from upstream status codes.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder, GaugeVec,
+};
+
+/// The `pool` label for calls that belong to no pool.
+pub const NO_POOL: &str = "none";
+
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    /// Requests by final outcome: admitted, rejected, invalid, passthrough, unknown_model.
+    pub requests: IntCounterVec,
+    /// Rejections by the limit that bound: tokens, requests, concurrency, never_fits.
+    pub rejections: IntCounterVec,
+    pub reserved_tokens: IntGaugeVec,
+    pub inflight_requests: IntGaugeVec,
+    pub tokens_available: GaugeVec,
+    pub configured_tokens_per_minute: GaugeVec,
+    pub effective_tokens_per_minute: GaugeVec,
+    pub upstream_throttles: IntCounterVec,
+    pub upstream_responses: IntCounterVec,
+    pub upstream_errors: IntCounterVec,
+    /// Settlements by rule: usage, not_charged, no_usage, timeout, abandoned.
+    pub settlements: IntCounterVec,
+    pub reserved_tokens_total: IntCounterVec,
+    pub charged_tokens: IntCounterVec,
+    pub input_tokens: IntCounterVec,
+    pub output_tokens: IntCounterVec,
+    pub cache_read_tokens: IntCounterVec,
+    pub cache_write_tokens: IntCounterVec,
+    pub calibration_ratio: GaugeVec,
+    pub retry_hint_seconds: HistogramVec,
+    pub request_duration_seconds: HistogramVec,
+    pub time_to_first_byte_seconds: HistogramVec,
+    pub over_reservation_ratio: HistogramVec,
+    pub ledger_errors: IntCounterVec,
+    pub ledger_seconds: Histogram,
+    pub config_reloads: IntCounterVec,
+    pub unsettled_reservations: IntCounter,
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0,
+];
+const HINT_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0];
+const RATIO_BUCKETS: &[f64] = &[1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0];
+const LEDGER_BUCKETS: &[f64] = &[0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05];
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new(registry: &Registry) -> Result<Metrics, prometheus::Error> {
+        let r = Reg(registry);
+        Ok(Metrics {
+            requests: r.counter("tokengate_requests_total", "Requests by pool, operation and outcome.", &["pool", "operation", "outcome"])?,
+            rejections: r.counter("tokengate_rejections_total", "Requests turned away, by pool and the limit that bound.", &["pool", "reason"])?,
+            reserved_tokens: r.int_gauge("tokengate_reserved_tokens", "Tokens reserved by requests in flight.", &["pool"])?,
+            inflight_requests: r.int_gauge("tokengate_inflight_requests", "Admitted requests not yet settled.", &["pool"])?,
+            tokens_available: r.gauge("tokengate_tokens_available", "Tokens in the pool's bucket at the last decision (negative while repaying burndown).", &["pool"])?,
+            configured_tokens_per_minute: r.gauge("tokengate_configured_tokens_per_minute", "The pool's configured tokens per minute.", &["pool"])?,
+            effective_tokens_per_minute: r.gauge("tokengate_effective_tokens_per_minute", "Tokens per minute admission applies now (after headroom and throttle feedback).", &["pool"])?,
+            upstream_throttles: r.counter("tokengate_upstream_throttles_total", "ThrottlingExceptions received from upstream.", &["pool"])?,
+            upstream_responses: r.counter("tokengate_upstream_responses_total", "Upstream responses by status code.", &["pool", "status"])?,
+            upstream_errors: r.counter("tokengate_upstream_errors_total", "Upstream failures without a response: connect, timeout, stream_cut, idle_timeout.", &["pool", "kind"])?,
+            settlements: r.counter("tokengate_settlements_total", "Reservations settled, by the rule that priced them.", &["pool", "rule"])?,
+            reserved_tokens_total: r.counter("tokengate_reserved_tokens_total", "Tokens reserved at admission (input estimate + maxTokens).", &["pool"])?,
+            charged_tokens: r.counter("tokengate_charged_tokens_total", "Quota tokens charged at settlement (input + cacheWrite + output x burndown).", &["pool"])?,
+            input_tokens: r.counter("tokengate_input_tokens_total", "Input tokens reported by upstream.", &["pool"])?,
+            output_tokens: r.counter("tokengate_output_tokens_total", "Output tokens reported by upstream.", &["pool"])?,
+            cache_read_tokens: r.counter("tokengate_cache_read_tokens_total", "Cache-read input tokens reported by upstream.", &["pool"])?,
+            cache_write_tokens: r.counter("tokengate_cache_write_tokens_total", "Cache-write input tokens reported by upstream.", &["pool"])?,
+            calibration_ratio: r.gauge("tokengate_input_calibration_ratio", "Actual input tokens / estimated input tokens (online calibration).", &["pool"])?,
+            retry_hint_seconds: r.histogram("tokengate_retry_hint_seconds", "Retry hints sent with rejections.", &["pool"], HINT_BUCKETS)?,
+            request_duration_seconds: r.histogram("tokengate_request_duration_seconds", "Time from admission to settlement.", &["pool", "operation"], LATENCY_BUCKETS)?,
+            time_to_first_byte_seconds: r.histogram("tokengate_time_to_first_byte_seconds", "Time from admission to the first response body bytes.", &["pool", "operation"], LATENCY_BUCKETS)?,
+            over_reservation_ratio: r.histogram("tokengate_over_reservation_ratio", "Reserved tokens / charged tokens, per settled request with usage.", &["pool"], RATIO_BUCKETS)?,
+            ledger_errors: r.counter("tokengate_ledger_errors_total", "Ledger backend failures.", &["backend"])?,
+            ledger_seconds: {
+                let h = Histogram::with_opts(HistogramOpts::new("tokengate_ledger_seconds", "Ledger call latency.").buckets(LEDGER_BUCKETS.to_vec()))?;
+                registry.register(Box::new(h.clone()))?;
+                h
+            },
+            config_reloads: r.counter("tokengate_config_reloads_total", "Config reloads by result.", &["result"])?,
+            unsettled_reservations: {
+                let c = IntCounter::new("tokengate_unsettled_reservations_total", "Reservations settled by the drop safety net (a bug if non-zero).")?;
+                registry.register(Box::new(c.clone()))?;
+                c
+            },
+        })
+    }
+
+    /// A registry of its own, for tests and tools.
+    pub fn standalone() -> (Registry, Metrics) {
+        let registry = Registry::new();
+        // Registering fresh metrics in a fresh registry cannot collide.
+        let metrics = Metrics::new(&registry).unwrap_or_else(|e| unreachable!("fresh registry: {e}"));
+        (registry, metrics)
+    }
+}
+
+struct Reg<'a>(&'a Registry);
+
+impl Reg<'_> {
+    fn counter(&self, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
+        let m = IntCounterVec::new(Opts::new(name, help), labels)?;
+        self.0.register(Box::new(m.clone()))?;
+        Ok(m)
+    }
+    fn int_gauge(&self, name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec, prometheus::Error> {
+        let m = IntGaugeVec::new(Opts::new(name, help), labels)?;
+        self.0.register(Box::new(m.clone()))?;
+        Ok(m)
+    }
+    fn gauge(&self, name: &str, help: &str, labels: &[&str]) -> Result<GaugeVec, prometheus::Error> {
+        let m = GaugeVec::new(Opts::new(name, help), labels)?;
+        self.0.register(Box::new(m.clone()))?;
+        Ok(m)
+    }
+    fn histogram(&self, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> Result<HistogramVec, prometheus::Error> {
+        let m = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)?;
+        self.0.register(Box::new(m.clone()))?;
+        Ok(m)
+    }
+}
+
+/// The text exposition of `registry`.
+pub fn render(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    if TextEncoder::new().encode(&registry.gather(), &mut buf).is_err() {
+        return String::new();
+    }
+    String::from_utf8(buf).unwrap_or_default()
+}

@@ -1,0 +1,126 @@
+//! Retry hints: when a rejected request should come back, jittered.
+//!
+//! The projection comes from the ledger: the time until refill makes room for this reservation,
+//! shortened when requests in flight are expected to hand back enough of their reservations when
+//! they settle (most callers ask for far more `maxTokens` than they use), and for concurrency the
+//! expected time until the next in-flight request completes.
+//!
+//! Jitter spreads the hints of simultaneous rejections over a window so that callers do not come
+//! back in lockstep. Hints stay within `max_retry_hint` (default 5 s): boto3 and the JS SDK honour
+//! a hint only up to their own backoff + 5 s, the Rust SDK up to 20 s.
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use crate::ledger::{Limit, Rejection};
+
+/// No hint shorter than this: a retry sooner would find the same state.
+pub const MIN_HINT: Duration = Duration::from_millis(50);
+/// The narrowest jitter window.
+const MIN_SPREAD: Duration = Duration::from_millis(100);
+
+/// What the pool has learned that shapes the projection.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolHistory {
+    /// Typical admission-to-settlement time.
+    pub typical_duration: Duration,
+    /// Typical charged / reserved.
+    pub charge_ratio: f64,
+}
+
+/// The projected wait before this request would fit, without jitter.
+pub fn projected_wait(rejection: &Rejection, history: PoolHistory, max_hint: Duration) -> Duration {
+    let refill = rejection.refill_wait.unwrap_or(max_hint);
+    match rejection.limit {
+        Limit::Requests => refill,
+        Limit::Concurrency => {
+            // With n requests in flight finishing at random, the next one ends after about
+            // typical / n.
+            history.typical_duration / rejection.in_flight_requests.max(1)
+        }
+        Limit::Tokens => {
+            let refund = (rejection.in_flight_tokens as f64) * (1.0 - history.charge_ratio).max(0.0);
+            if refund >= rejection.token_deficit as f64 && rejection.in_flight_requests > 0 {
+                refill.min(history.typical_duration / 2)
+            } else {
+                refill
+            }
+        }
+    }
+}
+
+/// A jittered hint around `base`, within `[MIN_HINT, max_hint]`.
+pub fn jittered(base: Duration, max_hint: Duration, rng: &mut impl Rng) -> Duration {
+    let max_hint = max_hint.max(MIN_HINT + MIN_SPREAD);
+    let base = base.clamp(MIN_HINT, max_hint);
+    let spread = (base / 2).max(MIN_SPREAD).min(max_hint - MIN_HINT);
+    // Spread upward from the projection (never earlier than it), or downward from the cap when
+    // the projection is already near it.
+    let low = base.min(max_hint - spread);
+    let offset = rng.random_range(0..=spread.as_micros() as u64);
+    (low + Duration::from_micros(offset)).clamp(MIN_HINT, max_hint)
+}
+
+/// `x-amz-retry-after` (milliseconds) and `Retry-After` (whole seconds, at least 1) values.
+pub fn header_values(hint: Duration) -> (String, String) {
+    let ms = hint.as_millis().max(1);
+    let secs = hint.as_secs_f64().ceil().max(1.0) as u64;
+    (ms.to_string(), secs.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{SeedableRng, rngs::SmallRng};
+
+    fn rejection(limit: Limit, refill_ms: u64, deficit: u64, in_flight_tokens: u64, n: u32) -> Rejection {
+        Rejection {
+            limit,
+            refill_wait: Some(Duration::from_millis(refill_ms)),
+            token_deficit: deficit,
+            in_flight_tokens,
+            in_flight_requests: n,
+        }
+    }
+
+    const HISTORY: PoolHistory = PoolHistory { typical_duration: Duration::from_secs(4), charge_ratio: 0.25 };
+    const MAX: Duration = Duration::from_secs(5);
+
+    #[test]
+    fn tokens_wait_for_refill_or_expected_refunds() {
+        // Refunds of in-flight reservations cover the deficit: half a typical duration.
+        let r = rejection(Limit::Tokens, 30_000, 1_000, 40_000, 10);
+        assert_eq!(projected_wait(&r, HISTORY, MAX), Duration::from_secs(2));
+        // They do not: refill decides.
+        let r = rejection(Limit::Tokens, 1_500, 50_000, 40_000, 10);
+        assert_eq!(projected_wait(&r, HISTORY, MAX), Duration::from_millis(1_500));
+    }
+
+    #[test]
+    fn concurrency_waits_for_the_next_completion() {
+        let r = rejection(Limit::Concurrency, 0, 0, 0, 8);
+        assert_eq!(projected_wait(&r, HISTORY, MAX), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn jitter_stays_in_bounds_and_spreads() {
+        let mut rng = SmallRng::seed_from_u64(7);
+        for base_ms in [0u64, 10, 300, 1_000, 4_900, 60_000] {
+            let hints: Vec<Duration> =
+                (0..200).map(|_| jittered(Duration::from_millis(base_ms), MAX, &mut rng)).collect();
+            assert!(hints.iter().all(|h| *h >= MIN_HINT && *h <= MAX), "base {base_ms}");
+            let distinct: std::collections::BTreeSet<_> = hints.iter().collect();
+            assert!(distinct.len() > 50, "hints for base {base_ms} must spread, got {}", distinct.len());
+            if base_ms >= 50 && base_ms <= 3_000 {
+                assert!(hints.iter().all(|h| *h >= Duration::from_millis(base_ms)), "never earlier than projected");
+            }
+        }
+    }
+
+    #[test]
+    fn header_values_round_up() {
+        assert_eq!(header_values(Duration::from_millis(1_234)), ("1234".into(), "2".into()));
+        assert_eq!(header_values(Duration::from_millis(80)), ("80".into(), "1".into()));
+    }
+}

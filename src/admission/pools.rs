@@ -1,0 +1,235 @@
+//! Pools at run time: resolving a modelId to its pool, and each pool's live feedback state
+//! (effective limit after upstream throttles, input-estimate calibration, typical duration).
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::{
+    bedrock::{ModelRef, model_id::application_profile_id},
+    config::{AdmissionConfig, PoolConfig},
+    ledger::{Limit, Limits},
+};
+
+/// Safety margin over the calibrated input estimate: Bedrock reserves the real input, so an
+/// estimate below it admits what upstream would throttle.
+const CALIBRATION_MARGIN: f64 = 1.1;
+/// Bounds of the calibration ratio (actual / raw estimate).
+const RATIO_BOUNDS: (f64, f64) = (0.2, 4.0);
+/// Weight of each new sample in the moving averages.
+const EWMA_ALPHA: f64 = 0.1;
+/// Multiplicative decrease on an upstream throttle, and the floor.
+const AIMD_DECREASE: f64 = 0.8;
+const AIMD_FLOOR: f64 = 0.3;
+/// Additive regrowth: fraction of the usable limit regained per second without throttles.
+const AIMD_REGROW_PER_SEC: f64 = 0.01;
+/// Throttles closer together than this count as one congestion event.
+const AIMD_HOLD: Duration = Duration::from_secs(2);
+
+/// A configured pool and its live state.
+#[derive(Debug)]
+pub struct Pool {
+    pub config: PoolConfig,
+    pub name: Arc<str>,
+    feedback: Mutex<Feedback>,
+    learned: Mutex<Learned>,
+    pub(crate) counters: Counters,
+}
+
+#[derive(Debug)]
+struct Feedback {
+    /// Factor right after the last decrease, and when that was.
+    factor: f64,
+    since: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Learned {
+    /// Actual input / raw estimate.
+    input_ratio: f64,
+    /// Charged / reserved.
+    charge_ratio: f64,
+    /// Typical admission-to-settlement time.
+    duration_secs: f64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub admitted: AtomicU64,
+    pub rejected_tokens: AtomicU64,
+    pub rejected_requests: AtomicU64,
+    pub rejected_concurrency: AtomicU64,
+    pub never_fits: AtomicU64,
+    pub upstream_throttles: AtomicU64,
+}
+
+impl Counters {
+    pub fn rejected(&self, limit: Limit) {
+        let c = match limit {
+            Limit::Tokens => &self.rejected_tokens,
+            Limit::Requests => &self.rejected_requests,
+            Limit::Concurrency => &self.rejected_concurrency,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What the pool has learned, for `/v1/pools`.
+#[derive(Debug, Clone, Serialize)]
+pub struct LearnedView {
+    pub input_calibration_ratio: f64,
+    pub charge_to_reservation_ratio: f64,
+    pub typical_duration_secs: f64,
+    pub effective_limit_factor: f64,
+}
+
+impl Pool {
+    pub fn new(config: PoolConfig) -> Pool {
+        Pool {
+            name: Arc::from(config.name.as_str()),
+            config,
+            feedback: Mutex::new(Feedback { factor: 1.0, since: None }),
+            learned: Mutex::new(Learned {
+                input_ratio: 1.0 / CALIBRATION_MARGIN,
+                charge_ratio: 1.0,
+                duration_secs: 1.0,
+            }),
+            counters: Counters::default(),
+        }
+    }
+
+    /// The limit factor now: 1.0, or less while regrowing after upstream throttles.
+    pub fn limit_factor(&self) -> f64 {
+        let fb = lock(&self.feedback);
+        match fb.since {
+            None => fb.factor,
+            Some(t) => (fb.factor + AIMD_REGROW_PER_SEC * t.elapsed().as_secs_f64()).min(1.0),
+        }
+    }
+
+    /// The limits admission applies now.
+    pub fn limits(&self) -> Limits {
+        let usable = self.config.usable_tokens_per_minute();
+        let tokens = ((usable as f64) * self.limit_factor()).floor() as u64;
+        Limits {
+            tokens_per_minute: tokens.max(1),
+            requests_per_minute: self.config.requests_per_minute,
+            max_concurrency: self.config.max_concurrency,
+        }
+    }
+
+    /// Upstream throttled a request we admitted: other traffic shares the account quota, so
+    /// shrink (at most once per [`AIMD_HOLD`]) and regrow gradually.
+    pub fn upstream_throttled(&self) {
+        self.counters.upstream_throttles.fetch_add(1, Ordering::Relaxed);
+        let current = self.limit_factor();
+        let mut fb = lock(&self.feedback);
+        if fb.since.is_some_and(|t| t.elapsed() < AIMD_HOLD) {
+            return;
+        }
+        fb.factor = (current * AIMD_DECREASE).max(AIMD_FLOOR);
+        fb.since = Some(Instant::now());
+    }
+
+    /// The input estimate after calibration.
+    pub fn calibrated_input(&self, raw_estimate: u64) -> u64 {
+        let ratio = lock(&self.learned).input_ratio;
+        ((raw_estimate as f64) * ratio * CALIBRATION_MARGIN).ceil().max(1.0) as u64
+    }
+
+    /// Learns from a settled request whose usage upstream reported.
+    pub fn learn(&self, raw_estimate: u64, actual_input: u64, reserved: u64, charged: u64, duration: Duration) {
+        let mut l = lock(&self.learned);
+        if raw_estimate > 0 && actual_input > 0 {
+            let sample = (actual_input as f64 / raw_estimate as f64).clamp(0.1, 10.0);
+            l.input_ratio = ewma(l.input_ratio, sample).clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1);
+        }
+        if reserved > 0 {
+            l.charge_ratio = ewma(l.charge_ratio, (charged as f64 / reserved as f64).min(10.0));
+        }
+        l.duration_secs = ewma(l.duration_secs, duration.as_secs_f64());
+    }
+
+    /// Typical admission-to-settlement time, and the typical charged / reserved ratio.
+    pub fn typical(&self) -> (Duration, f64) {
+        let l = *lock(&self.learned);
+        (Duration::from_secs_f64(l.duration_secs.max(0.0)), l.charge_ratio)
+    }
+
+    pub fn calibration_ratio(&self) -> f64 {
+        lock(&self.learned).input_ratio * CALIBRATION_MARGIN
+    }
+
+    pub fn learned_view(&self) -> LearnedView {
+        let l = *lock(&self.learned);
+        LearnedView {
+            input_calibration_ratio: l.input_ratio * CALIBRATION_MARGIN,
+            charge_to_reservation_ratio: l.charge_ratio,
+            typical_duration_secs: l.duration_secs,
+            effective_limit_factor: self.limit_factor(),
+        }
+    }
+}
+
+fn ewma(old: f64, sample: f64) -> f64 {
+    old + EWMA_ALPHA * (sample - old)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Every pool, and the map from model ids to them.
+#[derive(Debug)]
+pub struct PoolTable {
+    pools: Vec<Arc<Pool>>,
+    by_model: HashMap<String, usize>,
+    /// Application inference profile (ARN or id) -> model id.
+    profiles: HashMap<String, String>,
+}
+
+impl PoolTable {
+    pub fn new(pools: &[PoolConfig], admission: &AdmissionConfig) -> PoolTable {
+        let mut by_model = HashMap::new();
+        let pools: Vec<Arc<Pool>> = pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                for m in &p.models {
+                    by_model.insert(m.clone(), i);
+                }
+                Arc::new(Pool::new(p.clone()))
+            })
+            .collect();
+        let profiles = admission
+            .application_profiles
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        PoolTable { pools, by_model, profiles }
+    }
+
+    pub fn pools(&self) -> &[Arc<Pool>] {
+        &self.pools
+    }
+
+    /// The pool a modelId draws on, if any.
+    pub fn resolve(&self, model: &ModelRef) -> Option<&Arc<Pool>> {
+        let index = self.by_model.get(&model.resource_id).or_else(|| {
+            let mapped = self
+                .profiles
+                .get(&model.raw)
+                .or_else(|| application_profile_id(&model.raw).and_then(|id| self.profiles.get(id)))?;
+            self.by_model.get(mapped)
+        })?;
+        self.pools.get(*index)
+    }
+}

@@ -1,0 +1,218 @@
+//! Settling an admitted request: the guard that holds its reservation until the price is known.
+//!
+//! # Settlement rules
+//!
+//! Every admitted request is settled exactly once, by the first of these that applies:
+//!
+//! | rule | when | charge |
+//! |---|---|---|
+//! | `usage` | upstream reported usage (Converse body, ConverseStream `metadata`, InvokeModel headers or body, the last chunk's invocation metrics) | `input + cacheWrite + output x burndown`, the moment it is seen |
+//! | `not_charged` | upstream answered an error status, or was never reached | 0: Bedrock does not charge failed requests |
+//! | `no_usage` | a response started but ended without usage: stream cut, idle timeout, corrupt frames, the client hung up | the larger of the reservation and `input estimate + output seen x burndown`: generation may have run to `maxTokens` and may still be running upstream |
+//! | `timeout` | no response head within `upstream.response_timeout_secs` | the reservation |
+//! | `abandoned` | the request was dropped before any of the above (the client hung up while the proxy waited for upstream) | the reservation |
+//!
+//! The guard settles on `Drop` by the `abandoned` rule, so no path can leak a reservation or a
+//! concurrency permit.
+
+use std::{sync::Arc, time::Duration};
+
+use futures_util::FutureExt;
+use tokio::time::Instant;
+
+use super::pools::Pool;
+use crate::{
+    bedrock::{Operation, Usage},
+    ledger::{Ledger, Reservation},
+    metrics::Metrics,
+};
+
+/// How a request's reservation was priced; the `rule` label of `tokengate_settlements_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    Usage,
+    NotCharged,
+    NoUsage,
+    Timeout,
+    Abandoned,
+}
+
+impl Rule {
+    pub fn label(self) -> &'static str {
+        match self {
+            Rule::Usage => "usage",
+            Rule::NotCharged => "not_charged",
+            Rule::NoUsage => "no_usage",
+            Rule::Timeout => "timeout",
+            Rule::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// The estimate a reservation was made from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Estimate {
+    /// The estimator's raw input figure (before calibration).
+    pub raw_input: u64,
+    /// The calibrated input figure that was reserved.
+    pub input: u64,
+    pub max_tokens: u64,
+}
+
+impl Estimate {
+    pub fn reservation(&self) -> u64 {
+        self.input.saturating_add(self.max_tokens)
+    }
+}
+
+/// An admitted request holding its reservation until settled.
+#[derive(Debug)]
+pub struct Admitted {
+    pool: Arc<Pool>,
+    ledger: Arc<dyn Ledger>,
+    metrics: Arc<Metrics>,
+    reservation: Option<Reservation>,
+    operation: Operation,
+    estimate: Estimate,
+    started: Instant,
+    first_byte_seen: bool,
+}
+
+impl Admitted {
+    pub(crate) fn new(
+        pool: Arc<Pool>,
+        ledger: Arc<dyn Ledger>,
+        metrics: Arc<Metrics>,
+        reservation: Reservation,
+        operation: Operation,
+        estimate: Estimate,
+    ) -> Admitted {
+        let name = &pool.name;
+        metrics.reserved_tokens.with_label_values(&[name]).add(reservation.tokens() as i64);
+        metrics.inflight_requests.with_label_values(&[name]).inc();
+        metrics.reserved_tokens_total.with_label_values(&[name]).inc_by(reservation.tokens());
+        Admitted {
+            pool,
+            ledger,
+            metrics,
+            reservation: Some(reservation),
+            operation,
+            estimate,
+            started: Instant::now(),
+            first_byte_seen: false,
+        }
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    pub fn estimate(&self) -> Estimate {
+        self.estimate
+    }
+
+    pub fn is_settled(&self) -> bool {
+        self.reservation.is_none()
+    }
+
+    /// Records time to first byte, once.
+    pub fn first_byte(&mut self) {
+        if !self.first_byte_seen {
+            self.first_byte_seen = true;
+            self.metrics
+                .time_to_first_byte_seconds
+                .with_label_values(&[&*self.pool.name, self.operation.name()])
+                .observe(self.started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Settles to Bedrock's charge for `usage`.
+    pub fn settle_usage(&mut self, usage: &Usage) {
+        let Some(reserved) = self.reservation.as_ref().map(Reservation::tokens) else { return };
+        let charge = usage.charge(self.pool.config.output_burndown);
+        let name = &*self.pool.name;
+        let m = &self.metrics;
+        m.input_tokens.with_label_values(&[name]).inc_by(usage.input_tokens);
+        m.output_tokens.with_label_values(&[name]).inc_by(usage.output_tokens);
+        m.cache_read_tokens.with_label_values(&[name]).inc_by(usage.cache_read_input_tokens);
+        m.cache_write_tokens.with_label_values(&[name]).inc_by(usage.cache_write_input_tokens);
+        if charge > 0 {
+            m.over_reservation_ratio.with_label_values(&[name]).observe(reserved as f64 / charge as f64);
+        }
+        let actual_input = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_write_input_tokens;
+        self.pool.learn(self.estimate.raw_input, actual_input, reserved, charge, self.started.elapsed());
+        m.calibration_ratio.with_label_values(&[name]).set(self.pool.calibration_ratio());
+        self.finish(charge, Rule::Usage);
+    }
+
+    /// Upstream answered an error, or was never reached: nothing is charged.
+    pub fn settle_not_charged(&mut self) {
+        self.finish(0, Rule::NotCharged);
+    }
+
+    /// The response ended without usage; `output_seen` is the estimate of what was generated.
+    pub fn settle_without_usage(&mut self, output_seen: u64) {
+        let Some(reserved) = self.reservation.as_ref().map(Reservation::tokens) else { return };
+        let seen = self.estimate.input + output_seen.saturating_mul(u64::from(self.pool.config.output_burndown));
+        self.finish(reserved.max(seen), Rule::NoUsage);
+    }
+
+    /// No response head in time: the request may still run upstream.
+    pub fn settle_timeout(&mut self) {
+        let reserved = self.reservation.as_ref().map_or(0, Reservation::tokens);
+        self.finish(reserved, Rule::Timeout);
+    }
+
+    fn finish(&mut self, charge: u64, rule: Rule) {
+        let Some(reservation) = self.reservation.take() else { return };
+        let name = &*self.pool.name;
+        let m = &self.metrics;
+        m.reserved_tokens.with_label_values(&[name]).sub(reservation.tokens() as i64);
+        m.inflight_requests.with_label_values(&[name]).dec();
+        m.settlements.with_label_values(&[name, rule.label()]).inc();
+        m.charged_tokens.with_label_values(&[name]).inc_by(charge);
+        m.request_duration_seconds
+            .with_label_values(&[name, self.operation.name()])
+            .observe(self.started.elapsed().as_secs_f64());
+        settle_in_background(self.ledger.clone(), self.metrics.clone(), reservation, charge);
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if let Some(reserved) = self.reservation.as_ref().map(Reservation::tokens) {
+            self.finish(reserved, Rule::Abandoned);
+        }
+    }
+}
+
+/// Settles now if the backend answers without waiting (the memory ledger always does), else on
+/// a task: settlement happens from `Drop` and `poll_frame`, which cannot wait.
+fn settle_in_background(ledger: Arc<dyn Ledger>, metrics: Arc<Metrics>, reservation: Reservation, charge: u64) {
+    let backend = ledger.backend();
+    let started = std::time::Instant::now();
+    let fut = async move { ledger.settle(reservation, charge).await };
+    let report = move |result: Result<(), crate::ledger::LedgerError>| {
+        metrics.ledger_seconds.observe(started.elapsed().as_secs_f64());
+        if let Err(e) = result {
+            metrics.ledger_errors.with_label_values(&[backend]).inc();
+            tracing::error!(error = %e, "settlement failed");
+        }
+    };
+    let mut fut = Box::pin(fut);
+    match (&mut fut).now_or_never() {
+        Some(result) => report(result),
+        None => match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move { report(fut.await) });
+            }
+            Err(_) => tracing::error!("settlement outside a runtime could not complete"),
+        },
+    }
+}
+
+/// The `x-amz-retry-after` window used when passing on an upstream throttle: about half a typical
+/// request, at least a second.
+pub fn upstream_throttle_wait(pool: &Pool) -> Duration {
+    (pool.typical().0 / 2).max(Duration::from_secs(1))
+}

@@ -1,0 +1,197 @@
+//! Continuous-refill token bucket arithmetic, exact in integers.
+//!
+//! Levels are kept in "token-nanominutes": one token is [`SCALE`] units, and a bucket of
+//! capacity `C` tokens per minute refills exactly `C` units per elapsed nanosecond. No floating
+//! point, no rounding drift: refill over any split of the same interval gives the same level.
+//!
+//! The level never rises above capacity. It can fall below zero only through settlement: Bedrock
+//! charges `output x burndown` at the end of a request, which may exceed what was reserved at its
+//! start, and the debt is repaid by refill before anything new fits (as upstream does).
+
+use std::time::Duration;
+
+/// Units per token: nanoseconds per minute.
+pub const SCALE: i128 = 60_000_000_000;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBucket {
+    capacity: u64,
+    level: i128,
+    updated_ns: u64,
+}
+
+impl TokenBucket {
+    /// A full bucket holding `capacity` tokens, refilling `capacity` per minute.
+    pub fn new(capacity: u64, now_ns: u64) -> Self {
+        TokenBucket { capacity, level: i128::from(capacity) * SCALE, updated_ns: now_ns }
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Whole tokens available now (after [`Self::refill`]); negative while in debt.
+    pub fn level(&self) -> i64 {
+        (self.level.div_euclid(SCALE)).clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+    }
+
+    /// Whole tokens available, never negative.
+    pub fn available(&self) -> u64 {
+        self.level().max(0) as u64
+    }
+
+    /// Adds what has refilled since the last update. Time never runs backwards here: an
+    /// earlier `now_ns` than the last update adds nothing.
+    pub fn refill(&mut self, now_ns: u64) {
+        if now_ns > self.updated_ns {
+            let elapsed = i128::from(now_ns - self.updated_ns);
+            let full = i128::from(self.capacity) * SCALE;
+            self.level = (self.level + elapsed * i128::from(self.capacity)).min(full);
+            self.updated_ns = now_ns;
+        }
+    }
+
+    /// Changes the capacity (and so the refill rate), keeping the level within it.
+    pub fn set_capacity(&mut self, capacity: u64, now_ns: u64) {
+        self.refill(now_ns);
+        self.capacity = capacity;
+        self.level = self.level.min(i128::from(capacity) * SCALE);
+    }
+
+    /// How long until `tokens` fit, given refill alone; zero if they fit now. `None` if they can
+    /// never fit (more than the capacity, or a zero-capacity bucket).
+    pub fn wait_for(&self, tokens: u64) -> Option<Duration> {
+        let need = i128::from(tokens) * SCALE;
+        if need <= self.level {
+            return Some(Duration::ZERO);
+        }
+        if tokens > self.capacity || self.capacity == 0 {
+            return None;
+        }
+        let deficit = need - self.level;
+        let cap = i128::from(self.capacity);
+        let nanos = (deficit + cap - 1) / cap;
+        Some(Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)))
+    }
+
+    /// Whether `tokens` fit now (call [`Self::refill`] first).
+    pub fn fits(&self, tokens: u64) -> bool {
+        i128::from(tokens) * SCALE <= self.level
+    }
+
+    /// Takes `tokens` unconditionally (callers check [`Self::fits`] first).
+    pub fn take(&mut self, tokens: u64) {
+        self.level -= i128::from(tokens) * SCALE;
+    }
+
+    /// Credits back (`delta > 0`) or debits more (`delta < 0`) at settlement; never above capacity.
+    pub fn adjust(&mut self, delta: i64) {
+        let full = i128::from(self.capacity) * SCALE;
+        self.level = (self.level + i128::from(delta) * SCALE).min(full);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MINUTE: u64 = 60_000_000_000;
+
+    #[test]
+    fn refill_is_exact() {
+        let mut b = TokenBucket::new(60_000, 0);
+        b.take(60_000);
+        assert_eq!(b.level(), 0);
+        b.refill(MINUTE / 60); // one second: 1,000 tokens
+        assert_eq!(b.level(), 1_000);
+        b.refill(MINUTE);
+        assert_eq!(b.level(), 60_000);
+        b.refill(2 * MINUTE);
+        assert_eq!(b.level(), 60_000, "never above capacity");
+    }
+
+    #[test]
+    fn wait_projects_refill() {
+        let mut b = TokenBucket::new(60_000, 0);
+        b.take(59_000);
+        assert_eq!(b.wait_for(1_000), Some(Duration::ZERO));
+        assert_eq!(b.wait_for(2_000), Some(Duration::from_secs(1)));
+        assert_eq!(b.wait_for(60_001), None);
+        b.adjust(-10_000); // a burndown charge larger than the reservation
+        assert_eq!(b.level(), -9_000);
+        assert_eq!(b.available(), 0);
+        assert_eq!(b.wait_for(1_000), Some(Duration::from_secs(10)));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Advance(u64),
+        Reserve(u64),
+        Settle { index: usize, charge_pct: u64 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u64..5_000_000_000).prop_map(Op::Advance),
+            (1u64..20_000).prop_map(Op::Reserve),
+            (any::<usize>(), 0u64..=100).prop_map(|(index, charge_pct)| Op::Settle { index, charge_pct }),
+        ]
+    }
+
+    proptest! {
+        /// With charges never above the reservation (burndown 1), the level stays within
+        /// [0, capacity]; refill over any split of time equals refill in one step; and
+        /// tokens are conserved: capacity = level + outstanding + charged - refilled.
+        #[test]
+        fn bucket_invariants(capacity in 1u64..1_000_000, ops in prop::collection::vec(op(), 1..200)) {
+            let mut b = TokenBucket::new(capacity, 0);
+            let mut now = 0u64;
+            let mut outstanding: Vec<u64> = Vec::new();
+            let mut charged: i128 = 0;
+            let mut refilled_units: i128 = 0;
+            for op in ops {
+                match op {
+                    Op::Advance(ns) => {
+                        let before = b.level;
+                        now += ns;
+                        let mut split = b.clone();
+                        split.refill(now - ns / 2);
+                        split.refill(now);
+                        b.refill(now);
+                        prop_assert_eq!(&split, &b, "refill must not depend on how time is split");
+                        refilled_units += b.level - before;
+                    }
+                    Op::Reserve(n) => {
+                        b.refill(now);
+                        if b.fits(n) {
+                            b.take(n);
+                            outstanding.push(n);
+                        } else {
+                            prop_assert!(b.wait_for(n).is_none_or(|w| w > Duration::ZERO));
+                        }
+                    }
+                    Op::Settle { index, charge_pct } => {
+                        if !outstanding.is_empty() {
+                            let reserved = outstanding.swap_remove(index % outstanding.len());
+                            let charge = reserved * charge_pct / 100;
+                            let before = b.level;
+                            b.adjust(reserved as i64 - charge as i64);
+                            // Credit that would overflow capacity is dropped; account for it.
+                            refilled_units -= i128::from(reserved - charge) * SCALE - (b.level - before);
+                            charged += i128::from(charge);
+                        }
+                    }
+                }
+                prop_assert!(b.level >= 0, "never negative");
+                prop_assert!(b.level() as u64 <= capacity, "never above capacity");
+                let out: i128 = outstanding.iter().map(|&n| i128::from(n)).sum();
+                prop_assert_eq!(
+                    i128::from(capacity) * SCALE,
+                    b.level + (out + charged) * SCALE - refilled_units,
+                    "tokens are conserved"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! The in-process ledger: one mutex-guarded state per pool, for a single replica.
+//!
+//! Each decision takes the pool's lock once, refills, checks every limit, and commits all of them
+//! or none, so a rejected request holds nothing. Pools are created on first use from the limits
+//! passed in, and follow those limits as they change.
+
+use std::sync::{
+    Arc, Mutex, MutexGuard,
+    atomic::{AtomicU64, Ordering},
+};
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+
+use super::{
+    Clock, Decision, Ledger, LedgerError, Limit, Limits, PoolSnapshot, Rejection, ReserveRequest,
+    Reservation, bucket::TokenBucket,
+};
+
+#[derive(Debug)]
+struct PoolState {
+    tokens: TokenBucket,
+    requests: Option<TokenBucket>,
+    max_concurrency: u32,
+    in_flight: u32,
+    reserved_tokens: u64,
+}
+
+impl PoolState {
+    fn new(limits: &Limits, now: u64) -> Self {
+        PoolState {
+            tokens: TokenBucket::new(limits.tokens_per_minute, now),
+            requests: limits.requests_per_minute.map(|rpm| TokenBucket::new(rpm, now)),
+            max_concurrency: limits.max_concurrency,
+            in_flight: 0,
+            reserved_tokens: 0,
+        }
+    }
+
+    /// Brings the state up to `now` under (possibly changed) `limits`.
+    fn sync(&mut self, limits: &Limits, now: u64) {
+        if self.tokens.capacity() != limits.tokens_per_minute {
+            self.tokens.set_capacity(limits.tokens_per_minute, now);
+        }
+        self.tokens.refill(now);
+        match (&mut self.requests, limits.requests_per_minute) {
+            (Some(bucket), Some(rpm)) => {
+                if bucket.capacity() != rpm {
+                    bucket.set_capacity(rpm, now);
+                }
+                bucket.refill(now);
+            }
+            (slot, rpm) => *slot = rpm.map(|rpm| TokenBucket::new(rpm, now)),
+        }
+        self.max_concurrency = limits.max_concurrency;
+    }
+
+    fn reserve(&mut self, tokens: u64) -> Result<(), Rejection> {
+        let reject = |limit, refill_wait, token_deficit| Rejection {
+            limit,
+            refill_wait,
+            token_deficit,
+            in_flight_tokens: self.reserved_tokens,
+            in_flight_requests: self.in_flight,
+        };
+        if self.in_flight >= self.max_concurrency {
+            return Err(reject(Limit::Concurrency, Some(std::time::Duration::ZERO), 0));
+        }
+        let token_fit = self.tokens.fits(tokens);
+        let request_fit = self.requests.as_ref().is_none_or(|b| b.fits(1));
+        if !token_fit || !request_fit {
+            let token_wait = self.tokens.wait_for(tokens);
+            let request_wait = self.requests.as_ref().and_then(|b| b.wait_for(1));
+            let deficit = u64::try_from(i128::from(tokens) - i128::from(self.tokens.level())).unwrap_or(0);
+            // Report the limit with the longer wait; refill never satisfying counts as longest.
+            let tokens_bind = !token_fit && (request_fit || token_wait.is_none_or(|t| request_wait.is_some_and(|r| t >= r)));
+            return Err(if tokens_bind {
+                reject(Limit::Tokens, token_wait, deficit)
+            } else {
+                reject(Limit::Requests, request_wait, deficit)
+            });
+        }
+        self.tokens.take(tokens);
+        if let Some(b) = &mut self.requests {
+            b.take(1);
+        }
+        self.in_flight += 1;
+        self.reserved_tokens += tokens;
+        Ok(())
+    }
+}
+
+/// The single-process ledger.
+#[derive(Debug)]
+pub struct MemoryLedger {
+    pools: DashMap<Arc<str>, Arc<Mutex<PoolState>>>,
+    clock: Clock,
+    next_id: AtomicU64,
+}
+
+impl MemoryLedger {
+    pub fn new(clock: Clock) -> Self {
+        MemoryLedger { pools: DashMap::new(), clock, next_id: AtomicU64::new(1) }
+    }
+
+    fn pool(&self, name: &str, limits: &Limits) -> (Arc<str>, Arc<Mutex<PoolState>>) {
+        if let Some(entry) = self.pools.get(name) {
+            return (entry.key().clone(), entry.value().clone());
+        }
+        let key: Arc<str> = Arc::from(name);
+        let state = self
+            .pools
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(Mutex::new(PoolState::new(limits, self.clock.now_ns()))))
+            .clone();
+        (key, state)
+    }
+}
+
+/// A poisoned lock means a panic mid-update elsewhere; the state itself is still consistent
+/// (every update is a handful of integer writes), so keep serving.
+fn lock(state: &Mutex<PoolState>) -> MutexGuard<'_, PoolState> {
+    state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[async_trait]
+impl Ledger for MemoryLedger {
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError> {
+        let (key, state) = self.pool(request.pool, &request.limits);
+        let now = self.clock.now_ns();
+        let mut state = lock(&state);
+        state.sync(&request.limits, now);
+        Ok(match state.reserve(request.tokens) {
+            Ok(()) => {
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                Decision::Admitted(Reservation::new(key, request.tokens, id))
+            }
+            Err(rejection) => Decision::Rejected(rejection),
+        })
+    }
+
+    async fn settle(&self, reservation: Reservation, charged_tokens: u64) -> Result<(), LedgerError> {
+        let (pool, reserved, _id) = reservation.disarm();
+        let Some(state) = self.pools.get(&pool).map(|e| e.value().clone()) else {
+            return Err(LedgerError { backend: "memory", message: format!("settle for unknown pool {pool}") });
+        };
+        let now = self.clock.now_ns();
+        let mut state = lock(&state);
+        state.tokens.refill(now);
+        let delta = i128::from(reserved) - i128::from(charged_tokens);
+        state.tokens.adjust(delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64);
+        state.in_flight = state.in_flight.saturating_sub(1);
+        state.reserved_tokens = state.reserved_tokens.saturating_sub(reserved);
+        Ok(())
+    }
+
+    async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError> {
+        let (_, state) = self.pool(pool, limits);
+        let now = self.clock.now_ns();
+        let mut state = lock(&state);
+        state.sync(limits, now);
+        Ok(PoolSnapshot {
+            tokens_available: state.tokens.level(),
+            tokens_capacity: state.tokens.capacity(),
+            reserved_tokens: state.reserved_tokens,
+            in_flight_requests: state.in_flight,
+            requests_available: state.requests.as_ref().map(TokenBucket::available),
+        })
+    }
+
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+}
