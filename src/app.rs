@@ -1,1 +1,88 @@
-//! The router. STUB.
+//! The axum router and its layers, in one place.
+//!
+//! | path | what |
+//! |---|---|
+//! | `GET /healthz` | liveness: the process serves HTTP |
+//! | `GET /readyz` | readiness: started, credentials resolved, not draining |
+//! | `GET /metrics` | Prometheus text exposition |
+//! | `GET /v1/pools` | live ledger state per pool, JSON |
+//! | anything else | the `bedrock-runtime` API, proxied ([`crate::proxy::handle`]) |
+//!
+//! No layers wrap the proxy path: admission is the load shedding (it answers at once, before any
+//! upstream work), bodies are bounded where they are read, and timeouts belong to the upstream
+//! call, because a generation can legitimately run for many minutes.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+
+use axum::{
+    Json, Router,
+    extract::State,
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use http::{StatusCode, header};
+use prometheus::Registry;
+use serde_json::json;
+
+use crate::{admission::Admission, metrics::Metrics, upstream::Upstream};
+
+/// Everything a request handler needs.
+#[derive(Debug)]
+pub struct AppState {
+    pub admission: Arc<Admission>,
+    pub upstream: Arc<Upstream>,
+    pub metrics: Arc<Metrics>,
+    pub registry: Registry,
+    pub max_body_bytes: usize,
+    /// False until started, and again once draining.
+    pub ready: Arc<AtomicBool>,
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/v1/pools", get(pools))
+        .fallback(crate::proxy::handle)
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    if state.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    state.metrics.unsettled_reservations.reset();
+    state
+        .metrics
+        .unsettled_reservations
+        .inc_by(crate::ledger::unsettled_drops());
+    // Refresh the bucket gauges so a scrape sees the ledger as it is now.
+    let _ = state.admission.pool_states().await;
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::render(&state.registry),
+    )
+        .into_response()
+}
+
+async fn pools(State(state): State<Arc<AppState>>) -> Response {
+    let pools = state.admission.pool_states().await;
+    Json(json!({
+        "ledger": state.admission.ledger().backend(),
+        "unsettled_reservations": crate::ledger::unsettled_drops(),
+        "pools": pools,
+    }))
+    .into_response()
+}

@@ -20,6 +20,8 @@
 //! | [`metrics`] | the Prometheus registry and every `tokengate_*` metric |
 //! | [`simulator`] | a faithful stand-in for `bedrock-runtime` with Bedrock's own quota arithmetic |
 //! | [`app`] | the axum router and the layer stack, in one place |
+//! | [`proxy`] | the life of a proxied request: admit, forward, meter |
+//! | [`gateway`] | assembling a running proxy from a config |
 //! | [`server`] | the listener: HTTP/1.1 and h2c on one port, optional TLS, graceful shutdown |
 
 pub mod admission;
@@ -27,8 +29,10 @@ pub mod app;
 pub mod auth;
 pub mod bedrock;
 pub mod config;
+pub mod gateway;
 pub mod ledger;
 pub mod metrics;
+pub mod proxy;
 pub mod server;
 pub mod simulator;
 pub mod upstream;

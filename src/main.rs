@@ -1,1 +1,159 @@
-fn main() {}
+//! The `tokengate` command: `serve`, `simulate`, `check-config`.
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokengate::{
+    config::{Config, LogFormat},
+    gateway::{Gateway, GatewayOptions},
+    simulator::{self, SimulatorConfig},
+};
+
+#[derive(Parser)]
+#[command(
+    name = "tokengate",
+    version,
+    about = "Admission-control proxy for Amazon Bedrock"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Run the simulated bedrock-runtime on its own.
+    Simulate {
+        #[arg(long, default_value = "127.0.0.1:9000")]
+        listen: SocketAddr,
+        /// A config file whose [simulator] table to use.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+    },
+    /// Validate a config file; exits non-zero with a message naming the key.
+    CheckConfig { file: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::CheckConfig { file } = &cli.command {
+        return match Config::load(file) {
+            Ok(config) => {
+                println!("{}: ok ({} pools)", file.display(), config.pools.len());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{}: {e}", file.display());
+                ExitCode::from(2)
+            }
+        };
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tokengate: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tokengate: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve { config } => serve(config).await,
+        Command::Simulate { listen, config } => simulate(listen, config).await,
+        Command::CheckConfig { .. } => Ok(()),
+    }
+}
+
+async fn serve(path: PathBuf) -> anyhow::Result<()> {
+    let config = Config::load(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    init_logging(config.log.format, &config.log.level);
+    let listener = tokio::net::TcpListener::bind(config.server.listen)
+        .await
+        .with_context(|| format!("cannot listen on {} (server.listen)", config.server.listen))?;
+    let gateway = Gateway::start(config, listener, GatewayOptions::default()).await?;
+    if let Some(sim) = &gateway.simulator {
+        tracing::info!(addr = %sim.addr, "built-in simulated bedrock-runtime started");
+    }
+    shutdown_signal().await;
+    tracing::info!("shutting down: draining in-flight requests");
+    gateway.shutdown().await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn simulate(listen: SocketAddr, path: Option<PathBuf>) -> anyhow::Result<()> {
+    let sim_config = match &path {
+        Some(p) => {
+            let config = Config::load(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            init_logging(config.log.format, &config.log.level);
+            let mut sim = config.simulator;
+            sim.region = config.upstream.region;
+            sim
+        }
+        None => {
+            init_logging(LogFormat::Text, "info");
+            let mut sim = SimulatorConfig::default();
+            sim.region = "us-east-1".into();
+            sim
+        }
+    };
+    let handle = simulator::spawn(sim_config, listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    tracing::info!(addr = %handle.addr, "simulated bedrock-runtime listening");
+    shutdown_signal().await;
+    handle.shutdown().await;
+    Ok(())
+}
+
+fn init_logging(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// SIGTERM (Kubernetes, Docker) or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -40,7 +40,8 @@ pub fn projected_wait(rejection: &Rejection, history: PoolHistory, max_hint: Dur
             history.typical_duration / rejection.in_flight_requests.max(1)
         }
         Limit::Tokens => {
-            let refund = (rejection.in_flight_tokens as f64) * (1.0 - history.charge_ratio).max(0.0);
+            let refund =
+                (rejection.in_flight_tokens as f64) * (1.0 - history.charge_ratio).max(0.0);
             if refund >= rejection.token_deficit as f64 && rejection.in_flight_requests > 0 {
                 refill.min(history.typical_duration / 2)
             } else {
@@ -74,7 +75,13 @@ mod tests {
     use super::*;
     use rand::{SeedableRng, rngs::SmallRng};
 
-    fn rejection(limit: Limit, refill_ms: u64, deficit: u64, in_flight_tokens: u64, n: u32) -> Rejection {
+    fn rejection(
+        limit: Limit,
+        refill_ms: u64,
+        deficit: u64,
+        in_flight_tokens: u64,
+        n: u32,
+    ) -> Rejection {
         Rejection {
             limit,
             refill_wait: Some(Duration::from_millis(refill_ms)),
@@ -84,7 +91,10 @@ mod tests {
         }
     }
 
-    const HISTORY: PoolHistory = PoolHistory { typical_duration: Duration::from_secs(4), charge_ratio: 0.25 };
+    const HISTORY: PoolHistory = PoolHistory {
+        typical_duration: Duration::from_secs(4),
+        charge_ratio: 0.25,
+    };
     const MAX: Duration = Duration::from_secs(5);
 
     #[test]
@@ -94,7 +104,10 @@ mod tests {
         assert_eq!(projected_wait(&r, HISTORY, MAX), Duration::from_secs(2));
         // They do not: refill decides.
         let r = rejection(Limit::Tokens, 1_500, 50_000, 40_000, 10);
-        assert_eq!(projected_wait(&r, HISTORY, MAX), Duration::from_millis(1_500));
+        assert_eq!(
+            projected_wait(&r, HISTORY, MAX),
+            Duration::from_millis(1_500)
+        );
     }
 
     #[test]
@@ -107,20 +120,37 @@ mod tests {
     fn jitter_stays_in_bounds_and_spreads() {
         let mut rng = SmallRng::seed_from_u64(7);
         for base_ms in [0u64, 10, 300, 1_000, 4_900, 60_000] {
-            let hints: Vec<Duration> =
-                (0..200).map(|_| jittered(Duration::from_millis(base_ms), MAX, &mut rng)).collect();
-            assert!(hints.iter().all(|h| *h >= MIN_HINT && *h <= MAX), "base {base_ms}");
+            let hints: Vec<Duration> = (0..200)
+                .map(|_| jittered(Duration::from_millis(base_ms), MAX, &mut rng))
+                .collect();
+            assert!(
+                hints.iter().all(|h| *h >= MIN_HINT && *h <= MAX),
+                "base {base_ms}"
+            );
             let distinct: std::collections::BTreeSet<_> = hints.iter().collect();
-            assert!(distinct.len() > 50, "hints for base {base_ms} must spread, got {}", distinct.len());
-            if base_ms >= 50 && base_ms <= 3_000 {
-                assert!(hints.iter().all(|h| *h >= Duration::from_millis(base_ms)), "never earlier than projected");
+            assert!(
+                distinct.len() > 50,
+                "hints for base {base_ms} must spread, got {}",
+                distinct.len()
+            );
+            if (50..=3_000).contains(&base_ms) {
+                assert!(
+                    hints.iter().all(|h| *h >= Duration::from_millis(base_ms)),
+                    "never earlier than projected"
+                );
             }
         }
     }
 
     #[test]
     fn header_values_round_up() {
-        assert_eq!(header_values(Duration::from_millis(1_234)), ("1234".into(), "2".into()));
-        assert_eq!(header_values(Duration::from_millis(80)), ("80".into(), "1".into()));
+        assert_eq!(
+            header_values(Duration::from_millis(1_234)),
+            ("1234".into(), "2".into())
+        );
+        assert_eq!(
+            header_values(Duration::from_millis(80)),
+            ("80".into(), "1".into())
+        );
     }
 }

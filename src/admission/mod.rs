@@ -55,17 +55,36 @@ pub struct Admission {
 }
 
 impl Admission {
-    pub fn new(pools: &[PoolConfig], config: AdmissionConfig, ledger: Arc<dyn Ledger>, metrics: Arc<Metrics>) -> Admission {
+    pub fn new(
+        pools: &[PoolConfig],
+        config: AdmissionConfig,
+        ledger: Arc<dyn Ledger>,
+        metrics: Arc<Metrics>,
+    ) -> Admission {
         let table = PoolTable::new(pools, &config);
         for pool in table.pools() {
             let name = &*pool.name;
-            metrics.configured_tokens_per_minute.with_label_values(&[name]).set(pool.config.tokens_per_minute as f64);
-            metrics.effective_tokens_per_minute.with_label_values(&[name]).set(pool.limits().tokens_per_minute as f64);
-            metrics.calibration_ratio.with_label_values(&[name]).set(pool.calibration_ratio());
+            metrics
+                .configured_tokens_per_minute
+                .with_label_values(&[name])
+                .set(pool.config.tokens_per_minute as f64);
+            metrics
+                .effective_tokens_per_minute
+                .with_label_values(&[name])
+                .set(pool.limits().tokens_per_minute as f64);
+            metrics
+                .calibration_ratio
+                .with_label_values(&[name])
+                .set(pool.calibration_ratio());
             metrics.reserved_tokens.with_label_values(&[name]).set(0);
             metrics.inflight_requests.with_label_values(&[name]).set(0);
         }
-        Admission { table, ledger, metrics, config }
+        Admission {
+            table,
+            ledger,
+            metrics,
+            config,
+        }
     }
 
     pub fn ledger(&self) -> &Arc<dyn Ledger> {
@@ -77,7 +96,12 @@ impl Admission {
     }
 
     /// Decides a request. `body` is the whole request body.
-    pub async fn admit(&self, operation: Operation, model_id: Option<&str>, body: &Bytes) -> Result<Verdict, BedrockError> {
+    pub async fn admit(
+        &self,
+        operation: Operation,
+        model_id: Option<&str>,
+        body: &Bytes,
+    ) -> Result<Verdict, BedrockError> {
         let (Some(model_id), true) = (model_id, operation.consumes_quota()) else {
             self.count(NO_POOL, operation, "passthrough");
             return Ok(Verdict::Uncounted);
@@ -98,32 +122,60 @@ impl Admission {
                 }
             };
         };
-        let estimate = self.estimate(&pool, operation, &model, body).inspect_err(|_| self.count(&pool.name, operation, "invalid"))?;
+        let estimate = self
+            .estimate(&pool, operation, &model, body)
+            .inspect_err(|_| self.count(&pool.name, operation, "invalid"))?;
         self.reserve(pool, operation, estimate).await
     }
 
-    fn estimate(&self, pool: &Pool, operation: Operation, model: &ModelRef, body: &Bytes) -> Result<Estimate, BedrockError> {
+    fn estimate(
+        &self,
+        pool: &Pool,
+        operation: Operation,
+        model: &ModelRef,
+        body: &Bytes,
+    ) -> Result<Estimate, BedrockError> {
         let json: Value = serde_json::from_slice(body).map_err(|e| {
-            BedrockError::validation(format!("the request body is not valid JSON ({e}); {} needs a JSON body", operation.name()))
+            BedrockError::validation(format!(
+                "the request body is not valid JSON ({e}); {} needs a JSON body",
+                operation.name()
+            ))
         })?;
         if !json.is_object() {
-            return Err(BedrockError::validation(format!("the request body must be a JSON object for {}", operation.name())));
+            return Err(BedrockError::validation(format!(
+                "the request body must be a JSON object for {}",
+                operation.name()
+            )));
         }
         let max_tokens = requested_max_tokens(operation, model.provider(), &json)
             .map_err(|e| BedrockError::validation(e.to_string()))?
             .unwrap_or(pool.config.default_max_tokens);
         let raw_input = estimate::estimate_input_tokens(operation, &json);
-        Ok(Estimate { raw_input, input: pool.calibrated_input(raw_input), max_tokens })
+        Ok(Estimate {
+            raw_input,
+            input: pool.calibrated_input(raw_input),
+            max_tokens,
+        })
     }
 
-    async fn reserve(&self, pool: Arc<Pool>, operation: Operation, estimate: Estimate) -> Result<Verdict, BedrockError> {
+    async fn reserve(
+        &self,
+        pool: Arc<Pool>,
+        operation: Operation,
+        estimate: Estimate,
+    ) -> Result<Verdict, BedrockError> {
         let name = &*pool.name;
         let tokens = estimate.reservation();
         let capacity = pool.config.usable_tokens_per_minute();
         if tokens > capacity {
             self.count(name, operation, "invalid");
-            self.metrics.rejections.with_label_values(&[name, "never_fits"]).inc();
-            pool.counters.never_fits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.metrics
+                .rejections
+                .with_label_values(&[name, "never_fits"])
+                .inc();
+            pool.counters
+                .never_fits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let fits = capacity.saturating_sub(estimate.input);
             return Err(BedrockError::validation(format!(
                 "this request reserves {tokens} tokens (about {} input + {} maxTokens) but pool {name:?} holds at most {capacity} \
@@ -133,25 +185,54 @@ impl Admission {
             .with_header(http::HeaderName::from_static(X_TOKENGATE_POOL), name));
         }
         let limits = pool.limits();
-        self.metrics.effective_tokens_per_minute.with_label_values(&[name]).set(limits.tokens_per_minute as f64);
+        self.metrics
+            .effective_tokens_per_minute
+            .with_label_values(&[name])
+            .set(limits.tokens_per_minute as f64);
         let started = std::time::Instant::now();
-        let decision = self.ledger.reserve(&ReserveRequest { pool: name, limits, tokens }).await;
-        self.metrics.ledger_seconds.observe(started.elapsed().as_secs_f64());
+        let decision = self
+            .ledger
+            .reserve(&ReserveRequest {
+                pool: name,
+                limits,
+                tokens,
+            })
+            .await;
+        self.metrics
+            .ledger_seconds
+            .observe(started.elapsed().as_secs_f64());
         match decision {
             Ok(Decision::Admitted(reservation)) => {
-                pool.counters.admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                pool.counters
+                    .admitted
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.count(name, operation, "admitted");
-                Ok(Verdict::Admitted(Admitted::new(pool.clone(), self.ledger.clone(), self.metrics.clone(), reservation, operation, estimate)))
+                Ok(Verdict::Admitted(Admitted::new(
+                    pool.clone(),
+                    self.ledger.clone(),
+                    self.metrics.clone(),
+                    reservation,
+                    operation,
+                    estimate,
+                )))
             }
             Ok(Decision::Rejected(rejection)) => {
                 self.count(name, operation, "rejected");
                 Err(self.rejection(&pool, &rejection, tokens))
             }
             Err(e) => {
-                self.metrics.ledger_errors.with_label_values(&[self.ledger.backend()]).inc();
+                self.metrics
+                    .ledger_errors
+                    .with_label_values(&[self.ledger.backend()])
+                    .inc();
                 self.count(name, operation, "ledger_error");
                 tracing::error!(error = %e, pool = name, "ledger unavailable");
-                Err(self.retryable(ErrorCode::ServiceUnavailable, &pool, Duration::from_secs(1), "the quota ledger is unavailable; retry shortly".into()))
+                Err(self.retryable(
+                    ErrorCode::ServiceUnavailable,
+                    &pool,
+                    Duration::from_secs(1),
+                    "the quota ledger is unavailable; retry shortly".into(),
+                ))
             }
         }
     }
@@ -160,30 +241,50 @@ impl Admission {
     fn rejection(&self, pool: &Pool, rejection: &Rejection, tokens: u64) -> BedrockError {
         let name = &*pool.name;
         pool.counters.rejected(rejection.limit);
-        self.metrics.rejections.with_label_values(&[name, rejection.limit.label()]).inc();
+        self.metrics
+            .rejections
+            .with_label_values(&[name, rejection.limit.label()])
+            .inc();
         let (typical_duration, charge_ratio) = pool.typical();
-        let history = hint::PoolHistory { typical_duration, charge_ratio };
+        let history = hint::PoolHistory {
+            typical_duration,
+            charge_ratio,
+        };
         let wait = hint::projected_wait(rejection, history, self.config.max_retry_hint);
         let message = match rejection.limit {
             Limit::Tokens => format!(
                 "Too many tokens: this request reserves {tokens} tokens and pool {name:?} has {} available now; retry after the hinted delay",
                 tokens.saturating_sub(rejection.token_deficit)
             ),
-            Limit::Requests => format!("Too many requests: pool {name:?} is at its requests-per-minute limit; retry after the hinted delay"),
+            Limit::Requests => format!(
+                "Too many requests: pool {name:?} is at its requests-per-minute limit; retry after the hinted delay"
+            ),
             Limit::Concurrency => format!(
                 "Too many concurrent requests: pool {name:?} has all {} slots in use; retry after the hinted delay",
                 rejection.in_flight_requests
             ),
         };
         self.retryable(ErrorCode::Throttling, pool, wait, message)
-            .with_header(http::HeaderName::from_static(X_TOKENGATE_REASON), rejection.limit.label())
+            .with_header(
+                http::HeaderName::from_static(X_TOKENGATE_REASON),
+                rejection.limit.label(),
+            )
     }
 
     /// A retryable error with jittered `x-amz-retry-after` / `Retry-After` around `wait`.
-    pub fn retryable(&self, code: ErrorCode, pool: &Pool, wait: Duration, message: String) -> BedrockError {
+    pub fn retryable(
+        &self,
+        code: ErrorCode,
+        pool: &Pool,
+        wait: Duration,
+        message: String,
+    ) -> BedrockError {
         let mut rng = SmallRng::from_rng(&mut rand::rng());
         let hint = hint::jittered(wait, self.config.max_retry_hint, &mut rng);
-        self.metrics.retry_hint_seconds.with_label_values(&[&pool.name]).observe(hint.as_secs_f64());
+        self.metrics
+            .retry_hint_seconds
+            .with_label_values(&[&pool.name])
+            .observe(hint.as_secs_f64());
         let (ms, secs) = hint::header_values(hint);
         BedrockError::new(code, message)
             .with_header(http::HeaderName::from_static("x-amz-retry-after"), ms)
@@ -194,12 +295,21 @@ impl Admission {
     /// Upstream throttled a request this proxy admitted: shrink the pool's limit and count it.
     pub fn upstream_throttled(&self, pool: &Pool) {
         pool.upstream_throttled();
-        self.metrics.upstream_throttles.with_label_values(&[&pool.name]).inc();
-        self.metrics.effective_tokens_per_minute.with_label_values(&[&pool.name]).set(pool.limits().tokens_per_minute as f64);
+        self.metrics
+            .upstream_throttles
+            .with_label_values(&[&pool.name])
+            .inc();
+        self.metrics
+            .effective_tokens_per_minute
+            .with_label_values(&[&pool.name])
+            .set(pool.limits().tokens_per_minute as f64);
     }
 
     fn count(&self, pool: &str, operation: Operation, outcome: &str) {
-        self.metrics.requests.with_label_values(&[pool, operation.name(), outcome]).inc();
+        self.metrics
+            .requests
+            .with_label_values(&[pool, operation.name(), outcome])
+            .inc();
     }
 
     /// Live state of every pool, for `GET /v1/pools`.
@@ -209,10 +319,14 @@ impl Admission {
             let limits = pool.limits();
             let ledger = self.ledger.snapshot(&pool.name, &limits).await.ok();
             if let Some(s) = &ledger {
-                self.metrics.tokens_available.with_label_values(&[&pool.name]).set(s.tokens_available as f64);
+                self.metrics
+                    .tokens_available
+                    .with_label_values(&[&pool.name])
+                    .set(s.tokens_available as f64);
             }
             let c = &pool.counters;
-            let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+            let load =
+                |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
             out.push(PoolState {
                 name: pool.name.to_string(),
                 models: pool.config.models.clone(),

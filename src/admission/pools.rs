@@ -96,7 +96,10 @@ impl Pool {
         Pool {
             name: Arc::from(config.name.as_str()),
             config,
-            feedback: Mutex::new(Feedback { factor: 1.0, since: None }),
+            feedback: Mutex::new(Feedback {
+                factor: 1.0,
+                since: None,
+            }),
             learned: Mutex::new(Learned {
                 input_ratio: 1.0 / CALIBRATION_MARGIN,
                 charge_ratio: 1.0,
@@ -129,7 +132,9 @@ impl Pool {
     /// Upstream throttled a request we admitted: other traffic shares the account quota, so
     /// shrink (at most once per [`AIMD_HOLD`]) and regrow gradually.
     pub fn upstream_throttled(&self) {
-        self.counters.upstream_throttles.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .upstream_throttles
+            .fetch_add(1, Ordering::Relaxed);
         let current = self.limit_factor();
         let mut fb = lock(&self.feedback);
         if fb.since.is_some_and(|t| t.elapsed() < AIMD_HOLD) {
@@ -142,11 +147,20 @@ impl Pool {
     /// The input estimate after calibration.
     pub fn calibrated_input(&self, raw_estimate: u64) -> u64 {
         let ratio = lock(&self.learned).input_ratio;
-        ((raw_estimate as f64) * ratio * CALIBRATION_MARGIN).ceil().max(1.0) as u64
+        ((raw_estimate as f64) * ratio * CALIBRATION_MARGIN)
+            .ceil()
+            .max(1.0) as u64
     }
 
     /// Learns from a settled request whose usage upstream reported.
-    pub fn learn(&self, raw_estimate: u64, actual_input: u64, reserved: u64, charged: u64, duration: Duration) {
+    pub fn learn(
+        &self,
+        raw_estimate: u64,
+        actual_input: u64,
+        reserved: u64,
+        charged: u64,
+        duration: Duration,
+    ) {
         let mut l = lock(&self.learned);
         if raw_estimate > 0 && actual_input > 0 {
             let sample = (actual_input as f64 / raw_estimate as f64).clamp(0.1, 10.0);
@@ -161,7 +175,10 @@ impl Pool {
     /// Typical admission-to-settlement time, and the typical charged / reserved ratio.
     pub fn typical(&self) -> (Duration, f64) {
         let l = *lock(&self.learned);
-        (Duration::from_secs_f64(l.duration_secs.max(0.0)), l.charge_ratio)
+        (
+            Duration::from_secs_f64(l.duration_secs.max(0.0)),
+            l.charge_ratio,
+        )
     }
 
     pub fn calibration_ratio(&self) -> f64 {
@@ -214,7 +231,11 @@ impl PoolTable {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        PoolTable { pools, by_model, profiles }
+        PoolTable {
+            pools,
+            by_model,
+            profiles,
+        }
     }
 
     pub fn pools(&self) -> &[Arc<Pool>] {
@@ -224,10 +245,9 @@ impl PoolTable {
     /// The pool a modelId draws on, if any.
     pub fn resolve(&self, model: &ModelRef) -> Option<&Arc<Pool>> {
         let index = self.by_model.get(&model.resource_id).or_else(|| {
-            let mapped = self
-                .profiles
-                .get(&model.raw)
-                .or_else(|| application_profile_id(&model.raw).and_then(|id| self.profiles.get(id)))?;
+            let mapped = self.profiles.get(&model.raw).or_else(|| {
+                application_profile_id(&model.raw).and_then(|id| self.profiles.get(id))
+            })?;
             self.by_model.get(mapped)
         })?;
         self.pools.get(*index)

@@ -88,9 +88,15 @@ impl Admitted {
         estimate: Estimate,
     ) -> Admitted {
         let name = &pool.name;
-        metrics.reserved_tokens.with_label_values(&[name]).add(reservation.tokens() as i64);
+        metrics
+            .reserved_tokens
+            .with_label_values(&[name])
+            .add(reservation.tokens() as i64);
         metrics.inflight_requests.with_label_values(&[name]).inc();
-        metrics.reserved_tokens_total.with_label_values(&[name]).inc_by(reservation.tokens());
+        metrics
+            .reserved_tokens_total
+            .with_label_values(&[name])
+            .inc_by(reservation.tokens());
         Admitted {
             pool,
             ledger,
@@ -128,20 +134,41 @@ impl Admitted {
 
     /// Settles to Bedrock's charge for `usage`.
     pub fn settle_usage(&mut self, usage: &Usage) {
-        let Some(reserved) = self.reservation.as_ref().map(Reservation::tokens) else { return };
+        let Some(reserved) = self.reservation.as_ref().map(Reservation::tokens) else {
+            return;
+        };
         let charge = usage.charge(self.pool.config.output_burndown);
         let name = &*self.pool.name;
         let m = &self.metrics;
-        m.input_tokens.with_label_values(&[name]).inc_by(usage.input_tokens);
-        m.output_tokens.with_label_values(&[name]).inc_by(usage.output_tokens);
-        m.cache_read_tokens.with_label_values(&[name]).inc_by(usage.cache_read_input_tokens);
-        m.cache_write_tokens.with_label_values(&[name]).inc_by(usage.cache_write_input_tokens);
+        m.input_tokens
+            .with_label_values(&[name])
+            .inc_by(usage.input_tokens);
+        m.output_tokens
+            .with_label_values(&[name])
+            .inc_by(usage.output_tokens);
+        m.cache_read_tokens
+            .with_label_values(&[name])
+            .inc_by(usage.cache_read_input_tokens);
+        m.cache_write_tokens
+            .with_label_values(&[name])
+            .inc_by(usage.cache_write_input_tokens);
         if charge > 0 {
-            m.over_reservation_ratio.with_label_values(&[name]).observe(reserved as f64 / charge as f64);
+            m.over_reservation_ratio
+                .with_label_values(&[name])
+                .observe(reserved as f64 / charge as f64);
         }
-        let actual_input = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_write_input_tokens;
-        self.pool.learn(self.estimate.raw_input, actual_input, reserved, charge, self.started.elapsed());
-        m.calibration_ratio.with_label_values(&[name]).set(self.pool.calibration_ratio());
+        let actual_input =
+            usage.input_tokens + usage.cache_read_input_tokens + usage.cache_write_input_tokens;
+        self.pool.learn(
+            self.estimate.raw_input,
+            actual_input,
+            reserved,
+            charge,
+            self.started.elapsed(),
+        );
+        m.calibration_ratio
+            .with_label_values(&[name])
+            .set(self.pool.calibration_ratio());
         self.finish(charge, Rule::Usage);
     }
 
@@ -152,8 +179,11 @@ impl Admitted {
 
     /// The response ended without usage; `output_seen` is the estimate of what was generated.
     pub fn settle_without_usage(&mut self, output_seen: u64) {
-        let Some(reserved) = self.reservation.as_ref().map(Reservation::tokens) else { return };
-        let seen = self.estimate.input + output_seen.saturating_mul(u64::from(self.pool.config.output_burndown));
+        let Some(reserved) = self.reservation.as_ref().map(Reservation::tokens) else {
+            return;
+        };
+        let seen = self.estimate.input
+            + output_seen.saturating_mul(u64::from(self.pool.config.output_burndown));
         self.finish(reserved.max(seen), Rule::NoUsage);
     }
 
@@ -164,17 +194,26 @@ impl Admitted {
     }
 
     fn finish(&mut self, charge: u64, rule: Rule) {
-        let Some(reservation) = self.reservation.take() else { return };
+        let Some(reservation) = self.reservation.take() else {
+            return;
+        };
         let name = &*self.pool.name;
         let m = &self.metrics;
-        m.reserved_tokens.with_label_values(&[name]).sub(reservation.tokens() as i64);
+        m.reserved_tokens
+            .with_label_values(&[name])
+            .sub(reservation.tokens() as i64);
         m.inflight_requests.with_label_values(&[name]).dec();
         m.settlements.with_label_values(&[name, rule.label()]).inc();
         m.charged_tokens.with_label_values(&[name]).inc_by(charge);
         m.request_duration_seconds
             .with_label_values(&[name, self.operation.name()])
             .observe(self.started.elapsed().as_secs_f64());
-        settle_in_background(self.ledger.clone(), self.metrics.clone(), reservation, charge);
+        settle_in_background(
+            self.ledger.clone(),
+            self.metrics.clone(),
+            reservation,
+            charge,
+        );
     }
 }
 
@@ -188,12 +227,19 @@ impl Drop for Admitted {
 
 /// Settles now if the backend answers without waiting (the memory ledger always does), else on
 /// a task: settlement happens from `Drop` and `poll_frame`, which cannot wait.
-fn settle_in_background(ledger: Arc<dyn Ledger>, metrics: Arc<Metrics>, reservation: Reservation, charge: u64) {
+fn settle_in_background(
+    ledger: Arc<dyn Ledger>,
+    metrics: Arc<Metrics>,
+    reservation: Reservation,
+    charge: u64,
+) {
     let backend = ledger.backend();
     let started = std::time::Instant::now();
     let fut = async move { ledger.settle(reservation, charge).await };
     let report = move |result: Result<(), crate::ledger::LedgerError>| {
-        metrics.ledger_seconds.observe(started.elapsed().as_secs_f64());
+        metrics
+            .ledger_seconds
+            .observe(started.elapsed().as_secs_f64());
         if let Err(e) = result {
             metrics.ledger_errors.with_label_values(&[backend]).inc();
             tracing::error!(error = %e, "settlement failed");

@@ -3,7 +3,7 @@
 
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use http::{HeaderName, HeaderValue, StatusCode, header};
 
 /// The errors `bedrock-runtime` answers with (and the SDK error codes they map to).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -20,6 +20,7 @@ pub enum ErrorCode {
     ModelTimeout,
     ModelError,
     ModelStreamError,
+    UnknownOperation,
 }
 
 impl ErrorCode {
@@ -30,7 +31,7 @@ impl ErrorCode {
             ErrorCode::InternalServer => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::Validation | ErrorCode::ServiceQuotaExceeded => StatusCode::BAD_REQUEST,
             ErrorCode::AccessDenied | ErrorCode::UnrecognizedClient => StatusCode::FORBIDDEN,
-            ErrorCode::ResourceNotFound => StatusCode::NOT_FOUND,
+            ErrorCode::ResourceNotFound | ErrorCode::UnknownOperation => StatusCode::NOT_FOUND,
             ErrorCode::ModelTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::ModelError | ErrorCode::ModelStreamError => StatusCode::FAILED_DEPENDENCY,
         }
@@ -51,6 +52,7 @@ impl ErrorCode {
             ErrorCode::ModelTimeout => "ModelTimeoutException",
             ErrorCode::ModelError => "ModelErrorException",
             ErrorCode::ModelStreamError => "ModelStreamErrorException",
+            ErrorCode::UnknownOperation => "UnknownOperationException",
         }
     }
 
@@ -84,7 +86,7 @@ impl ErrorCode {
     }
 }
 
-const ALL_CODES: [ErrorCode; 12] = [
+const ALL_CODES: [ErrorCode; 13] = [
     ErrorCode::Throttling,
     ErrorCode::ModelNotReady,
     ErrorCode::ServiceUnavailable,
@@ -97,6 +99,7 @@ const ALL_CODES: [ErrorCode; 12] = [
     ErrorCode::ModelTimeout,
     ErrorCode::ModelError,
     ErrorCode::ModelStreamError,
+    ErrorCode::UnknownOperation,
 ];
 
 pub const X_AMZN_ERROR_TYPE: HeaderName = HeaderName::from_static("x-amzn-errortype");
@@ -108,7 +111,9 @@ pub const X_AMZN_REQUEST_ID: HeaderName = HeaderName::from_static("x-amzn-reques
 pub struct BedrockError {
     pub code: ErrorCode,
     pub message: String,
-    pub headers: HeaderMap,
+    /// Extra response headers (kept as a list: the error path is cold, and a small error keeps
+    /// `Result`s small on the hot one).
+    pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl BedrockError {
@@ -116,7 +121,7 @@ impl BedrockError {
         BedrockError {
             code,
             message: message.into(),
-            headers: HeaderMap::new(),
+            headers: Vec::new(),
         }
     }
 
@@ -127,7 +132,7 @@ impl BedrockError {
     /// Adds a header; values that are not valid header text are dropped.
     pub fn with_header(mut self, name: impl Into<HeaderName>, value: impl AsRef<str>) -> Self {
         if let Ok(v) = HeaderValue::from_str(value.as_ref()) {
-            self.headers.insert(name.into(), v);
+            self.headers.push((name.into(), v));
         }
         self
     }
@@ -160,7 +165,9 @@ impl IntoResponse for BedrockError {
         if let Ok(id) = HeaderValue::from_str(&new_request_id()) {
             headers.insert(X_AMZN_REQUEST_ID, id);
         }
-        headers.extend(self.headers);
+        for (name, value) in self.headers {
+            headers.insert(name, value);
+        }
         response
     }
 }

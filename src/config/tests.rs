@@ -40,9 +40,11 @@ fn error_of(edit: impl Fn(&str) -> String) -> String {
         .to_string()
 }
 
+type Edit = Box<dyn Fn(&str) -> String>;
+
 #[test]
 fn each_invalid_setting_names_its_key() {
-    let cases: Vec<(Box<dyn Fn(&str) -> String>, &str)> = vec![
+    let cases: Vec<(Edit, &str)> = vec![
         (
             Box::new(|c| c.replace("tokens_per_minute = 200000", "tokens_per_minute = 0")),
             "pools[0] (sonnet4-us).tokens_per_minute: must be greater than zero",

@@ -23,7 +23,11 @@ pub struct TokenBucket {
 impl TokenBucket {
     /// A full bucket holding `capacity` tokens, refilling `capacity` per minute.
     pub fn new(capacity: u64, now_ns: u64) -> Self {
-        TokenBucket { capacity, level: i128::from(capacity) * SCALE, updated_ns: now_ns }
+        TokenBucket {
+            capacity,
+            level: i128::from(capacity) * SCALE,
+            updated_ns: now_ns,
+        }
     }
 
     pub fn capacity(&self) -> u64 {
@@ -71,7 +75,9 @@ impl TokenBucket {
         let deficit = need - self.level;
         let cap = i128::from(self.capacity);
         let nanos = (deficit + cap - 1) / cap;
-        Some(Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)))
+        Some(Duration::from_nanos(
+            u64::try_from(nanos).unwrap_or(u64::MAX),
+        ))
     }
 
     /// Whether `tokens` fit now (call [`Self::refill`] first).
@@ -135,7 +141,8 @@ mod tests {
         prop_oneof![
             (0u64..5_000_000_000).prop_map(Op::Advance),
             (1u64..20_000).prop_map(Op::Reserve),
-            (any::<usize>(), 0u64..=100).prop_map(|(index, charge_pct)| Op::Settle { index, charge_pct }),
+            (any::<usize>(), 0u64..=100)
+                .prop_map(|(index, charge_pct)| Op::Settle { index, charge_pct }),
         ]
     }
 

@@ -35,7 +35,10 @@ impl Clock {
     /// Advances a manual clock; a no-op on the tokio clock (use `tokio::time::advance`).
     pub fn advance(&self, by: Duration) {
         if let Clock::Manual(ns) = self {
-            ns.fetch_add(u64::try_from(by.as_nanos()).unwrap_or(u64::MAX), Ordering::AcqRel);
+            ns.fetch_add(
+                u64::try_from(by.as_nanos()).unwrap_or(u64::MAX),
+                Ordering::AcqRel,
+            );
         }
     }
 }

@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 
 use super::{
-    Clock, Decision, Ledger, LedgerError, Limit, Limits, PoolSnapshot, Rejection, ReserveRequest,
-    Reservation, bucket::TokenBucket,
+    Clock, Decision, Ledger, LedgerError, Limit, Limits, PoolSnapshot, Rejection, Reservation,
+    ReserveRequest, bucket::TokenBucket,
 };
 
 #[derive(Debug)]
@@ -30,7 +30,9 @@ impl PoolState {
     fn new(limits: &Limits, now: u64) -> Self {
         PoolState {
             tokens: TokenBucket::new(limits.tokens_per_minute, now),
-            requests: limits.requests_per_minute.map(|rpm| TokenBucket::new(rpm, now)),
+            requests: limits
+                .requests_per_minute
+                .map(|rpm| TokenBucket::new(rpm, now)),
             max_concurrency: limits.max_concurrency,
             in_flight: 0,
             reserved_tokens: 0,
@@ -64,16 +66,22 @@ impl PoolState {
             in_flight_requests: self.in_flight,
         };
         if self.in_flight >= self.max_concurrency {
-            return Err(reject(Limit::Concurrency, Some(std::time::Duration::ZERO), 0));
+            return Err(reject(
+                Limit::Concurrency,
+                Some(std::time::Duration::ZERO),
+                0,
+            ));
         }
         let token_fit = self.tokens.fits(tokens);
         let request_fit = self.requests.as_ref().is_none_or(|b| b.fits(1));
         if !token_fit || !request_fit {
             let token_wait = self.tokens.wait_for(tokens);
             let request_wait = self.requests.as_ref().and_then(|b| b.wait_for(1));
-            let deficit = u64::try_from(i128::from(tokens) - i128::from(self.tokens.level())).unwrap_or(0);
+            let deficit =
+                u64::try_from(i128::from(tokens) - i128::from(self.tokens.level())).unwrap_or(0);
             // Report the limit with the longer wait; refill never satisfying counts as longest.
-            let tokens_bind = !token_fit && (request_fit || token_wait.is_none_or(|t| request_wait.is_some_and(|r| t >= r)));
+            let tokens_bind = !token_fit
+                && (request_fit || token_wait.is_none_or(|t| request_wait.is_some_and(|r| t >= r)));
             return Err(if tokens_bind {
                 reject(Limit::Tokens, token_wait, deficit)
             } else {
@@ -100,7 +108,11 @@ pub struct MemoryLedger {
 
 impl MemoryLedger {
     pub fn new(clock: Clock) -> Self {
-        MemoryLedger { pools: DashMap::new(), clock, next_id: AtomicU64::new(1) }
+        MemoryLedger {
+            pools: DashMap::new(),
+            clock,
+            next_id: AtomicU64::new(1),
+        }
     }
 
     fn pool(&self, name: &str, limits: &Limits) -> (Arc<str>, Arc<Mutex<PoolState>>) {
@@ -120,7 +132,9 @@ impl MemoryLedger {
 /// A poisoned lock means a panic mid-update elsewhere; the state itself is still consistent
 /// (every update is a handful of integer writes), so keep serving.
 fn lock(state: &Mutex<PoolState>) -> MutexGuard<'_, PoolState> {
-    state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[async_trait]
@@ -139,16 +153,25 @@ impl Ledger for MemoryLedger {
         })
     }
 
-    async fn settle(&self, reservation: Reservation, charged_tokens: u64) -> Result<(), LedgerError> {
+    async fn settle(
+        &self,
+        reservation: Reservation,
+        charged_tokens: u64,
+    ) -> Result<(), LedgerError> {
         let (pool, reserved, _id) = reservation.disarm();
         let Some(state) = self.pools.get(&pool).map(|e| e.value().clone()) else {
-            return Err(LedgerError { backend: "memory", message: format!("settle for unknown pool {pool}") });
+            return Err(LedgerError {
+                backend: "memory",
+                message: format!("settle for unknown pool {pool}"),
+            });
         };
         let now = self.clock.now_ns();
         let mut state = lock(&state);
         state.tokens.refill(now);
         let delta = i128::from(reserved) - i128::from(charged_tokens);
-        state.tokens.adjust(delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64);
+        state
+            .tokens
+            .adjust(delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64);
         state.in_flight = state.in_flight.saturating_sub(1);
         state.reserved_tokens = state.reserved_tokens.saturating_sub(reserved);
         Ok(())

@@ -111,7 +111,12 @@ pub struct Reservation {
 
 impl Reservation {
     pub(crate) fn new(pool: Arc<str>, tokens: u64, id: u64) -> Self {
-        Reservation { pool, tokens, id, settled: false }
+        Reservation {
+            pool,
+            tokens,
+            id,
+            settled: false,
+        }
     }
 
     pub fn pool(&self) -> &str {
@@ -182,7 +187,11 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
 
     /// Settles a reservation to the actual charge: credits back `reserved - charged` (or debits
     /// the excess), releases the permit. The request stays counted in the request bucket.
-    async fn settle(&self, reservation: Reservation, charged_tokens: u64) -> Result<(), LedgerError>;
+    async fn settle(
+        &self,
+        reservation: Reservation,
+        charged_tokens: u64,
+    ) -> Result<(), LedgerError>;
 
     /// The pool's state now, as seen with `limits`.
     async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError>;

@@ -6,8 +6,8 @@
 //! `status` from upstream status codes.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder, GaugeVec,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The `pool` label for calls that belong to no pool.
@@ -51,7 +51,9 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 const HINT_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0];
 const RATIO_BUCKETS: &[f64] = &[1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0];
-const LEDGER_BUCKETS: &[f64] = &[0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05];
+const LEDGER_BUCKETS: &[f64] = &[
+    0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
+];
 
 impl Metrics {
     /// Creates and registers every metric.
@@ -99,7 +101,8 @@ impl Metrics {
     pub fn standalone() -> (Registry, Metrics) {
         let registry = Registry::new();
         // Registering fresh metrics in a fresh registry cannot collide.
-        let metrics = Metrics::new(&registry).unwrap_or_else(|e| unreachable!("fresh registry: {e}"));
+        let metrics =
+            Metrics::new(&registry).unwrap_or_else(|e| unreachable!("fresh registry: {e}"));
         (registry, metrics)
     }
 }
@@ -107,23 +110,47 @@ impl Metrics {
 struct Reg<'a>(&'a Registry);
 
 impl Reg<'_> {
-    fn counter(&self, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
+    fn counter(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> Result<IntCounterVec, prometheus::Error> {
         let m = IntCounterVec::new(Opts::new(name, help), labels)?;
         self.0.register(Box::new(m.clone()))?;
         Ok(m)
     }
-    fn int_gauge(&self, name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec, prometheus::Error> {
+    fn int_gauge(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> Result<IntGaugeVec, prometheus::Error> {
         let m = IntGaugeVec::new(Opts::new(name, help), labels)?;
         self.0.register(Box::new(m.clone()))?;
         Ok(m)
     }
-    fn gauge(&self, name: &str, help: &str, labels: &[&str]) -> Result<GaugeVec, prometheus::Error> {
+    fn gauge(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> Result<GaugeVec, prometheus::Error> {
         let m = GaugeVec::new(Opts::new(name, help), labels)?;
         self.0.register(Box::new(m.clone()))?;
         Ok(m)
     }
-    fn histogram(&self, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> Result<HistogramVec, prometheus::Error> {
-        let m = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)?;
+    fn histogram(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        buckets: &[f64],
+    ) -> Result<HistogramVec, prometheus::Error> {
+        let m = HistogramVec::new(
+            HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+            labels,
+        )?;
         self.0.register(Box::new(m.clone()))?;
         Ok(m)
     }
@@ -132,7 +159,10 @@ impl Reg<'_> {
 /// The text exposition of `registry`.
 pub fn render(registry: &Registry) -> String {
     let mut buf = Vec::new();
-    if TextEncoder::new().encode(&registry.gather(), &mut buf).is_err() {
+    if TextEncoder::new()
+        .encode(&registry.gather(), &mut buf)
+        .is_err()
+    {
         return String::new();
     }
     String::from_utf8(buf).unwrap_or_default()

@@ -1,1 +1,202 @@
-//! Upstream forwarding. STUB.
+//! Forwarding to `bedrock-runtime`: header hygiene, SigV4 re-signing, the pooled client, and the
+//! metered pass-through of responses ([`body`]).
+//!
+//! The request body is forwarded byte for byte (never re-serialised, so fields this proxy does not
+//! know pass through untouched); the raw, percent-encoded path is forwarded unchanged. Response
+//! bodies stream through frame by frame; nothing buffers a whole response.
+
+pub mod body;
+pub mod signer;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+
+pub use body::MeteredBody;
+pub use signer::Signer;
+
+/// Why a request got no response from upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("no AWS credentials for signing upstream requests: {0}")]
+    Credentials(String),
+    #[error("could not sign the upstream request: {0}")]
+    Signing(String),
+    #[error("upstream {0} could not be reached: {1}")]
+    Connect(String, String),
+    #[error("upstream did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+impl UpstreamError {
+    /// The `kind` label of `tokengate_upstream_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            UpstreamError::Credentials(_) => "credentials",
+            UpstreamError::Signing(_) => "signing",
+            UpstreamError::Connect(..) => "connect",
+            UpstreamError::Timeout(_) => "timeout",
+        }
+    }
+}
+
+/// Request headers that never go upstream: the client's own signature and SDK bookkeeping
+/// (useless for another host), hop-by-hop headers, and content negotiation that would let
+/// upstream compress a body we must read.
+fn is_stripped(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    matches!(
+        n,
+        "authorization"
+            | "x-amz-date"
+            | "x-amz-security-token"
+            | "x-amz-content-sha256"
+            | "host"
+            | "content-length"
+            | "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "expect"
+            | "accept-encoding"
+    ) || n.starts_with("amz-sdk-")
+        || n.starts_with("x-tokengate-")
+}
+
+/// Response headers not passed back: hop-by-hop ones.
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// The pooled, signing client for one upstream.
+#[derive(Debug)]
+pub struct Upstream {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    base: Uri,
+    host: HeaderValue,
+    signer: Signer,
+    response_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+impl Upstream {
+    /// `base` is scheme and authority only (`https://bedrock-runtime.us-east-1.amazonaws.com`).
+    pub fn new(
+        base: Uri,
+        signer: Signer,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Result<Upstream, UpstreamError> {
+        let authority = base.authority().ok_or_else(|| {
+            UpstreamError::Connect(base.to_string(), "the URL has no host".into())
+        })?;
+        let host = HeaderValue::from_str(authority.as_str())
+            .map_err(|e| UpstreamError::Connect(base.to_string(), e.to_string()))?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        http.set_keepalive(Some(Duration::from_secs(60)));
+        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_webpki_roots(provider)
+            .map_err(|e| UpstreamError::Connect(base.to_string(), e.to_string()))?
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(1024)
+            .build(https);
+        Ok(Upstream {
+            client,
+            base,
+            host,
+            signer,
+            response_timeout,
+            idle_timeout,
+        })
+    }
+
+    /// The default AWS endpoint of a Region.
+    pub fn aws_endpoint(region: &str) -> Result<Uri, http::uri::InvalidUri> {
+        format!("https://bedrock-runtime.{region}.amazonaws.com").parse()
+    }
+
+    pub fn signer(&self) -> &Signer {
+        &self.signer
+    }
+
+    /// Sends one request upstream and waits for the response head.
+    pub async fn send(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        client_headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let uri = format!(
+            "{}{}",
+            self.base.to_string().trim_end_matches('/'),
+            path_and_query
+        );
+        let mut request = Request::builder()
+            .method(method)
+            .uri(&uri)
+            .body(body)
+            .map_err(|e| UpstreamError::Signing(format!("bad upstream URI {uri}: {e}")))?;
+        let headers = request.headers_mut();
+        for (name, value) in client_headers {
+            if !is_stripped(name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        headers.insert(header::HOST, self.host.clone());
+        self.signer.sign(&mut request).await?;
+        // `host` is signed but hyper derives it (or `:authority`) from the URI.
+        request.headers_mut().remove(header::HOST);
+        let request = request.map(Full::new);
+        match tokio::time::timeout(self.response_timeout, self.client.request(request)).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) => Err(UpstreamError::Connect(
+                self.base.to_string(),
+                error_chain(&e),
+            )),
+            Err(_) => Err(UpstreamError::Timeout(self.response_timeout)),
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

@@ -1,0 +1,210 @@
+//! The life of a proxied request: parse the target, read the body (bounded), admit, forward,
+//! and hand the response back metered. See DESIGN.md, "The life of a request".
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    body::Body,
+    extract::{Request, State},
+    response::{IntoResponse, Response},
+};
+use http::{HeaderValue, header};
+
+use crate::{
+    admission::{Admitted, Verdict, X_TOKENGATE_POOL},
+    app::AppState,
+    bedrock::{
+        BedrockError, ErrorCode, Operation, Target, TargetError, UsageObserver, eventstream,
+        usage::ResponseKind,
+    },
+    metrics::NO_POOL,
+    upstream::{MeteredBody, UpstreamError, is_hop_by_hop},
+};
+
+/// Handles every `bedrock-runtime` call.
+pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let target = match Target::parse(&parts.method, parts.uri.path()) {
+        Ok(t) => t,
+        Err(e) => return target_error(e).into_response(),
+    };
+    if target.operation == Operation::InvokeModelWithBidirectionalStream {
+        return BedrockError::validation(
+            "tokengate does not forward InvokeModelWithBidirectionalStream yet; call bedrock-runtime directly for bidirectional streams",
+        )
+        .into_response();
+    }
+    let body = match axum::body::to_bytes(body, state.max_body_bytes).await {
+        Ok(b) => b,
+        Err(e) => return body_error(&e, state.max_body_bytes).into_response(),
+    };
+    let verdict = match state
+        .admission
+        .admit(target.operation, target.model_id.as_deref(), &body)
+        .await
+    {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let mut admitted = match verdict {
+        Verdict::Admitted(a) => Some(a),
+        Verdict::Uncounted => None,
+    };
+    let pool: Arc<str> = admitted
+        .as_ref()
+        .map_or_else(|| Arc::from(NO_POOL), |a| a.pool().name.clone());
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or(parts.uri.path(), |p| p.as_str());
+    let response = match state
+        .upstream
+        .send(parts.method.clone(), path_and_query, &parts.headers, body)
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return unreachable_upstream(&state, admitted.as_mut(), &pool, &e),
+    };
+    let status = response.status();
+    state
+        .metrics
+        .upstream_responses
+        .with_label_values(&[&pool, status.as_str()])
+        .inc();
+    let (mut head, incoming) = response.into_parts();
+    let hop: Vec<_> = head
+        .headers
+        .keys()
+        .filter(|k| is_hop_by_hop(k))
+        .cloned()
+        .collect();
+    for name in hop {
+        head.headers.remove(name);
+    }
+    let event_stream = head.headers.get(header::CONTENT_TYPE).is_some_and(|v| {
+        v.as_bytes()
+            .starts_with(eventstream::CONTENT_TYPE.as_bytes())
+    });
+    if event_stream {
+        head.headers.remove(header::CONTENT_LENGTH);
+    }
+    let metered = match admitted {
+        Some(mut a) if !status.is_success() => {
+            upstream_refused(&state, &mut a, &mut head.headers, status);
+            None
+        }
+        Some(mut a) => ResponseKind::for_operation(target.operation).map(|kind| {
+            let mut observer = UsageObserver::new(kind);
+            if let Some(usage) = observer.on_headers(&head.headers) {
+                a.settle_usage(&usage);
+            }
+            (observer, a)
+        }),
+        None => None,
+    };
+    let body = MeteredBody::new(
+        incoming,
+        metered,
+        state.metrics.clone(),
+        pool,
+        state.upstream.idle_timeout,
+        event_stream,
+    );
+    Response::from_parts(head, Body::new(body))
+}
+
+/// Upstream answered with an error status: nothing is charged; a throttle shrinks the pool.
+fn upstream_refused(
+    state: &AppState,
+    admitted: &mut Admitted,
+    headers: &mut http::HeaderMap,
+    status: http::StatusCode,
+) {
+    let throttled = status == http::StatusCode::TOO_MANY_REQUESTS
+        && headers
+            .get(crate::bedrock::error::X_AMZN_ERROR_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(ErrorCode::from_name)
+            .is_some_and(|c| c == ErrorCode::Throttling);
+    if throttled {
+        let pool = admitted.pool().clone();
+        state.admission.upstream_throttled(&pool);
+        if !headers.contains_key("x-amz-retry-after") {
+            let wait = crate::admission::settle::upstream_throttle_wait(&pool);
+            let hinted =
+                state
+                    .admission
+                    .retryable(ErrorCode::Throttling, &pool, wait, String::new());
+            for (name, value) in hinted.headers {
+                headers.insert(name, value);
+            }
+        }
+        if let Ok(v) = HeaderValue::from_str("upstream") {
+            headers.insert(crate::admission::X_TOKENGATE_REASON, v);
+        }
+    }
+    admitted.settle_not_charged();
+}
+
+/// No response from upstream: a retryable 503, settled by the rule for the failure.
+fn unreachable_upstream(
+    state: &AppState,
+    admitted: Option<&mut Admitted>,
+    pool: &str,
+    error: &UpstreamError,
+) -> Response {
+    state
+        .metrics
+        .upstream_errors
+        .with_label_values(&[pool, error.kind()])
+        .inc();
+    tracing::warn!(pool, error = %error, "upstream request failed");
+    let message = format!("tokengate could not get an answer from bedrock-runtime: {error}");
+    let Some(admitted) = admitted else {
+        return BedrockError::new(ErrorCode::ServiceUnavailable, message).into_response();
+    };
+    match error {
+        UpstreamError::Timeout(_) => admitted.settle_timeout(),
+        _ => admitted.settle_not_charged(),
+    }
+    let pool = admitted.pool().clone();
+    state
+        .admission
+        .retryable(
+            ErrorCode::ServiceUnavailable,
+            &pool,
+            Duration::from_secs(1),
+            message,
+        )
+        .with_header(http::HeaderName::from_static(X_TOKENGATE_POOL), &*pool.name)
+        .into_response()
+}
+
+fn target_error(e: TargetError) -> BedrockError {
+    match e {
+        TargetError::UnknownOperation { .. } => BedrockError::new(
+            ErrorCode::UnknownOperation,
+            format!(
+                "{e}; tokengate serves the bedrock-runtime API (e.g. POST /model/{{modelId}}/converse)"
+            ),
+        ),
+        TargetError::EmptyModelId | TargetError::BadModelIdEncoding => {
+            BedrockError::validation(format!(
+                "{e}; send the modelId percent-encoded once, as the AWS SDKs do (':' as %3A, '/' as %2F)"
+            ))
+        }
+    }
+}
+
+fn body_error(e: &axum::Error, limit: usize) -> BedrockError {
+    let too_large = std::error::Error::source(e)
+        .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+        || e.to_string().contains("length limit");
+    if too_large {
+        BedrockError::validation(format!(
+            "the request body is larger than {limit} bytes, the limit set by [server] max_body_bytes; send a smaller body"
+        ))
+    } else {
+        BedrockError::validation(format!("the request body could not be read: {e}"))
+    }
+}

@@ -1,0 +1,110 @@
+//! SigV4 re-signing with the proxy's own credentials.
+//!
+//! Credentials come from a provider (the AWS default chain in production: environment, profile,
+//! web identity (IRSA), container credentials (EKS Pod Identity, ECS), IMDS). They are cached
+//! and refreshed five minutes before they expire, once, however many requests are waiting.
+
+use std::{
+    sync::RwLock,
+    time::{Duration, SystemTime},
+};
+
+use aws_credential_types::{
+    Credentials, provider::ProvideCredentials, provider::SharedCredentialsProvider,
+};
+use aws_sigv4::{
+    http_request::{SignableBody, SignableRequest, SigningSettings, sign},
+    sign::v4,
+};
+use aws_smithy_runtime_api::client::identity::Identity;
+
+use super::UpstreamError;
+
+/// Refresh credentials this long before they expire.
+const REFRESH_MARGIN: Duration = Duration::from_secs(300);
+/// The SigV4 signing name of bedrock-runtime.
+pub const SIGNING_NAME: &str = "bedrock";
+
+#[derive(Debug)]
+pub struct Signer {
+    provider: SharedCredentialsProvider,
+    region: String,
+    cached: RwLock<Option<Credentials>>,
+    refresh: tokio::sync::Mutex<()>,
+}
+
+impl Signer {
+    pub fn new(provider: SharedCredentialsProvider, region: impl Into<String>) -> Signer {
+        Signer {
+            provider,
+            region: region.into(),
+            cached: RwLock::new(None),
+            refresh: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn fresh(&self) -> Option<Credentials> {
+        let cached = self.cached.read().unwrap_or_else(|p| p.into_inner());
+        cached
+            .as_ref()
+            .filter(|c| {
+                c.expiry()
+                    .is_none_or(|e| e > SystemTime::now() + REFRESH_MARGIN)
+            })
+            .cloned()
+    }
+
+    /// Current credentials, fetched or refreshed when needed.
+    pub async fn credentials(&self) -> Result<Credentials, UpstreamError> {
+        if let Some(c) = self.fresh() {
+            return Ok(c);
+        }
+        let _one_refresh = self.refresh.lock().await;
+        if let Some(c) = self.fresh() {
+            return Ok(c);
+        }
+        let creds = self.provider.provide_credentials().await.map_err(|e| {
+            UpstreamError::Credentials(format!(
+                "{e}: {}",
+                aws_smithy_types::error::display::DisplayErrorContext(&e)
+            ))
+        })?;
+        *self.cached.write().unwrap_or_else(|p| p.into_inner()) = Some(creds.clone());
+        Ok(creds)
+    }
+
+    /// Signs `request` in place (adds `authorization`, `x-amz-date` and, for temporary
+    /// credentials, `x-amz-security-token`). The request must already carry its final `host`.
+    pub async fn sign(
+        &self,
+        request: &mut http::Request<bytes::Bytes>,
+    ) -> Result<(), UpstreamError> {
+        let identity: Identity = self.credentials().await?.into();
+        let params = v4::SigningParams::builder()
+            .identity(&identity)
+            .region(&self.region)
+            .name(SIGNING_NAME)
+            .time(SystemTime::now())
+            .settings(SigningSettings::default())
+            .build()
+            .map_err(|e| UpstreamError::Signing(e.to_string()))?
+            .into();
+        let uri = request.uri().to_string();
+        let headers = request
+            .headers()
+            .iter()
+            .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str(), v)));
+        let signable = SignableRequest::new(
+            request.method().as_str(),
+            uri,
+            headers,
+            SignableBody::Bytes(request.body()),
+        )
+        .map_err(|e| UpstreamError::Signing(e.to_string()))?;
+        let (instructions, _signature) = sign(signable, &params)
+            .map_err(|e| UpstreamError::Signing(e.to_string()))?
+            .into_parts();
+        instructions.apply_to_request_http1x(request);
+        Ok(())
+    }
+}
