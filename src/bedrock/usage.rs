@@ -26,8 +26,8 @@
 //! Usage is returned at most once. Bad framing, bad base64 or undecodable JSON never panic: the
 //! observer marks itself corrupt ([`UsageObserver::is_corrupt`]), drops its buffers and reports no
 //! usage from then on; output seen so far is kept. Memory stays bounded: the frame reader holds
-//! at most one partial frame plus the current chunk, and body copies stop at [`BODY_CAP`] (past
-//! it, no usage is reported from the body).
+//! at most one partial frame plus the current chunk, a partial frame past [`FRAME_CAP`] counts as
+//! corrupt, and body copies stop at [`BODY_CAP`] (past it, no usage is reported from the body).
 
 use base64::Engine as _;
 use http::HeaderMap;
@@ -39,6 +39,11 @@ use super::eventstream::{Frame, FrameReader};
 
 /// The most body bytes kept to read usage from at the end (Converse, InvokeModel without headers).
 pub const BODY_CAP: usize = 8 * 1024 * 1024;
+
+/// The largest partial frame held while waiting for the rest of it. The event-stream decoder
+/// trusts the length in a frame's prelude, so without this a frame claiming gigabytes would be
+/// buffered; Bedrock's own frames are a few kilobytes.
+pub const FRAME_CAP: usize = 8 * 1024 * 1024;
 
 /// The key of the usage object in the last InvokeModelWithResponseStream chunk.
 const INVOCATION_METRICS: &str = "amazon-bedrock-invocationMetrics";
@@ -216,7 +221,12 @@ impl UsageObserver {
                         found = found.or(self.report(usage));
                     }
                 }
-                Ok(None) => return found,
+                Ok(None) => {
+                    if self.frames.pending() > FRAME_CAP {
+                        self.mark_corrupt();
+                    }
+                    return found;
+                }
                 Err(_) => {
                     self.mark_corrupt();
                     return found;

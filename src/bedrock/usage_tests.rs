@@ -256,6 +256,18 @@ fn corrupt_frames_stop_usage_but_keep_output_seen() {
 }
 
 #[test]
+fn an_oversized_frame_is_corrupt_rather_than_buffered() {
+    let payload = vec![b' '; FRAME_CAP + 1024];
+    let wire = event_frame("metadata", &payload);
+    let mut o = UsageObserver::new(ResponseKind::ConverseStream);
+    for piece in wire.chunks(1024 * 1024) {
+        assert_eq!(o.on_data(piece), None);
+    }
+    assert!(o.is_corrupt());
+    assert_eq!(o.frames.pending(), 0);
+}
+
+#[test]
 fn undecodable_json_in_a_frame_is_corrupt() {
     let mut o = UsageObserver::new(ResponseKind::ConverseStream);
     assert_eq!(o.on_data(&event_frame("metadata", b"{not json")), None);
