@@ -1,11 +1,49 @@
 //! `maxTokens` from request bodies: Converse `inferenceConfig.maxTokens`, and per model family for
 //! InvokeModel bodies.
 //!
-//! STUB: interface fixed, implementation pending.
+//! # Rules
+//! - Converse / ConverseStream: `inferenceConfig.maxTokens`.
+//! - InvokeModel / InvokeModelWithResponseStream, by the model id's provider segment:
+//!   `anthropic` `max_tokens` (legacy text completions `max_tokens_to_sample`); `amazon` Titan
+//!   (a body with `inputText` or `textGenerationConfig`) `textGenerationConfig.maxTokenCount`,
+//!   otherwise Nova `inferenceConfig.maxTokens` (older `inferenceConfig.max_new_tokens`); `meta`
+//!   `max_gen_len`; `ai21` Jurassic `maxTokens`, Jamba `max_tokens`; `mistral`, `cohere`,
+//!   `deepseek`, `openai`, `qwen`, `writer` `max_tokens` then `max_completion_tokens`. Any other
+//!   or unknown provider: every name above in a fixed order ([`UNKNOWN_FIELDS`]).
+//! - Other operations (CountTokens, guardrails, async jobs, bidirectional streams): `Ok(None)`.
+//!
+//! The first listed field present decides; `null` counts as absent. A present value must be a
+//! positive integer no larger than 2^31-1 (a float with no fraction, `1024.0`, is accepted as
+//! the integer it is); anything else is a [`MaxTokensError`] naming the field.
 
-use serde_json::Value;
+use serde_json::{Number, Value};
 
 use super::Operation;
+
+/// The largest `maxTokens` accepted: Bedrock's Integer shapes are 32-bit.
+pub const MAX_TOKENS_LIMIT: u64 = i32::MAX as u64;
+
+const CONVERSE_FIELDS: &[&str] = &["inferenceConfig.maxTokens"];
+const ANTHROPIC_FIELDS: &[&str] = &["max_tokens", "max_tokens_to_sample"];
+const TITAN_FIELDS: &[&str] = &["textGenerationConfig.maxTokenCount"];
+const NOVA_FIELDS: &[&str] = &[
+    "inferenceConfig.maxTokens",
+    "inferenceConfig.max_new_tokens",
+];
+const LLAMA_FIELDS: &[&str] = &["max_gen_len"];
+const AI21_FIELDS: &[&str] = &["maxTokens", "max_tokens"];
+const OPENAI_STYLE_FIELDS: &[&str] = &["max_tokens", "max_completion_tokens"];
+/// The order tried when the provider is unknown.
+pub const UNKNOWN_FIELDS: &[&str] = &[
+    "max_tokens",
+    "max_completion_tokens",
+    "inferenceConfig.maxTokens",
+    "inferenceConfig.max_new_tokens",
+    "textGenerationConfig.maxTokenCount",
+    "max_gen_len",
+    "maxTokens",
+    "max_tokens_to_sample",
+];
 
 /// A `maxTokens` field that is present but unusable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -20,9 +58,343 @@ pub struct MaxTokensError {
 /// The maximum output tokens the request asks for, `Ok(None)` if it does not say.
 /// `provider` is the model's provider (`anthropic`, `amazon`, `meta`, ...) for InvokeModel bodies.
 pub fn requested_max_tokens(
-    _operation: Operation,
-    _provider: Option<&str>,
-    _body: &Value,
+    operation: Operation,
+    provider: Option<&str>,
+    body: &Value,
 ) -> Result<Option<u64>, MaxTokensError> {
+    let fields = match operation {
+        Operation::Converse | Operation::ConverseStream => CONVERSE_FIELDS,
+        Operation::InvokeModel | Operation::InvokeModelWithResponseStream => {
+            native_fields(provider, body)
+        }
+        _ => return Ok(None),
+    };
+    for field in fields {
+        match lookup(body, field) {
+            None | Some(Value::Null) => continue,
+            Some(value) => return validate(field, value).map(Some),
+        }
+    }
     Ok(None)
+}
+
+/// Where a model-native body of this provider keeps its maximum output tokens.
+fn native_fields(provider: Option<&str>, body: &Value) -> &'static [&'static str] {
+    match provider {
+        Some("anthropic") => ANTHROPIC_FIELDS,
+        Some("amazon") if body.get("inputText").is_some() => TITAN_FIELDS,
+        Some("amazon") if body.get("textGenerationConfig").is_some() => TITAN_FIELDS,
+        Some("amazon") => NOVA_FIELDS,
+        Some("meta") => LLAMA_FIELDS,
+        Some("ai21") => AI21_FIELDS,
+        Some("mistral" | "cohere" | "deepseek" | "openai" | "qwen" | "writer") => {
+            OPENAI_STYLE_FIELDS
+        }
+        _ => UNKNOWN_FIELDS,
+    }
+}
+
+/// Follows a dotted path through objects.
+fn lookup<'a>(body: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(body, |value, key| value.get(key))
+}
+
+fn validate(field: &str, value: &Value) -> Result<u64, MaxTokensError> {
+    let problem = match value {
+        Value::Number(n) => match positive_integer(n) {
+            Ok(n) => return Ok(n),
+            Err(problem) => problem,
+        },
+        Value::String(s) if s.trim().parse::<u64>().is_ok() => format!(
+            "must be a positive integer, got the string {} (write the number without quotes)",
+            value
+        ),
+        Value::String(_) => format!("must be a positive integer, got the string {}", clip(value)),
+        Value::Bool(b) => format!("must be a positive integer, got {b}"),
+        Value::Array(_) => "must be a positive integer, got an array".to_string(),
+        Value::Object(_) => "must be a positive integer, got an object".to_string(),
+        Value::Null => "must be a positive integer, got null".to_string(),
+    };
+    Err(MaxTokensError {
+        field: field.to_string(),
+        problem,
+    })
+}
+
+fn positive_integer(n: &Number) -> Result<u64, String> {
+    let got = || format!("must be a positive integer, got {n}");
+    let too_large =
+        || format!("must be a positive integer no larger than {MAX_TOKENS_LIMIT}, got {n}");
+    if let Some(u) = n.as_u64() {
+        return match u {
+            0 => Err(got()),
+            u if u > MAX_TOKENS_LIMIT => Err(too_large()),
+            u => Ok(u),
+        };
+    }
+    if n.is_i64() {
+        return Err(got());
+    }
+    // A float: whole and in range is fine (`1024.0`), anything else is not.
+    match n.as_f64() {
+        Some(f) if f.fract() != 0.0 || f < 1.0 => Err(got()),
+        Some(f) if f > MAX_TOKENS_LIMIT as f64 => Err(too_large()),
+        // In 1..=2^31-1 with no fraction, so the cast is exact.
+        Some(f) => Ok(f as u64),
+        None => Err(got()),
+    }
+}
+
+/// A JSON value for an error message, cut to a readable length.
+fn clip(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(40) {
+        Some((at, _)) => format!("{}...", &text[..at]),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn invoke(provider: &str, body: Value) -> Result<Option<u64>, MaxTokensError> {
+        requested_max_tokens(Operation::InvokeModel, Some(provider), &body)
+    }
+
+    fn message(result: Result<Option<u64>, MaxTokensError>) -> String {
+        match result {
+            Err(e) => e.to_string(),
+            Ok(v) => panic!("expected an error, got {v:?}"),
+        }
+    }
+
+    #[test]
+    fn converse_reads_inference_config() {
+        let body =
+            json!({"messages": [], "inferenceConfig": {"maxTokens": 512, "temperature": 0.2}});
+        for op in [Operation::Converse, Operation::ConverseStream] {
+            assert_eq!(
+                requested_max_tokens(op, Some("anthropic"), &body),
+                Ok(Some(512))
+            );
+        }
+        let absent = json!({"messages": [], "inferenceConfig": {"temperature": 0.2}});
+        assert_eq!(
+            requested_max_tokens(Operation::Converse, None, &absent),
+            Ok(None)
+        );
+        // Converse ignores model-native names.
+        let native = json!({"max_tokens": 100});
+        assert_eq!(
+            requested_max_tokens(Operation::Converse, None, &native),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn each_family_reads_its_own_field() {
+        let cases = [
+            (
+                "anthropic",
+                json!({"anthropic_version": "bedrock-2023-05-31", "max_tokens": 1024, "messages": []}),
+                Some(1024),
+            ),
+            (
+                "anthropic",
+                json!({"prompt": "\n\nHuman: hi\n\nAssistant:", "max_tokens_to_sample": 300}),
+                Some(300),
+            ),
+            (
+                "amazon",
+                json!({"inputText": "hi", "textGenerationConfig": {"maxTokenCount": 256}}),
+                Some(256),
+            ),
+            ("amazon", json!({"inputText": "embed me"}), None),
+            (
+                "amazon",
+                json!({"schemaVersion": "messages-v1", "messages": [], "inferenceConfig": {"maxTokens": 300}}),
+                Some(300),
+            ),
+            (
+                "amazon",
+                json!({"messages": [], "inferenceConfig": {"max_new_tokens": 200}}),
+                Some(200),
+            ),
+            (
+                "meta",
+                json!({"prompt": "hi", "max_gen_len": 128}),
+                Some(128),
+            ),
+            (
+                "mistral",
+                json!({"prompt": "<s>[INST] hi [/INST]", "max_tokens": 64}),
+                Some(64),
+            ),
+            (
+                "cohere",
+                json!({"message": "hi", "max_tokens": 99}),
+                Some(99),
+            ),
+            (
+                "deepseek",
+                json!({"prompt": "hi", "max_tokens": 4000}),
+                Some(4000),
+            ),
+            (
+                "openai",
+                json!({"messages": [], "max_completion_tokens": 800}),
+                Some(800),
+            ),
+            ("qwen", json!({"messages": [], "max_tokens": 77}), Some(77)),
+            (
+                "writer",
+                json!({"messages": [], "max_tokens": 55}),
+                Some(55),
+            ),
+            ("ai21", json!({"prompt": "hi", "maxTokens": 200}), Some(200)),
+            (
+                "ai21",
+                json!({"messages": [], "max_tokens": 210}),
+                Some(210),
+            ),
+            ("meta", json!({"prompt": "hi", "max_tokens": 128}), None),
+        ];
+        for (provider, body, expected) in cases {
+            assert_eq!(
+                invoke(provider, body.clone()),
+                Ok(expected),
+                "{provider}: {body}"
+            );
+        }
+        let stream = requested_max_tokens(
+            Operation::InvokeModelWithResponseStream,
+            Some("meta"),
+            &json!({"max_gen_len": 5}),
+        );
+        assert_eq!(stream, Ok(Some(5)));
+    }
+
+    #[test]
+    fn unknown_providers_try_the_common_names_in_order() {
+        let body = json!({"maxTokens": 7, "max_gen_len": 9});
+        assert_eq!(
+            requested_max_tokens(Operation::InvokeModel, None, &body),
+            Ok(Some(9))
+        );
+        assert_eq!(
+            invoke("acme", json!({"inferenceConfig": {"maxTokens": 11}})),
+            Ok(Some(11))
+        );
+        assert_eq!(invoke("acme", json!({"prompt": "x"})), Ok(None));
+    }
+
+    #[test]
+    fn operations_without_max_tokens_say_none() {
+        let body = json!({"input": {"converse": {"inferenceConfig": {"maxTokens": 5}}}});
+        for op in [
+            Operation::CountTokens,
+            Operation::ApplyGuardrail,
+            Operation::StartAsyncInvoke,
+        ] {
+            assert_eq!(requested_max_tokens(op, Some("anthropic"), &body), Ok(None));
+        }
+    }
+
+    #[test]
+    fn null_is_absent_and_whole_floats_are_integers() {
+        assert_eq!(invoke("anthropic", json!({"max_tokens": null})), Ok(None));
+        assert_eq!(
+            invoke("anthropic", json!({"max_tokens": 1024.0})),
+            Ok(Some(1024))
+        );
+        assert_eq!(
+            invoke("anthropic", json!({"max_tokens": 2147483647})),
+            Ok(Some(2147483647))
+        );
+    }
+
+    #[test]
+    fn unusable_values_are_errors_that_say_what_to_write() {
+        let converse = |v: Value| {
+            requested_max_tokens(
+                Operation::Converse,
+                None,
+                &json!({"inferenceConfig": {"maxTokens": v}}),
+            )
+        };
+        let cases = [
+            (
+                json!(-3),
+                "inferenceConfig.maxTokens must be a positive integer, got -3",
+            ),
+            (
+                json!(0),
+                "inferenceConfig.maxTokens must be a positive integer, got 0",
+            ),
+            (
+                json!(10.5),
+                "inferenceConfig.maxTokens must be a positive integer, got 10.5",
+            ),
+            (
+                json!(0.0),
+                "inferenceConfig.maxTokens must be a positive integer, got 0.0",
+            ),
+            (
+                json!(-2.0),
+                "inferenceConfig.maxTokens must be a positive integer, got -2.0",
+            ),
+            (
+                json!(2147483648u64),
+                "inferenceConfig.maxTokens must be a positive integer no larger than 2147483647, got 2147483648",
+            ),
+            (
+                json!(1e300),
+                "inferenceConfig.maxTokens must be a positive integer no larger than 2147483647, got 1e+300",
+            ),
+            (
+                json!("100"),
+                "inferenceConfig.maxTokens must be a positive integer, got the string \"100\" (write the number without quotes)",
+            ),
+            (
+                json!("lots"),
+                "inferenceConfig.maxTokens must be a positive integer, got the string \"lots\"",
+            ),
+            (
+                json!(true),
+                "inferenceConfig.maxTokens must be a positive integer, got true",
+            ),
+            (
+                json!([1]),
+                "inferenceConfig.maxTokens must be a positive integer, got an array",
+            ),
+            (
+                json!({"n": 1}),
+                "inferenceConfig.maxTokens must be a positive integer, got an object",
+            ),
+        ];
+        for (value, expected) in cases {
+            assert_eq!(message(converse(value)), expected);
+        }
+    }
+
+    #[test]
+    fn errors_name_the_family_field() {
+        let e = invoke(
+            "amazon",
+            json!({"inputText": "x", "textGenerationConfig": {"maxTokenCount": -1}}),
+        );
+        assert_eq!(
+            e,
+            Err(MaxTokensError {
+                field: "textGenerationConfig.maxTokenCount".into(),
+                problem: "must be a positive integer, got -1".into(),
+            })
+        );
+        assert!(message(invoke("meta", json!({"max_gen_len": "64"}))).starts_with("max_gen_len "));
+        let long = "x".repeat(100);
+        assert!(message(invoke("mistral", json!({"max_tokens": long}))).ends_with("xxx..."));
+    }
 }

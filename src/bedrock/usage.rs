@@ -1,11 +1,52 @@
 //! Usage extraction from every response kind, fed incrementally as the response streams through.
 //!
-//! STUB: interface fixed, implementation pending.
+//! A [`UsageObserver`] watches one successful response, chunk by chunk at whatever boundaries the
+//! network gives, and hands back the [`Usage`] from the call at which it first becomes known, so
+//! the proxy can settle its quota reservation then rather than at connection close.
+//!
+//! # Where usage comes from
+//! - **Converse**: the JSON body's `usage`, read at [`UsageObserver::on_end`].
+//! - **ConverseStream**: the `metadata` event's `usage`, returned by the `on_data` call that
+//!   completes that frame.
+//! - **InvokeModel**: the `X-Amzn-Bedrock-*-Token-Count` headers (input and output both needed),
+//!   else the model-native body's own usage at `on_end`: Anthropic `usage.input_tokens`, Nova
+//!   `usage.inputTokens`, OpenAI-style `usage.prompt_tokens`, Llama `prompt_token_count`, Titan
+//!   `inputTextTokenCount` plus `results[].tokenCount`.
+//! - **InvokeModelWithResponseStream**: the `chunk` whose decoded JSON carries
+//!   `amazon-bedrock-invocationMetrics`.
+//!
+//! # Output seen
+//! [`UsageObserver::output_tokens_seen`] is the settlement basis for a stream cut before its
+//! usage arrived. Streams: for every text delta (Converse `delta.text`, `toolUse.input`,
+//! `reasoningContent.text`; the model-native deltas of each family), `ceil(bytes / 4)` tokens,
+//! summed per delta, so a one-token delta of two bytes still counts one. Non-streamed bodies:
+//! `ceil(body bytes / 4)`, JSON overhead included.
+//!
+//! # Failure semantics and memory
+//! Usage is returned at most once. Bad framing, bad base64 or undecodable JSON never panic: the
+//! observer marks itself corrupt ([`UsageObserver::is_corrupt`]), drops its buffers and reports no
+//! usage from then on; output seen so far is kept. Memory stays bounded: the frame reader holds
+//! at most one partial frame plus the current chunk, a partial frame past [`FRAME_CAP`] counts as
+//! corrupt, and body copies stop at [`BODY_CAP`] (past it, no usage is reported from the body).
 
+use base64::Engine as _;
 use http::HeaderMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::Operation;
+use super::eventstream::{Frame, FrameReader};
+
+/// The most body bytes kept to read usage from at the end (Converse, InvokeModel without headers).
+pub const BODY_CAP: usize = 8 * 1024 * 1024;
+
+/// The largest partial frame held while waiting for the rest of it. The event-stream decoder
+/// trusts the length in a frame's prelude, so without this a frame claiming gigabytes would be
+/// buffered; Bedrock's own frames are a few kilobytes.
+pub const FRAME_CAP: usize = 8 * 1024 * 1024;
+
+/// The key of the usage object in the last InvokeModelWithResponseStream chunk.
+const INVOCATION_METRICS: &str = "amazon-bedrock-invocationMetrics";
 
 /// Token usage as Bedrock reports it at the end of a call.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -50,17 +91,40 @@ impl ResponseKind {
             _ => None,
         }
     }
+
+    fn is_stream(self) -> bool {
+        matches!(
+            self,
+            ResponseKind::ConverseStream | ResponseKind::InvokeModelStream
+        )
+    }
 }
 
 /// Watches one successful (2xx) response go by and reports its usage the moment it is known.
 #[derive(Debug)]
 pub struct UsageObserver {
     kind: ResponseKind,
+    frames: FrameReader,
+    body: BoundedBody,
+    usage: Option<Usage>,
+    body_bytes: u64,
+    output_seen: u64,
+    exception: Option<String>,
+    corrupt: bool,
 }
 
 impl UsageObserver {
     pub fn new(kind: ResponseKind) -> Self {
-        UsageObserver { kind }
+        UsageObserver {
+            kind,
+            frames: FrameReader::new(),
+            body: BoundedBody::default(),
+            usage: None,
+            body_bytes: 0,
+            output_seen: 0,
+            exception: None,
+            corrupt: false,
+        }
     }
 
     pub fn kind(&self) -> ResponseKind {
@@ -68,29 +132,417 @@ impl UsageObserver {
     }
 
     /// Feeds the response headers. Returns the usage if the headers carry it (InvokeModel).
-    pub fn on_headers(&mut self, _headers: &HeaderMap) -> Option<Usage> {
-        None
+    pub fn on_headers(&mut self, headers: &HeaderMap) -> Option<Usage> {
+        if self.kind != ResponseKind::InvokeModel {
+            return None;
+        }
+        header_usage(headers).and_then(|u| self.report(u))
     }
 
     /// Feeds one body chunk. Returns `Some` exactly once: when usage first becomes known.
-    pub fn on_data(&mut self, _chunk: &[u8]) -> Option<Usage> {
+    pub fn on_data(&mut self, chunk: &[u8]) -> Option<Usage> {
+        self.body_bytes = self.body_bytes.saturating_add(chunk.len() as u64);
+        if self.kind.is_stream() {
+            return self.on_stream_data(chunk);
+        }
+        if self.usage.is_none() {
+            self.body.push(chunk);
+        }
         None
     }
 
     /// The body ended. Returns the usage if it becomes known only now (Converse JSON, InvokeModel
     /// body usage) and was not returned before.
     pub fn on_end(&mut self) -> Option<Usage> {
-        None
+        if self.kind.is_stream() || self.usage.is_some() || self.corrupt {
+            return None;
+        }
+        let body = self.body.take()?;
+        let found = match self.kind {
+            ResponseKind::ConverseJson => serde_json::from_slice::<ConverseBody>(&body)
+                .map(|b| b.usage.as_ref().and_then(|u| usage_in(u, &CONVERSE_KEYS))),
+            _ => serde_json::from_slice::<NativeBody>(&body).map(|b| b.usage()),
+        };
+        match found {
+            Ok(usage) => usage.and_then(|u| self.report(u)),
+            Err(_) => {
+                self.corrupt = true;
+                None
+            }
+        }
     }
 
     /// An estimate of the output tokens generated so far, from the content seen; the basis for
     /// settling a stream that was cut before its usage arrived.
     pub fn output_tokens_seen(&self) -> u64 {
-        0
+        if self.kind.is_stream() {
+            self.output_seen
+        } else {
+            self.body_bytes.div_ceil(4)
+        }
     }
 
     /// The `:exception-type` of an exception frame seen in the stream, if any.
     pub fn stream_exception(&self) -> Option<&str> {
-        None
+        self.exception.as_deref()
+    }
+
+    /// Whether the response could not be parsed (bad framing, base64 or JSON); no usage will be
+    /// reported after this turns true.
+    pub fn is_corrupt(&self) -> bool {
+        self.corrupt
+    }
+
+    /// The usage, once known (whether or not it has been returned already).
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    /// Records usage and returns it, unless usage was already reported.
+    fn report(&mut self, usage: Usage) -> Option<Usage> {
+        if self.usage.is_some() {
+            return None;
+        }
+        self.usage = Some(usage);
+        self.body = BoundedBody::default();
+        Some(usage)
+    }
+
+    fn on_stream_data(&mut self, chunk: &[u8]) -> Option<Usage> {
+        if self.corrupt {
+            return None;
+        }
+        self.frames.push(chunk);
+        let mut found = None;
+        loop {
+            match self.frames.next_frame() {
+                Ok(Some(frame)) => {
+                    if let Some(usage) = self.on_frame(&frame) {
+                        found = found.or(self.report(usage));
+                    }
+                }
+                Ok(None) => {
+                    if self.frames.pending() > FRAME_CAP {
+                        self.mark_corrupt();
+                    }
+                    return found;
+                }
+                Err(_) => {
+                    self.mark_corrupt();
+                    return found;
+                }
+            }
+        }
+    }
+
+    fn on_frame(&mut self, frame: &Frame) -> Option<Usage> {
+        match frame.message_type.as_str() {
+            "event" => {}
+            "exception" | "error" => {
+                self.exception.get_or_insert_with(|| frame.kind.clone());
+                return None;
+            }
+            _ => return None,
+        }
+        let result = match (self.kind, frame.kind.as_str()) {
+            (ResponseKind::ConverseStream, "contentBlockDelta") => {
+                serde_json::from_slice::<Value>(&frame.payload).map(|v| {
+                    self.add_output(delta_text_len(v.get("delta")));
+                    None
+                })
+            }
+            (ResponseKind::ConverseStream, "metadata") => {
+                serde_json::from_slice::<Value>(&frame.payload)
+                    .map(|v| v.get("usage").and_then(|u| usage_in(u, &CONVERSE_KEYS)))
+            }
+            (ResponseKind::InvokeModelStream, "chunk") => return self.on_chunk(&frame.payload),
+            _ => Ok(None),
+        };
+        result.unwrap_or_else(|_| {
+            self.mark_corrupt();
+            None
+        })
+    }
+
+    /// One InvokeModelWithResponseStream `chunk`: `{"bytes": "<base64 of model-native JSON>"}`.
+    fn on_chunk(&mut self, payload: &[u8]) -> Option<Usage> {
+        let decoded = serde_json::from_slice::<ChunkPayload>(payload)
+            .ok()
+            .and_then(|c| {
+                base64::engine::general_purpose::STANDARD
+                    .decode(c.bytes)
+                    .ok()
+            });
+        let Some(decoded) = decoded else {
+            self.mark_corrupt();
+            return None;
+        };
+        match serde_json::from_slice::<Value>(&decoded) {
+            Ok(event) => {
+                self.add_output(native_delta_len(&event));
+                event
+                    .get(INVOCATION_METRICS)
+                    .and_then(|m| usage_in(m, &METRICS_KEYS))
+            }
+            // Not JSON: count the raw bytes as output, there is nothing else to read.
+            Err(_) => {
+                self.add_output(decoded.len() as u64);
+                None
+            }
+        }
+    }
+
+    fn add_output(&mut self, text_bytes: u64) {
+        self.output_seen = self.output_seen.saturating_add(text_bytes.div_ceil(4));
+    }
+
+    fn mark_corrupt(&mut self) {
+        self.corrupt = true;
+        self.frames = FrameReader::new();
+        self.body = BoundedBody::default();
     }
 }
+
+// === Body copies ===
+
+/// A copy of the body up to [`BODY_CAP`]; past the cap it is dropped for good.
+#[derive(Debug, Default)]
+struct BoundedBody {
+    bytes: Vec<u8>,
+    overflowed: bool,
+}
+
+impl BoundedBody {
+    fn push(&mut self, chunk: &[u8]) {
+        if self.overflowed {
+            return;
+        }
+        if self.bytes.len().saturating_add(chunk.len()) > BODY_CAP {
+            self.overflowed = true;
+            self.bytes = Vec::new();
+            return;
+        }
+        self.bytes.extend_from_slice(chunk);
+    }
+
+    /// The whole body, or `None` if it outgrew the cap.
+    fn take(&mut self) -> Option<Vec<u8>> {
+        if self.overflowed {
+            return None;
+        }
+        Some(std::mem::take(&mut self.bytes))
+    }
+}
+
+// === Usage shapes ===
+
+/// Where one usage shape keeps its four counts. Cache counts are optional (0 when absent);
+/// each lists the names it goes by.
+struct UsageKeys {
+    input: &'static str,
+    output: &'static str,
+    cache_read: &'static [&'static str],
+    cache_write: &'static [&'static str],
+}
+
+/// Converse `usage`, and Nova's model-native `usage` (which names its cache counts `...Count`).
+const CONVERSE_KEYS: UsageKeys = UsageKeys {
+    input: "inputTokens",
+    output: "outputTokens",
+    cache_read: &["cacheReadInputTokens", "cacheReadInputTokenCount"],
+    cache_write: &["cacheWriteInputTokens", "cacheWriteInputTokenCount"],
+};
+const METRICS_KEYS: UsageKeys = UsageKeys {
+    input: "inputTokenCount",
+    output: "outputTokenCount",
+    cache_read: &["cacheReadInputTokenCount"],
+    cache_write: &["cacheWriteInputTokenCount"],
+};
+const ANTHROPIC_KEYS: UsageKeys = UsageKeys {
+    input: "input_tokens",
+    output: "output_tokens",
+    cache_read: &["cache_read_input_tokens"],
+    cache_write: &["cache_creation_input_tokens"],
+};
+const OPENAI_KEYS: UsageKeys = UsageKeys {
+    input: "prompt_tokens",
+    output: "completion_tokens",
+    cache_read: &[],
+    cache_write: &[],
+};
+
+/// Usage from an object holding `keys`; `None` unless input and output are both counts.
+fn usage_in(object: &Value, keys: &UsageKeys) -> Option<Usage> {
+    let count = |k: &str| object.get(k).and_then(Value::as_u64);
+    let first = |names: &[&str]| names.iter().find_map(|k| count(k)).unwrap_or(0);
+    Some(Usage {
+        input_tokens: count(keys.input)?,
+        output_tokens: count(keys.output)?,
+        cache_read_input_tokens: first(keys.cache_read),
+        cache_write_input_tokens: first(keys.cache_write),
+    })
+}
+
+/// `X-Amzn-Bedrock-*-Token-Count` (HeaderMap lookups are case-insensitive).
+fn header_usage(headers: &HeaderMap) -> Option<Usage> {
+    let count = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    Some(Usage {
+        input_tokens: count("x-amzn-bedrock-input-token-count")?,
+        output_tokens: count("x-amzn-bedrock-output-token-count")?,
+        cache_read_input_tokens: count("x-amzn-bedrock-cache-read-input-token-count").unwrap_or(0),
+        cache_write_input_tokens: count("x-amzn-bedrock-cache-write-input-token-count")
+            .unwrap_or(0),
+    })
+}
+
+/// A Converse response, read for its `usage` only (serde skips the rest without building it).
+#[derive(Deserialize)]
+struct ConverseBody {
+    usage: Option<Value>,
+}
+
+/// The usage-bearing fields of every model-native InvokeModel response we know.
+#[derive(Deserialize)]
+struct NativeBody {
+    usage: Option<Value>,
+    prompt_token_count: Option<Value>,
+    generation_token_count: Option<Value>,
+    #[serde(rename = "inputTextTokenCount")]
+    input_text_token_count: Option<Value>,
+    results: Option<Value>,
+}
+
+impl NativeBody {
+    fn usage(&self) -> Option<Usage> {
+        // Anthropic, Nova, OpenAI-style: a `usage` object.
+        let shapes = [&ANTHROPIC_KEYS, &CONVERSE_KEYS, &OPENAI_KEYS];
+        let found = self
+            .usage
+            .as_ref()
+            .and_then(|u| shapes.into_iter().find_map(|keys| usage_in(u, keys)));
+        if found.is_some() {
+            return found;
+        }
+        let count = |v: &Option<Value>| v.as_ref().and_then(Value::as_u64);
+        // Llama: `prompt_token_count` and `generation_token_count` at the top.
+        if let (Some(input), Some(output)) = (
+            count(&self.prompt_token_count),
+            count(&self.generation_token_count),
+        ) {
+            return Some(Usage {
+                input_tokens: input,
+                output_tokens: output,
+                ..Usage::default()
+            });
+        }
+        // Titan: input count at the top, one output count per result.
+        let input = count(&self.input_text_token_count)?;
+        let results = self.results.as_ref()?.as_array()?;
+        let output = results
+            .iter()
+            .map(|r| r.get("tokenCount").and_then(Value::as_u64))
+            .try_fold(0u64, |sum, n| n.map(|n| sum.saturating_add(n)))?;
+        Some(Usage {
+            input_tokens: input,
+            output_tokens: output,
+            ..Usage::default()
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct ChunkPayload {
+    bytes: String,
+}
+
+// === Output text ===
+
+/// Text bytes in a Converse `delta` (or an Anthropic / Nova model-native delta).
+fn delta_text_len(delta: Option<&Value>) -> u64 {
+    let Some(delta) = delta else { return 0 };
+    [
+        "/text",
+        "/partial_json",
+        "/thinking",
+        "/toolUse/input",
+        "/reasoningContent/text",
+    ]
+    .iter()
+    .filter_map(|p| delta.pointer(p).and_then(Value::as_str))
+    .map(|s| s.len() as u64)
+    .sum()
+}
+
+/// Nova model-native stream events that carry no output text.
+const NOVA_NON_DELTA: &[&str] = &[
+    "messageStart",
+    "contentBlockStart",
+    "contentBlockStop",
+    "messageStop",
+    "metadata",
+];
+
+/// Output text bytes in one decoded InvokeModelWithResponseStream chunk, by family.
+fn native_delta_len(event: &Value) -> u64 {
+    let str_len = |v: Option<&Value>| v.and_then(Value::as_str).map_or(0, |s| s.len() as u64);
+    // Anthropic messages: `{"type": "content_block_delta", "delta": {...}}`, other types carry none.
+    if let Some(kind) = event.get("type").and_then(Value::as_str) {
+        return match kind {
+            "content_block_delta" => delta_text_len(event.get("delta")),
+            _ => 0,
+        };
+    }
+    if let Some(block) = event.get("contentBlockDelta") {
+        return delta_text_len(block.get("delta"));
+    }
+    // Llama `generation`, Titan `outputText`, Anthropic text completions `completion`, Cohere `text`.
+    for key in ["generation", "outputText", "completion", "text"] {
+        if let Some(s) = event.get(key).and_then(Value::as_str) {
+            return s.len() as u64;
+        }
+    }
+    if let Some(outputs) = event.get("outputs").and_then(Value::as_array) {
+        return outputs.iter().map(|o| str_len(o.get("text"))).sum();
+    }
+    if let Some(choices) = event.get("choices").and_then(Value::as_array) {
+        return choices.iter().map(choice_text_len).sum();
+    }
+    let quiet = NOVA_NON_DELTA.iter().any(|k| event.get(k).is_some())
+        || event.get("event_type").is_some()
+        || event.get(INVOCATION_METRICS).is_some();
+    if quiet { 0 } else { string_bytes(event) }
+}
+
+/// OpenAI-style `choices[]`: streamed `delta.content` (and reasoning), or whole `text`/`message`.
+fn choice_text_len(choice: &Value) -> u64 {
+    [
+        "/delta/content",
+        "/delta/reasoning_content",
+        "/delta/reasoning",
+        "/text",
+        "/message/content",
+    ]
+    .iter()
+    .filter_map(|p| choice.pointer(p).and_then(Value::as_str))
+    .map(|s| s.len() as u64)
+    .sum()
+}
+
+/// Fallback for unknown shapes: the bytes of every string value (JSON syntax left out).
+fn string_bytes(value: &Value) -> u64 {
+    match value {
+        Value::String(s) => s.len() as u64,
+        Value::Array(items) => items.iter().map(string_bytes).sum(),
+        Value::Object(map) => map.values().map(string_bytes).sum(),
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+#[path = "usage_tests.rs"]
+mod tests;
