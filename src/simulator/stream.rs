@@ -97,7 +97,13 @@ pub struct Paced {
     reservation: Option<Reservation>,
     output: u64,
     cut: bool,
+    /// When the cut happens, once armed.
+    cut_at: Option<Instant>,
 }
+
+/// How long after the last frame a cut breaks the connection. Pausing first lets hyper flush
+/// what was sent, so the client sees frames and then a broken stream (not an empty reply).
+const CUT_GRACE: Duration = Duration::from_millis(20);
 
 impl Paced {
     pub fn new(
@@ -116,6 +122,7 @@ impl Paced {
             reservation,
             output,
             cut,
+            cut_at: None,
         }
     }
 }
@@ -127,6 +134,15 @@ impl Stream for Paced {
         let this = self.get_mut();
         let Some(step) = this.next.as_ref() else {
             if this.cut {
+                let due = *this
+                    .cut_at
+                    .get_or_insert_with(|| Instant::now() + CUT_GRACE);
+                if this.sleep.deadline() != due {
+                    this.sleep.as_mut().reset(due);
+                }
+                if this.sleep.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
                 this.cut = false;
                 if let Some(r) = this.reservation.take() {
                     r.fail(std::time::Instant::now());
