@@ -1,6 +1,9 @@
 //! The simulator driven by the real `aws-sdk-bedrockruntime` client (and raw HTTP where the SDK
 //! hides what we check), on `127.0.0.1:0`.
 
+// Helpers below run only inside tests; a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 
 use aws_sdk_bedrockruntime::{

@@ -118,8 +118,20 @@ impl SimulatorConfig {
                 "must not be greater than simulator.output_tokens_max",
             );
         }
-        if !(self.tokens_per_second.is_finite() && self.tokens_per_second >= 0.0) {
-            return key("tokens_per_second", "must be a number >= 0 (0 = instant)");
+        let tps = self.tokens_per_second;
+        if !(tps.is_finite() && (tps == 0.0 || tps >= 0.01)) {
+            return key(
+                "tokens_per_second",
+                "must be 0 (instant) or a number >= 0.01",
+            );
+        }
+        for (name, ms) in [
+            ("time_to_first_token_ms", self.time_to_first_token_ms),
+            ("stall_ms", self.stall_ms),
+        ] {
+            if ms > 3_600_000 {
+                return key(name, "must be at most 3600000 (one hour)");
+            }
         }
         for (name, rate) in [
             ("error_503_rate", self.error_503_rate),
@@ -202,8 +214,12 @@ mod tests {
                 "simulator.output_tokens_min: must not be greater than simulator.output_tokens_max",
             ),
             (
+                "stall_ms = 3600001",
+                "simulator.stall_ms: must be at most 3600000 (one hour)",
+            ),
+            (
                 "tokens_per_second = -1.0",
-                "simulator.tokens_per_second: must be a number >= 0 (0 = instant)",
+                "simulator.tokens_per_second: must be 0 (instant) or a number >= 0.01",
             ),
             (
                 "[[quotas]]\nmodel = \"m\"\ntokens_per_minute = 0",

@@ -37,10 +37,8 @@ pub(super) async fn handle(State(sim): State<Arc<Inner>>, req: Request) -> Respo
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
     sim.sigv4.observe(authorization);
-    if sim.config.verify_sigv4.is_some()
-        && let Err(e) = check_sigv4(&sim, &parts, &body)
-    {
-        return e.into_response();
+    if let Some(rejection) = sigv4_rejection(&sim, &parts, &body) {
+        return rejection.into_response();
     }
     let target = match Target::parse(&parts.method, parts.uri.path()) {
         Ok(t) => t,
@@ -79,10 +77,9 @@ pub(super) async fn handle(State(sim): State<Arc<Inner>>, req: Request) -> Respo
     }
 }
 
-fn check_sigv4(sim: &Inner, parts: &http::request::Parts, body: &[u8]) -> Result<(), BedrockError> {
-    let Some(key) = sim.config.verify_sigv4.as_ref() else {
-        return Ok(());
-    };
+/// The 403 for a request whose signature does not verify, when `verify_sigv4` is set.
+fn sigv4_rejection(sim: &Inner, parts: &http::request::Parts, body: &[u8]) -> Option<BedrockError> {
+    let key = sim.config.verify_sigv4.as_ref()?;
     let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let result = sigv4::verify_with_authority(
         &parts.method,
@@ -94,7 +91,7 @@ fn check_sigv4(sim: &Inner, parts: &http::request::Parts, body: &[u8]) -> Result
         std::time::SystemTime::now(),
     );
     sim.sigv4.record(result.is_ok());
-    result.map(|_| ()).map_err(|e| match e {
+    result.err().map(|e| match e {
         SigV4Error::Missing => BedrockError::new(ErrorCode::AccessDenied, "Missing Authentication Token")
             .with_header(X_AMZN_ERROR_TYPE, "MissingAuthenticationTokenException"),
         SigV4Error::UnknownKey(_) => BedrockError::new(

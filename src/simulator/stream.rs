@@ -179,3 +179,87 @@ impl Stream for Paced {
         Poll::Ready(Some(Ok(step.bytes)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+
+    fn usage(output: u64) -> Usage<'static> {
+        Usage {
+            model_id: "m",
+            input: 10,
+            output,
+            hit_max: false,
+            latency_ms: 0,
+            first_byte_ms: 0,
+        }
+    }
+
+    #[test]
+    fn deltas_are_batched_and_paced() {
+        let c = SimulatorConfig {
+            time_to_first_token_ms: 200,
+            tokens_per_second: 100.0,
+            ..SimulatorConfig::default()
+        };
+        let text = generate::text(1, 100);
+        let s = steps(&c, StreamKind::Converse, &text, &usage(100), "id", None);
+        assert_eq!(
+            s.len(),
+            20 + 1,
+            "5 tokens a frame at 100 tok/s, then the epilogue"
+        );
+        assert_eq!(s[0].at, Duration::from_millis(240));
+        assert_eq!(s[20].at, Duration::from_millis(1190));
+        assert_eq!(s[20].generated, 100);
+
+        let cut = steps(
+            &c,
+            StreamKind::Converse,
+            &text,
+            &usage(100),
+            "id",
+            Some(Fault::Cut),
+        );
+        assert_eq!((cut.len(), cut[9].generated), (10, 50));
+        let stall = steps(
+            &c,
+            StreamKind::Converse,
+            &text,
+            &usage(100),
+            "id",
+            Some(Fault::Stall),
+        );
+        assert_eq!(stall[20].at, Duration::from_millis(6190));
+        assert_eq!(stall[9].at, s[9].at);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_body_keeps_time_and_ends_with_an_error_when_cut() {
+        let c = SimulatorConfig {
+            time_to_first_token_ms: 200,
+            tokens_per_second: 100.0,
+            ..SimulatorConfig::default()
+        };
+        let text = generate::text(1, 100);
+        let start = Instant::now();
+        let s = steps(&c, StreamKind::Converse, &text, &usage(100), "id", None);
+        let items: Vec<_> = Paced::new(s, None, 100, false).collect().await;
+        assert_eq!(items.len(), 21);
+        assert!(items.iter().all(Result::is_ok));
+        assert_eq!(start.elapsed(), Duration::from_millis(1190));
+
+        let s = steps(
+            &c,
+            StreamKind::Converse,
+            &text,
+            &usage(100),
+            "id",
+            Some(Fault::Cut),
+        );
+        let items: Vec<_> = Paced::new(s, None, 100, true).collect().await;
+        assert_eq!(items.len(), 11);
+        assert!(items.last().is_some_and(Result::is_err));
+    }
+}
