@@ -1,26 +1,190 @@
-//! A faithful stand-in for `bedrock-runtime`. STUB (being written on another branch).
+//! A faithful stand-in for `bedrock-runtime`, with Bedrock's own quota arithmetic, for local
+//! development, tests and load tests.
+//!
+//! It shares the wire types of [`crate::bedrock`] (paths, model ids, error shapes, event-stream
+//! frames) but never the proxy's ledger or admission code: it does Bedrock's arithmetic on its
+//! own, so that tests of the proxy cannot agree with themselves.
+//!
+//! # Rules
+//! - **Operations**: Converse, ConverseStream, InvokeModel and InvokeModelWithResponseStream
+//!   (Anthropic, Nova, Titan, Llama and a generic `max_tokens` family) answer in their exact wire
+//!   shapes and are quota-counted; CountTokens is free; guardrails and async invocations answer
+//!   plausible JSON; InvokeModelWithBidirectionalStream answers 400; unknown paths 404.
+//! - **Input tokens**: see [`request`] (`ceil(text bytes / 4) + 3 per message`).
+//! - **Quota**: see [`quota`]. One bucket per (base model, route): `{base}@{region}` on demand,
+//!   `{base}@geo:us` for `us.` profiles, `{base}@global`; ARNs land in the bucket of what they
+//!   name. Reserve `input + maxTokens` (absent: the model's maximum, [`models`]), 429
+//!   `ThrottlingException` if it does not fit; settle to `input + output x burndown`.
+//! - **Output**: see [`generate`]: deterministic per request body and `seed`; `[sim:output=N]`,
+//!   `[sim:fault=503|cut|stall]` in a prompt force a length or a fault.
+//! - **Faults**: 503 comes before any quota is taken; a cut stream aborts the connection and
+//!   settles at `input + generated x burndown`; a stall pauses a stream half-way.
+//! - **SigV4**: with `verify_sigv4` set every request must be signed with that key (403
+//!   otherwise); key ids seen are recorded either way. `GET /_sim/stats` is never checked.
+//!
+//! # Layout
+//! [`config`] settings · [`models`] per-model facts · [`request`] reading bodies ·
+//! [`generate`] output and faults · [`quota`] buckets · [`shapes`] response bodies and frames ·
+//! [`stream`] the paced streaming body · `handlers` the HTTP edge · [`stats`] counters.
+
+pub mod config;
+pub mod generate;
+mod handlers;
+pub mod models;
+pub mod quota;
+pub mod request;
+pub mod shapes;
+pub mod stats;
+pub mod stream;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
-use serde::Deserialize;
+use axum::Router;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
-/// `[simulator]` settings.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SimulatorConfig {
-    #[serde(default)]
-    pub region: String,
+use crate::bedrock::Operation;
+
+pub use config::{QuotaOverride, SigV4Key, SimulatorConfig};
+pub use stats::{BucketStats, SigV4Stats, SimStats};
+
+/// The simulator: its settings and live state. Cheap to clone.
+#[derive(Clone)]
+pub struct Simulator {
+    inner: Arc<Inner>,
 }
 
+pub(crate) struct Inner {
+    config: SimulatorConfig,
+    buckets: quota::Buckets,
+    sigv4: stats::SigV4Counters,
+    arrivals: AtomicU64,
+    operations: [AtomicU64; Operation::ALL.len()],
+}
+
+impl Inner {
+    fn next_arrival(&self) -> u64 {
+        self.arrivals.fetch_add(1, Relaxed)
+    }
+
+    fn count_operation(&self, op: Operation) {
+        if let Some(i) = Operation::ALL.iter().position(|o| *o == op) {
+            self.operations[i].fetch_add(1, Relaxed);
+        }
+    }
+}
+
+impl std::fmt::Debug for Simulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Simulator")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Simulator {
+    /// A simulator with `config` (validate it first with [`SimulatorConfig::validate`]).
+    pub fn new(config: SimulatorConfig) -> Simulator {
+        Simulator {
+            inner: Arc::new(Inner {
+                config,
+                buckets: quota::Buckets::default(),
+                sigv4: stats::SigV4Counters::default(),
+                arrivals: AtomicU64::new(0),
+                operations: std::array::from_fn(|_| AtomicU64::new(0)),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &SimulatorConfig {
+        &self.inner.config
+    }
+
+    /// Every `bedrock-runtime` operation, plus `GET /_sim/stats`.
+    pub fn router(&self) -> Router {
+        let sim = self.clone();
+        Router::new()
+            .route(
+                "/_sim/stats",
+                get(move || {
+                    let sim = sim.clone();
+                    async move { axum::Json(sim.stats()) }
+                }),
+            )
+            .fallback(handlers::handle)
+            .with_state(Arc::clone(&self.inner))
+    }
+
+    /// A snapshot of every bucket, SigV4 checks and operation counts.
+    pub fn stats(&self) -> SimStats {
+        let inner = &self.inner;
+        SimStats {
+            buckets: inner.buckets.snapshot(Instant::now()),
+            sigv4: inner.sigv4.snapshot(),
+            operations: Operation::ALL
+                .iter()
+                .zip(&inner.operations)
+                .map(|(op, n)| (op.name().to_string(), n.load(Relaxed)))
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+        }
+    }
+}
+
+/// A simulator serving in the background. Dropping it shuts the server down.
 #[derive(Debug)]
 pub struct SimulatorHandle {
     pub addr: SocketAddr,
+    pub simulator: Simulator,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
 }
 
 impl SimulatorHandle {
-    pub async fn shutdown(self) {}
+    /// Stops accepting, lets open calls finish for up to a second, and waits for the server.
+    pub async fn shutdown(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
 }
 
-pub async fn spawn(_config: SimulatorConfig, addr: SocketAddr) -> std::io::Result<SimulatorHandle> {
-    Ok(SimulatorHandle { addr })
+impl Drop for SimulatorHandle {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Validates `config`, binds `addr` (HTTP/1.1 and h2c) and serves in the background.
+pub async fn spawn(config: SimulatorConfig, addr: SocketAddr) -> std::io::Result<SimulatorHandle> {
+    config
+        .validate()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let listener = TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let simulator = Simulator::new(config);
+    let (tx, rx) = oneshot::channel::<()>();
+    let router = simulator.router();
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = rx.await;
+        };
+        crate::server::serve(listener, router, None, shutdown, Duration::from_secs(1)).await
+    });
+    Ok(SimulatorHandle {
+        addr,
+        simulator,
+        shutdown: Some(tx),
+        task: Some(task),
+    })
 }

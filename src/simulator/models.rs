@@ -1,0 +1,196 @@
+//! Per-model facts: the quota bucket a model id lands in, the maximum output tokens (what an
+//! absent `maxTokens` reserves), the output burndown rate and the InvokeModel body family.
+//!
+//! | model (base id contains) | max output | burndown |
+//! |---|---|---|
+//! | `claude-opus-4-5`, `-4-6`, `-4-7` (newest Opus) | 128000 | 5 |
+//! | `claude-opus-4`, `claude-opus-4-1` | 32000 | 5 |
+//! | `claude-sonnet-4*`, `claude-3-7-sonnet` | 64000 | 5 |
+//! | `claude-haiku-4-5` | 64000 | 5 |
+//! | `claude-3-5-haiku`, `claude-3-5-sonnet` | 8192 | 1 |
+//! | `claude-3-haiku`, other Claude 3 | 4096 | 1 |
+//! | `amazon.nova` | 10000 | 1 |
+//! | `amazon.titan-text` | 8192 | 1 |
+//! | `meta.llama` | 8192 | 1 |
+//! | anything else | 4096 | 1 |
+//!
+//! Burndown is 5 for Claude 3.7 Sonnet and the Claude 4 family, 1 for everything else
+//! (AWS, "How tokens are counted in Amazon Bedrock").
+
+use crate::bedrock::{InferenceRoute, ModelRef};
+
+/// The maximum output tokens of a model (the reservation when `maxTokens` is absent).
+pub fn max_output_tokens(base_model: &str) -> u64 {
+    let m = base_model;
+    if m.contains("claude-opus-4-5")
+        || m.contains("claude-opus-4-6")
+        || m.contains("claude-opus-4-7")
+    {
+        128_000
+    } else if m.contains("claude-opus-4") {
+        32_000
+    } else if m.contains("claude-sonnet-4")
+        || m.contains("claude-3-7-sonnet")
+        || m.contains("claude-haiku-4")
+    {
+        64_000
+    } else if m.contains("claude-3-5-") {
+        8_192
+    } else if m.contains("amazon.nova") {
+        10_000
+    } else if m.contains("amazon.titan-text") || m.contains("meta.llama") {
+        8_192
+    } else {
+        4_096
+    }
+}
+
+/// Tokens charged per output token at settlement.
+pub fn burndown(base_model: &str) -> u64 {
+    let m = base_model;
+    let claude4 = ["claude-sonnet-4", "claude-haiku-4", "claude-opus-4"];
+    if m.contains("claude-3-7-sonnet") || claude4.iter().any(|c| m.contains(c)) {
+        5
+    } else {
+        1
+    }
+}
+
+/// The InvokeModel body family of a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// Anthropic Messages API (`anthropic_version`, `max_tokens` required).
+    Anthropic,
+    /// Amazon Nova (`messages`, `inferenceConfig.maxTokens`).
+    Nova,
+    /// Amazon Titan Text (`inputText`, `textGenerationConfig.maxTokenCount`).
+    Titan,
+    /// Meta Llama (`prompt`, `max_gen_len`).
+    Llama,
+    /// Mistral, Cohere, DeepSeek, OpenAI-style: `max_tokens` / `max_completion_tokens`.
+    Generic,
+}
+
+impl Family {
+    pub fn of(base_model: &str) -> Family {
+        if base_model.starts_with("anthropic.") {
+            Family::Anthropic
+        } else if base_model.starts_with("amazon.nova") {
+            Family::Nova
+        } else if base_model.starts_with("amazon.titan") {
+            Family::Titan
+        } else if base_model.starts_with("meta.") {
+            Family::Llama
+        } else {
+            Family::Generic
+        }
+    }
+}
+
+/// What a model id resolves to.
+#[derive(Debug, Clone)]
+pub struct ResolvedModel {
+    /// The base model (`anthropic.claude-...`), or the whole id when unknown.
+    pub base: String,
+    /// The bucket key, e.g. `anthropic.claude-sonnet-4-20250514-v1:0@geo:us`.
+    pub bucket: String,
+}
+
+/// Resolves a model id as callers send it.
+pub fn resolve(model_id: &str, region: &str) -> ResolvedModel {
+    let m = ModelRef::parse(model_id);
+    let base = m
+        .base_model
+        .clone()
+        .unwrap_or_else(|| m.resource_id.clone());
+    let on_region = m.arn_region.as_deref().unwrap_or(region);
+    let scope = match &m.route {
+        InferenceRoute::OnDemand | InferenceRoute::Other => on_region.to_string(),
+        InferenceRoute::Geographic(prefix) => format!("geo:{prefix}"),
+        InferenceRoute::Global => "global".to_string(),
+    };
+    ResolvedModel {
+        bucket: format!("{base}@{scope}"),
+        base,
+    }
+}
+
+/// The bucket key of a model id: `{base}@{region}`, `{base}@geo:{prefix}` or `{base}@global`.
+pub fn bucket_key(model_id: &str, region: &str) -> String {
+    resolve(model_id, region).bucket
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn burndown_table() {
+        for m in [
+            "anthropic.claude-3-7-sonnet-20250219-v1:0",
+            "anthropic.claude-sonnet-4-20250514-v1:0",
+            "anthropic.claude-sonnet-4-5-20250929-v1:0",
+            "anthropic.claude-haiku-4-5-20251001-v1:0",
+            "anthropic.claude-opus-4-1-20250805-v1:0",
+            "anthropic.claude-opus-4-6-v1",
+        ] {
+            assert_eq!(burndown(m), 5, "{m}");
+        }
+        for m in [
+            "anthropic.claude-3-haiku-20240307-v1:0",
+            "anthropic.claude-3-5-sonnet-20241022-v2:0",
+            "amazon.nova-pro-v1:0",
+            "meta.llama3-3-70b-instruct-v1:0",
+            "mistral.mistral-large-2407-v1:0",
+        ] {
+            assert_eq!(burndown(m), 1, "{m}");
+        }
+    }
+
+    #[test]
+    fn max_output_table() {
+        assert_eq!(
+            max_output_tokens("anthropic.claude-sonnet-4-20250514-v1:0"),
+            64_000
+        );
+        assert_eq!(
+            max_output_tokens("anthropic.claude-3-7-sonnet-20250219-v1:0"),
+            64_000
+        );
+        assert_eq!(
+            max_output_tokens("anthropic.claude-opus-4-1-20250805-v1:0"),
+            32_000
+        );
+        assert_eq!(
+            max_output_tokens("anthropic.claude-opus-4-20250514-v1:0"),
+            32_000
+        );
+        assert_eq!(max_output_tokens("anthropic.claude-opus-4-6-v1"), 128_000);
+        assert_eq!(
+            max_output_tokens("anthropic.claude-3-haiku-20240307-v1:0"),
+            4_096
+        );
+        assert_eq!(max_output_tokens("amazon.nova-lite-v1:0"), 10_000);
+        assert_eq!(max_output_tokens("cohere.command-r-v1:0"), 4_096);
+    }
+
+    #[test]
+    fn buckets_per_route() {
+        let base = "anthropic.claude-sonnet-4-20250514-v1:0";
+        assert_eq!(bucket_key(base, "us-east-1"), format!("{base}@us-east-1"));
+        assert_eq!(
+            bucket_key(&format!("us.{base}"), "us-east-1"),
+            format!("{base}@geo:us")
+        );
+        assert_eq!(
+            bucket_key(&format!("global.{base}"), "us-east-1"),
+            format!("{base}@global")
+        );
+        let arn = format!("arn:aws:bedrock:us-west-2:123456789012:inference-profile/us.{base}");
+        assert_eq!(bucket_key(&arn, "us-east-1"), format!("{base}@geo:us"));
+        let fm = format!("arn:aws:bedrock:us-west-2::foundation-model/{base}");
+        assert_eq!(bucket_key(&fm, "us-east-1"), format!("{base}@us-west-2"));
+        assert_eq!(Family::of("amazon.nova-pro-v1:0"), Family::Nova);
+        assert_eq!(Family::of("amazon.titan-text-express-v1"), Family::Titan);
+    }
+}
