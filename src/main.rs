@@ -109,9 +109,10 @@ async fn simulate(listen: SocketAddr, path: Option<PathBuf>) -> anyhow::Result<(
         }
         None => {
             init_logging(LogFormat::Text, "info");
-            let mut sim = SimulatorConfig::default();
-            sim.region = "us-east-1".into();
-            sim
+            SimulatorConfig {
+                region: "us-east-1".into(),
+                ..SimulatorConfig::default()
+            }
         }
     };
     let handle = simulator::spawn(sim_config, listen)

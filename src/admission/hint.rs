@@ -52,15 +52,22 @@ pub fn projected_wait(rejection: &Rejection, history: PoolHistory, max_hint: Dur
 }
 
 /// A jittered hint around `base`, within `[MIN_HINT, max_hint]`.
+///
+/// The window starts at the projection and is half as wide (at least 100 ms), so nobody is told
+/// to come back before the ledger expects room. Near the cap the window is pinned to the top fifth
+/// of the allowed range instead, so that long projections still spread out.
 pub fn jittered(base: Duration, max_hint: Duration, rng: &mut impl Rng) -> Duration {
     let max_hint = max_hint.max(MIN_HINT + MIN_SPREAD);
     let base = base.clamp(MIN_HINT, max_hint);
-    let spread = (base / 2).max(MIN_SPREAD).min(max_hint - MIN_HINT);
-    // Spread upward from the projection (never earlier than it), or downward from the cap when
-    // the projection is already near it.
-    let low = base.min(max_hint - spread);
-    let offset = rng.random_range(0..=spread.as_micros() as u64);
-    (low + Duration::from_micros(offset)).clamp(MIN_HINT, max_hint)
+    let spread = (base / 2).max(MIN_SPREAD);
+    let (low, high) = if base + spread <= max_hint {
+        (base, base + spread)
+    } else {
+        let top = spread.min(max_hint / 5).max(MIN_SPREAD);
+        (base.min(max_hint - top), max_hint)
+    };
+    let width = (high - low).as_micros() as u64;
+    (low + Duration::from_micros(rng.random_range(0..=width))).clamp(MIN_HINT, max_hint)
 }
 
 /// `x-amz-retry-after` (milliseconds) and `Retry-After` (whole seconds, at least 1) values.

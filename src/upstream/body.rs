@@ -41,6 +41,17 @@ impl Meter {
     fn unsettled_output(&self) -> u64 {
         self.observer.output_tokens_seen()
     }
+
+    /// The body ended cleanly: settle on its usage, or by the `no_usage` rule.
+    fn end(&mut self) {
+        match self.observer.on_end() {
+            Some(usage) => self.admitted.settle_usage(&usage),
+            None => {
+                let seen = self.unsettled_output();
+                self.admitted.settle_without_usage(seen);
+            }
+        }
+    }
 }
 
 impl Drop for Meter {
@@ -129,18 +140,20 @@ impl Body for MeteredBody {
                         meter.admitted.settle_usage(&usage);
                     }
                 }
+                // A body of known length is complete with its last byte, and the server may
+                // drop it without polling for the end: settle now.
+                if this.inner.is_end_stream() {
+                    *this.finished = true;
+                    if let Some(meter) = this.meter.as_mut() {
+                        meter.end();
+                    }
+                }
                 return Poll::Ready(Some(Ok(frame)));
             }
             Poll::Ready(None) => {
                 *this.finished = true;
                 if let Some(meter) = this.meter.as_mut() {
-                    match meter.observer.on_end() {
-                        Some(usage) => meter.admitted.settle_usage(&usage),
-                        None => {
-                            let seen = meter.unsettled_output();
-                            meter.admitted.settle_without_usage(seen);
-                        }
-                    }
+                    meter.end();
                 }
                 return Poll::Ready(None);
             }

@@ -20,8 +20,7 @@ use tokio::net::TcpListener;
 pub const SONNET_US: &str = "us.anthropic.claude-sonnet-4-20250514-v1:0";
 pub const SONNET_GLOBAL: &str = "global.anthropic.claude-sonnet-4-20250514-v1:0";
 pub const SONNET_BASE: &str = "anthropic.claude-sonnet-4-20250514-v1:0";
-pub const SONNET_US_ARN: &str =
-    "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-sonnet-4-20250514-v1:0";
+pub const SONNET_US_ARN: &str = "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-sonnet-4-20250514-v1:0";
 pub const HAIKU: &str = "anthropic.claude-3-haiku-20240307-v1:0";
 
 /// The proxy's own credentials (what the simulator should see).
@@ -31,13 +30,21 @@ pub const PROXY_SECRET: &str = "proxy-secret-key";
 pub const CLIENT_KEY_ID: &str = "AKIAAPPLICATION00001";
 
 pub fn proxy_credentials() -> SharedCredentialsProvider {
-    SharedCredentialsProvider::new(Credentials::new(PROXY_KEY_ID, PROXY_SECRET, None, None, "tests"))
+    SharedCredentialsProvider::new(Credentials::new(
+        PROXY_KEY_ID,
+        PROXY_SECRET,
+        None,
+        None,
+        "tests",
+    ))
 }
 
 /// A simulator on an ephemeral port; `extra` is TOML for the `[simulator]` table.
 pub async fn start_simulator(extra: &str) -> SimulatorHandle {
     let config: SimulatorConfig = toml::from_str(extra).expect("simulator config");
-    simulator::spawn(config, SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("simulator starts")
+    simulator::spawn(config, SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .expect("simulator starts")
 }
 
 /// A proxy config in front of `upstream`, with `pools` as TOML `[[pools]]` tables and any
@@ -59,8 +66,13 @@ pub fn sonnet_pool(tokens_per_minute: u64, max_concurrency: u32) -> String {
 
 pub async fn start_proxy(config: Config) -> Gateway {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let options = GatewayOptions { credentials: Some(proxy_credentials()), ..Default::default() };
-    Gateway::start(config, listener, options).await.expect("proxy starts")
+    let options = GatewayOptions {
+        credentials: Some(proxy_credentials()),
+        ..Default::default()
+    };
+    Gateway::start(config, listener, options)
+        .await
+        .expect("proxy starts")
 }
 
 /// A simulator plus a proxy in front of it.
@@ -92,12 +104,22 @@ impl Stack {
 
 /// An SDK client for `addr` with the application's credentials and `attempts` attempts.
 pub fn sdk_client(addr: SocketAddr, attempts: u32) -> Client {
-    let retry = if attempts <= 1 { RetryConfig::disabled() } else { RetryConfig::standard().with_max_attempts(attempts) };
+    let retry = if attempts <= 1 {
+        RetryConfig::disabled()
+    } else {
+        RetryConfig::standard().with_max_attempts(attempts)
+    };
     let config = aws_sdk_bedrockruntime::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .endpoint_url(format!("http://{addr}"))
         .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new(CLIENT_KEY_ID, "application-secret", None, None, "tests"))
+        .credentials_provider(Credentials::new(
+            CLIENT_KEY_ID,
+            "application-secret",
+            None,
+            None,
+            "tests",
+        ))
         .retry_config(retry)
         .build();
     Client::from_conf(config)
@@ -124,16 +146,27 @@ pub async fn assert_ledger_zero(proxy: &Gateway) {
         let states = proxy.admission().pool_states().await;
         let busy: Vec<_> = states
             .iter()
-            .filter_map(|p| p.ledger.as_ref().map(|l| (p.name.clone(), l.reserved_tokens, l.in_flight_requests)))
+            .filter_map(|p| {
+                p.ledger
+                    .as_ref()
+                    .map(|l| (p.name.clone(), l.reserved_tokens, l.in_flight_requests))
+            })
             .filter(|(_, reserved, in_flight)| *reserved != 0 || *in_flight != 0)
             .collect();
         if busy.is_empty() {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "ledger did not return to zero: {busy:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "ledger did not return to zero: {busy:?}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(tokengate::ledger::unsettled_drops(), 0, "a reservation was dropped unsettled");
+    assert_eq!(
+        tokengate::ledger::unsettled_drops(),
+        0,
+        "a reservation was dropped unsettled"
+    );
 }
 
 /// A plain HTTP response, for tests that speak raw HTTP.
@@ -146,7 +179,10 @@ pub struct RawResponse {
 
 impl RawResponse {
     pub fn error_type(&self) -> &str {
-        self.headers.get("x-amzn-errortype").and_then(|v| v.to_str().ok()).unwrap_or("")
+        self.headers
+            .get("x-amzn-errortype")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
     }
 
     pub fn message(&self) -> String {
@@ -160,10 +196,18 @@ impl RawResponse {
 }
 
 /// Sends one unsigned request over HTTP/1.1 (or HTTP/2 prior knowledge with `h2`).
-pub async fn raw_request(addr: SocketAddr, method: &str, path: &str, body: impl Into<bytes::Bytes>, h2: bool) -> RawResponse {
+pub async fn raw_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: impl Into<bytes::Bytes>,
+    h2: bool,
+) -> RawResponse {
     use http_body_util::{BodyExt, Full};
     use hyper_util::{client::legacy::Client, rt::TokioExecutor};
-    let client = Client::builder(TokioExecutor::new()).http2_only(h2).build_http::<Full<bytes::Bytes>>();
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(h2)
+        .build_http::<Full<bytes::Bytes>>();
     let request = http::Request::builder()
         .method(method)
         .uri(format!("http://{addr}{path}"))
@@ -173,7 +217,11 @@ pub async fn raw_request(addr: SocketAddr, method: &str, path: &str, body: impl 
     let response = client.request(request).await.expect("response");
     let (parts, body) = response.into_parts();
     let body = body.collect().await.expect("body").to_bytes();
-    RawResponse { status: parts.status.as_u16(), headers: parts.headers, body }
+    RawResponse {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body,
+    }
 }
 
 /// A Converse request body as JSON.
@@ -187,10 +235,11 @@ pub fn converse_body(text: &str, max_tokens: Option<u64>) -> String {
 
 /// `/model/{id}/{op}` with the id percent-encoded as SDKs do.
 pub fn model_path(model_id: &str, op: &str) -> String {
-    let encoded: String = percent_encoding::utf8_percent_encode(model_id, percent_encoding::NON_ALPHANUMERIC)
-        .to_string()
-        .replace("%2E", ".")
-        .replace("%2D", "-")
-        .replace("%5F", "_");
+    let encoded: String =
+        percent_encoding::utf8_percent_encode(model_id, percent_encoding::NON_ALPHANUMERIC)
+            .to_string()
+            .replace("%2E", ".")
+            .replace("%2D", "-")
+            .replace("%5F", "_");
     format!("/model/{encoded}/{op}")
 }
