@@ -88,6 +88,8 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {} (server.listen)", config.server.listen))?;
     let gateway = Gateway::start(config, listener, GatewayOptions::default()).await?;
+    // One machine-readable line on stdout, for scripts that start the proxy on port 0.
+    println!("tokengate listening on http://{}", gateway.addr);
     if let Some(sim) = &gateway.simulator {
         tracing::info!(addr = %sim.addr, "built-in simulated bedrock-runtime started");
     }
@@ -118,7 +120,7 @@ async fn simulate(listen: SocketAddr, path: Option<PathBuf>) -> anyhow::Result<(
     let handle = simulator::spawn(sim_config, listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
-    tracing::info!(addr = %handle.addr, "simulated bedrock-runtime listening");
+    println!("simulator listening on http://{}", handle.addr);
     shutdown_signal().await;
     handle.shutdown().await;
     Ok(())
