@@ -91,7 +91,7 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
     // One machine-readable line on stdout, for scripts that start the proxy on port 0.
     println!("tokengate listening on http://{}", gateway.addr);
     if let Some(sim) = &gateway.simulator {
-        tracing::info!(addr = %sim.addr, "built-in simulated bedrock-runtime started");
+        println!("simulator listening on http://{}", sim.addr);
     }
     shutdown_signal().await;
     tracing::info!("shutting down: draining in-flight requests");
