@@ -141,16 +141,20 @@ impl Gateway {
                 return Err(StartError::Ledger("the redis backend is not available in this build yet; use backend = \"memory\"".into()));
             }
         };
-        let admission = Arc::new(Admission::new(
-            &config.pools,
-            config.admission.clone(),
-            ledger,
-            metrics.clone(),
-        ));
+        let upstream = Arc::new(upstream);
+        let admission = Arc::new(
+            Admission::new(
+                &config.pools,
+                config.admission.clone(),
+                ledger,
+                metrics.clone(),
+            )
+            .with_input_counter(upstream.clone()),
+        );
         let ready = Arc::new(AtomicBool::new(false));
         let state = Arc::new(AppState {
             admission,
-            upstream: Arc::new(upstream),
+            upstream,
             metrics,
             registry,
             max_body_bytes: config.server.max_body_bytes,

@@ -414,3 +414,36 @@ async fn a_stream_that_goes_quiet_ends_with_an_exception_frame() {
         1
     );
 }
+
+#[tokio::test]
+async fn count_tokens_pools_reserve_the_exact_input() {
+    let pools = format!(
+        "[[pools]]\nname = \"sonnet4-us\"\nmodels = [\"{SONNET_US}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 8\n\
+         output_burndown = 5\ndefault_max_tokens = 1000\ninput_estimate = \"count_tokens\"\n"
+    );
+    let stack = Stack::start(FAST_SIM, &pools, "").await;
+    let prompt = "word ".repeat(400);
+    let out = stack
+        .client()
+        .converse()
+        .model_id(SONNET_US)
+        .messages(user_message(&prompt))
+        .inference_config(max_tokens(100))
+        .send()
+        .await
+        .expect("converse");
+    let input = out.usage().expect("usage").input_tokens() as u64;
+    let reserved = stack
+        .proxy
+        .state
+        .metrics
+        .reserved_tokens_total
+        .with_label_values(&["sonnet4-us"])
+        .get();
+    assert_eq!(
+        reserved,
+        input + 100,
+        "the reservation is CountTokens' exact input + maxTokens"
+    );
+    stack.assert_ledger_zero().await;
+}

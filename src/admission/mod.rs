@@ -25,7 +25,7 @@ use serde_json::Value;
 
 use crate::{
     bedrock::{BedrockError, ErrorCode, ModelRef, Operation, max_tokens::requested_max_tokens},
-    config::{AdmissionConfig, PoolConfig, UnknownModels},
+    config::{AdmissionConfig, InputEstimate, PoolConfig, UnknownModels},
     ledger::{Decision, Ledger, Limit, PoolSnapshot, Rejection, ReserveRequest},
     metrics::{Metrics, NO_POOL},
 };
@@ -52,6 +52,20 @@ pub struct Admission {
     ledger: Arc<dyn Ledger>,
     metrics: Arc<Metrics>,
     config: AdmissionConfig,
+    counter: Option<Arc<dyn InputCounter>>,
+}
+
+/// Counts input tokens exactly, for pools with `input_estimate = "count_tokens"` (upstream's
+/// CountTokens, which is free of charge).
+#[async_trait::async_trait]
+pub trait InputCounter: Send + Sync + std::fmt::Debug {
+    async fn count_input_tokens(
+        &self,
+        model_id: &str,
+        operation: Operation,
+        body: &Bytes,
+        json: &Value,
+    ) -> Result<u64, String>;
 }
 
 impl Admission {
@@ -84,7 +98,14 @@ impl Admission {
             ledger,
             metrics,
             config,
+            counter: None,
         }
+    }
+
+    /// Uses `counter` for pools that ask for exact input counts.
+    pub fn with_input_counter(mut self, counter: Arc<dyn InputCounter>) -> Admission {
+        self.counter = Some(counter);
+        self
     }
 
     pub fn ledger(&self) -> &Arc<dyn Ledger> {
@@ -122,9 +143,26 @@ impl Admission {
                 }
             };
         };
-        let estimate = self
+        let (mut estimate, json) = self
             .estimate(&pool, operation, &model, body)
             .inspect_err(|_| self.count(&pool.name, operation, "invalid"))?;
+        if let (InputEstimate::CountTokens, Some(counter)) =
+            (pool.config.input_estimate, &self.counter)
+        {
+            match counter
+                .count_input_tokens(model_id, operation, body, &json)
+                .await
+            {
+                Ok(n) => estimate.input = n.max(1),
+                Err(e) => {
+                    self.metrics
+                        .upstream_errors
+                        .with_label_values(&[&pool.name, "count_tokens"])
+                        .inc();
+                    tracing::warn!(pool = %pool.name, error = %e, "CountTokens failed; using the calibrated estimate");
+                }
+            }
+        }
         self.reserve(pool, operation, estimate).await
     }
 
@@ -134,7 +172,7 @@ impl Admission {
         operation: Operation,
         model: &ModelRef,
         body: &Bytes,
-    ) -> Result<Estimate, BedrockError> {
+    ) -> Result<(Estimate, Value), BedrockError> {
         let json: Value = serde_json::from_slice(body).map_err(|e| {
             BedrockError::validation(format!(
                 "the request body is not valid JSON ({e}); {} needs a JSON body",
@@ -151,11 +189,12 @@ impl Admission {
             .map_err(|e| BedrockError::validation(e.to_string()))?
             .unwrap_or(pool.config.default_max_tokens);
         let raw_input = estimate::estimate_input_tokens(operation, &json);
-        Ok(Estimate {
+        let estimate = Estimate {
             raw_input,
             input: pool.calibrated_input(raw_input),
             max_tokens,
-        })
+        };
+        Ok((estimate, json))
     }
 
     async fn reserve(
