@@ -92,6 +92,25 @@ impl Admission {
                 .set(pool.calibration_ratio());
             metrics.reserved_tokens.with_label_values(&[name]).set(0);
             metrics.inflight_requests.with_label_values(&[name]).set(0);
+            // Create every per-pool series at zero, so dashboards and alerts see them before the
+            // first event (rate() over a missing series is empty, not zero).
+            for counter in [
+                &metrics.upstream_throttles,
+                &metrics.reserved_tokens_total,
+                &metrics.charged_tokens,
+                &metrics.input_tokens,
+                &metrics.output_tokens,
+                &metrics.cache_read_tokens,
+                &metrics.cache_write_tokens,
+            ] {
+                counter.with_label_values(&[name]).reset();
+            }
+            for reason in ["tokens", "requests", "concurrency", "never_fits"] {
+                metrics
+                    .rejections
+                    .with_label_values(&[name, reason])
+                    .reset();
+            }
         }
         Admission {
             table,

@@ -1,0 +1,178 @@
+//! The operator's surface: `/v1/pools`, `/metrics`, health endpoints, `check-config`, and pool
+//! resolution options (unknown models passed through, application inference profiles).
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+const FAST_SIM: &str =
+    "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";
+
+#[tokio::test]
+async fn pools_and_metrics_show_the_ledger() {
+    let stack = Stack::start(FAST_SIM, &sonnet_pool(200_000, 8), "").await;
+    let addr = stack.proxy.addr;
+    let ok = raw_request(
+        addr,
+        "POST",
+        &model_path(SONNET_US, "converse"),
+        converse_body("[sim:output=20] hi", Some(500)),
+        false,
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+    let never = raw_request(
+        addr,
+        "POST",
+        &model_path(SONNET_US, "converse"),
+        converse_body("hi", Some(500_000)),
+        false,
+    )
+    .await;
+    assert_eq!(never.status, 400);
+    stack.assert_ledger_zero().await;
+
+    let pools = raw_request(addr, "GET", "/v1/pools", "", false).await;
+    assert_eq!(pools.status, 200);
+    let v: serde_json::Value = serde_json::from_slice(&pools.body).expect("json");
+    assert_eq!(v["ledger"], "memory");
+    assert_eq!(v["unsettled_reservations"], 0);
+    let pool = &v["pools"][0];
+    assert_eq!(pool["name"], "sonnet4-us");
+    assert_eq!(pool["tokens_per_minute"], 200_000);
+    assert_eq!(pool["effective_tokens_per_minute"], 200_000);
+    assert_eq!(pool["admitted"], 1);
+    assert_eq!(pool["rejected"]["never_fits"], 1);
+    assert_eq!(pool["ledger"]["reserved_tokens"], 0);
+    assert_eq!(pool["ledger"]["in_flight_requests"], 0);
+    // The one request was charged (input + 20 x 5), so the bucket is below capacity.
+    let available = pool["ledger"]["tokens_available"].as_i64().expect("tokens");
+    assert!(available < 200_000 && available > 199_000, "{available}");
+    assert!(
+        pool["learned"]["input_calibration_ratio"]
+            .as_f64()
+            .is_some()
+    );
+
+    let metrics = raw_request(addr, "GET", "/metrics", "", false).await;
+    let text = String::from_utf8_lossy(&metrics.body).to_string();
+    for line in [
+        r#"tokengate_requests_total{operation="Converse",outcome="admitted",pool="sonnet4-us"} 1"#,
+        r#"tokengate_requests_total{operation="Converse",outcome="invalid",pool="sonnet4-us"} 1"#,
+        r#"tokengate_rejections_total{pool="sonnet4-us",reason="never_fits"} 1"#,
+        r#"tokengate_reserved_tokens{pool="sonnet4-us"} 0"#,
+        r#"tokengate_inflight_requests{pool="sonnet4-us"} 0"#,
+        r#"tokengate_settlements_total{pool="sonnet4-us",rule="usage"} 1"#,
+        r#"tokengate_output_tokens_total{pool="sonnet4-us"} 20"#,
+        r#"tokengate_configured_tokens_per_minute{pool="sonnet4-us"} 200000"#,
+        r#"tokengate_upstream_responses_total{pool="sonnet4-us",status="200"} 1"#,
+        "tokengate_unsettled_reservations_total 0",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+    assert!(
+        text.contains("tokengate_upstream_throttles_total"),
+        "registered from the start"
+    );
+
+    assert_eq!(
+        raw_request(addr, "GET", "/healthz", "", false).await.status,
+        200
+    );
+    assert_eq!(
+        raw_request(addr, "GET", "/readyz", "", false).await.status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn unknown_models_pass_uncounted_when_configured() {
+    let stack = Stack::start(
+        FAST_SIM,
+        &sonnet_pool(200_000, 8),
+        "[admission]\nunknown_models = \"pass\"\n",
+    )
+    .await;
+    let r = raw_request(
+        stack.proxy.addr,
+        "POST",
+        &model_path(HAIKU, "converse"),
+        converse_body("hi", Some(10)),
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let passed = stack
+        .proxy
+        .state
+        .metrics
+        .requests
+        .with_label_values(&["none", "Converse", "unknown_model_passed"])
+        .get();
+    assert_eq!(passed, 1);
+    stack.assert_ledger_zero().await;
+}
+
+#[tokio::test]
+async fn application_inference_profiles_draw_on_the_pool_they_map_to() {
+    let arn = "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/team-a";
+    let extra = format!("[admission.application_profiles]\n\"{arn}\" = \"{SONNET_US}\"\n");
+    let stack = Stack::start(FAST_SIM, &sonnet_pool(200_000, 8), &extra).await;
+    // The simulator does not know application profiles; what matters is which pool admitted it.
+    let _ = raw_request(
+        stack.proxy.addr,
+        "POST",
+        &model_path(arn, "converse"),
+        converse_body("hi", Some(10)),
+        false,
+    )
+    .await;
+    let admitted = stack
+        .proxy
+        .state
+        .metrics
+        .requests
+        .with_label_values(&["sonnet4-us", "Converse", "admitted"])
+        .get();
+    assert_eq!(admitted, 1);
+    stack.assert_ledger_zero().await;
+}
+
+#[test]
+fn check_config_accepts_shipped_configs_and_names_the_bad_key() {
+    let bin = env!("CARGO_BIN_EXE_tokengate");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let ok = Command::new(bin)
+        .args(["check-config", &format!("{root}/config/local.toml")])
+        .output()
+        .expect("runs");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("bad.toml");
+    let text = std::fs::read_to_string(format!("{root}/config/local.toml")).expect("read");
+    std::fs::write(
+        &bad,
+        text.replacen("max_concurrency = 32", "max_concurrency = 0", 1),
+    )
+    .expect("write");
+    let out = Command::new(bin)
+        .args(["check-config", bad.to_str().expect("utf8")])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("pools[0] (sonnet4-us).max_concurrency: must be greater than zero"),
+        "{stderr}"
+    );
+}
