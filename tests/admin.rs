@@ -176,3 +176,49 @@ fn check_config_accepts_shipped_configs_and_names_the_bad_key() {
         "{stderr}"
     );
 }
+
+#[derive(Debug)]
+struct NoCredentials;
+
+impl aws_credential_types::provider::ProvideCredentials for NoCredentials {
+    fn provide_credentials<'a>(
+        &'a self,
+    ) -> aws_credential_types::provider::future::ProvideCredentials<'a>
+    where
+        Self: 'a,
+    {
+        aws_credential_types::provider::future::ProvideCredentials::ready(Err(
+            aws_credential_types::provider::error::CredentialsError::not_loaded(
+                "no credentials in the environment",
+            ),
+        ))
+    }
+}
+
+#[tokio::test]
+async fn a_real_endpoint_without_credentials_refuses_to_start() {
+    let config = tokengate::config::Config::parse(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n",
+    )
+    .expect("config");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let options = tokengate::gateway::GatewayOptions {
+        credentials: Some(
+            aws_credential_types::provider::SharedCredentialsProvider::new(NoCredentials),
+        ),
+        ..Default::default()
+    };
+    let err = tokengate::gateway::Gateway::start(config, listener, options)
+        .await
+        .expect_err("must refuse");
+    assert!(
+        matches!(err, tokengate::gateway::StartError::Credentials(_)),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("no AWS credentials") && err.to_string().contains("default chain"),
+        "{err}"
+    );
+}

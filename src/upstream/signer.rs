@@ -108,3 +108,105 @@ impl Signer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    };
+
+    use aws_credential_types::provider::future;
+
+    use super::*;
+
+    /// Hands out credentials that expire `lifetime` from now, counting calls.
+    #[derive(Debug)]
+    struct Rotating {
+        calls: Arc<AtomicU32>,
+        lifetime: Duration,
+    }
+
+    impl ProvideCredentials for Rotating {
+        fn provide_credentials<'a>(&'a self) -> future::ProvideCredentials<'a>
+        where
+            Self: 'a,
+        {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst);
+            let expiry = SystemTime::now() + self.lifetime;
+            future::ProvideCredentials::ready(Ok(Credentials::new(
+                format!("AKID{n}"),
+                "secret",
+                None,
+                Some(expiry),
+                "test",
+            )))
+        }
+    }
+
+    fn signer(lifetime: Duration) -> (Signer, Arc<AtomicU32>) {
+        let calls = Arc::new(AtomicU32::new(0));
+        let provider = SharedCredentialsProvider::new(Rotating {
+            calls: calls.clone(),
+            lifetime,
+        });
+        (Signer::new(provider, "us-east-1"), calls)
+    }
+
+    #[tokio::test]
+    async fn credentials_are_cached_until_near_expiry() {
+        let (signer, calls) = signer(Duration::from_secs(3600));
+        for _ in 0..5 {
+            assert_eq!(signer.credentials().await.unwrap().access_key_id(), "AKID0");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn rotated_credentials_are_used_as_they_come() {
+        // Inside the refresh margin: every use fetches afresh.
+        let (signer, calls) = signer(Duration::from_secs(60));
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.push(
+                signer
+                    .credentials()
+                    .await
+                    .unwrap()
+                    .access_key_id()
+                    .to_string(),
+            );
+        }
+        assert_eq!(seen, ["AKID0", "AKID1", "AKID2"]);
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn signing_replaces_nothing_but_adds_the_signature() {
+        let (signer, _) = signer(Duration::from_secs(3600));
+        let mut request = http::Request::builder()
+            .method("POST")
+            .uri("https://bedrock-runtime.us-east-1.amazonaws.com/model/us.anthropic.claude-sonnet-4-20250514-v1%3A0/converse")
+            .header("host", "bedrock-runtime.us-east-1.amazonaws.com")
+            .header("content-type", "application/json")
+            .body(bytes::Bytes::from_static(b"{}"))
+            .unwrap();
+        signer.sign(&mut request).await.unwrap();
+        let auth = request.headers()["authorization"].to_str().unwrap();
+        assert!(
+            auth.starts_with("AWS4-HMAC-SHA256 Credential=AKID0/"),
+            "{auth}"
+        );
+        assert!(auth.contains("/us-east-1/bedrock/aws4_request"), "{auth}");
+        assert!(request.headers().contains_key("x-amz-date"));
+        let verified = crate::auth::sigv4::verify(
+            request.method(),
+            request.uri().path(),
+            request.headers(),
+            request.body(),
+            |id| (id == "AKID0").then(|| "secret".to_string()),
+            SystemTime::now(),
+        );
+        assert!(verified.is_ok(), "{verified:?}");
+    }
+}
