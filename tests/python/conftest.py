@@ -82,7 +82,9 @@ def http_json(url: str, timeout: float = 10.0) -> dict:
 
 
 def bedrock_client(endpoint_url: str, max_attempts: int = 1):
-    """A boto3 bedrock-runtime client for `endpoint_url`, standard retry mode."""
+    """A boto3 bedrock-runtime client for `endpoint_url`, standard retry mode, making at most
+    `max_attempts` attempts in all. (botocore's `retries.max_attempts` counts retries, not
+    attempts: `max_attempts: 1` means two attempts; `total_max_attempts` counts attempts.)"""
     return boto3.client(
         "bedrock-runtime",
         endpoint_url=endpoint_url,
@@ -90,7 +92,7 @@ def bedrock_client(endpoint_url: str, max_attempts: int = 1):
         aws_access_key_id="test",
         aws_secret_access_key="test",
         config=Config(
-            retries={"mode": "standard", "max_attempts": max_attempts},
+            retries={"mode": "standard", "total_max_attempts": max_attempts},
             connect_timeout=10,
             read_timeout=60,
         ),
