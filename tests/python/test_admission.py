@@ -4,6 +4,7 @@ ValidationExceptions that say what to change."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -64,28 +65,49 @@ def boto3_version_at_least(major: int, minor: int) -> bool:
     return min(parts(boto3.__version__), parts(botocore.__version__)) >= (major, minor)
 
 
+def too_big_calls(available: int) -> dict:
+    """One call per quota-counted operation, each asking for 600 more tokens than are left."""
+    max_tokens = available + 600
+    messages = [{"role": "user", "content": [{"text": "[sim:output=1] hi"}]}]
+    body = json.dumps({"anthropic_version": "bedrock-2023-05-31", "max_tokens": max_tokens,
+                       "messages": [{"role": "user", "content": "[sim:output=1] hi"}]})
+    return {
+        "Converse": lambda c: c.converse(
+            modelId=HAIKU, messages=messages, inferenceConfig={"maxTokens": max_tokens}),
+        "ConverseStream": lambda c: list(c.converse_stream(
+            modelId=HAIKU, messages=messages, inferenceConfig={"maxTokens": max_tokens})["stream"]),
+        "InvokeModel": lambda c: c.invoke_model(modelId=HAIKU, body=body),
+        "InvokeModelWithResponseStream": lambda c: list(
+            c.invoke_model_with_response_stream(modelId=HAIKU, body=body)["body"]),
+    }
+
+
 def test_rejection_is_a_throttling_exception_with_hints(start_proxy, simulator):
     """A request that does not fit now is rejected before it reaches upstream, and boto3 sees
-    Bedrock's own shape: ClientError ThrottlingException, HTTP 429, with x-amz-retry-after (ms),
-    Retry-After (s), x-tokengate-reason and x-tokengate-pool."""
+    Bedrock's own shape for every quota-counted operation (streaming ones included):
+    ClientError ThrottlingException, HTTP 429, with x-amz-retry-after (ms), Retry-After (s),
+    x-tokengate-reason and x-tokengate-pool. With one attempt allowed, boto3 does not retry."""
     proxy = small_pool_proxy(start_proxy)
     available = drain_small_pool(proxy)
-    upstream_calls = simulator.stats()["operations"].get("Converse", 0)
+    upstream_before = simulator.stats()["operations"]
+    client = proxy.client(max_attempts=1)
 
-    with pytest.raises(ClientError) as excinfo:
-        converse_haiku(proxy.client(max_attempts=1), "[sim:output=1] hi", available + 600)
-    code, status, headers, message = error_of(excinfo)
-    assert (code, status) == ("ThrottlingException", 429), message
-    assert headers["x-tokengate-reason"] == "tokens"
-    assert headers["x-tokengate-pool"] == SMALL_POOL
-    hint_ms = int(headers["x-amz-retry-after"])
-    assert hint_ms > 0
-    assert int(headers["retry-after"]) == max(1, math.ceil(hint_ms / 1000))
-    assert excinfo.value.response["ResponseMetadata"]["RetryAttempts"] == 0
+    calls = too_big_calls(available)
+    for operation, call in calls.items():
+        with pytest.raises(ClientError) as excinfo:
+            call(client)
+        code, status, headers, message = error_of(excinfo)
+        assert (code, status) == ("ThrottlingException", 429), f"{operation}: {message}"
+        assert headers["x-tokengate-reason"] == "tokens", operation
+        assert headers["x-tokengate-pool"] == SMALL_POOL, operation
+        hint_ms = int(headers["x-amz-retry-after"])
+        assert hint_ms > 0, operation
+        assert int(headers["retry-after"]) == max(1, math.ceil(hint_ms / 1000)), operation
+        assert excinfo.value.response["ResponseMetadata"]["RetryAttempts"] == 0, operation
 
-    assert simulator.stats()["operations"].get("Converse", 0) == upstream_calls, \
-        "the rejected call never reached upstream"
-    assert proxy.pool(SMALL_POOL)["rejected"]["tokens"] == 1
+    assert simulator.stats()["operations"] == upstream_before, \
+        "the rejected calls never reached upstream"
+    assert proxy.pool(SMALL_POOL)["rejected"]["tokens"] == len(calls)
     proxy.assert_ledger_zero()
 
 
