@@ -272,13 +272,15 @@ def proxy(simulator, session_dir):
 
 @pytest.fixture
 def start_proxy(simulator, tmp_path):
-    """Starts a dedicated proxy in front of the fast simulator with the given `[[pools]]` (and
-    optional extra tables); each one is stopped at teardown and must exit 0."""
+    """Starts a dedicated proxy with the given `[[pools]]` (and optional extra tables) in front of
+    the fast simulator, or of `endpoint` (e.g. "simulated" with a `[simulator]` table in `extra`);
+    each one is stopped at teardown and must exit 0."""
     started: list[Proxy] = []
 
-    def start(pools: str, extra: str = "") -> Proxy:
+    def start(pools: str, extra: str = "", endpoint: str | None = None) -> Proxy:
         name = f"proxy{len(started)}"
-        config = write_config(tmp_path, name, endpoint=simulator.url, pools=pools, extra=extra)
+        config = write_config(tmp_path, name, endpoint=endpoint or simulator.url, pools=pools,
+                              extra=extra)
         p = Proxy(config, tmp_path, name)
         started.append(p)
         return p

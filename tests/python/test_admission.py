@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 import time
 
 import boto3
@@ -118,6 +119,7 @@ class AttemptLog:
     def __init__(self, client, operation: str):
         self.sent: list[float] = []
         self.answers: list[tuple[int, int | None]] = []
+        self.reasons: list[str | None] = []
         events = client.meta.events
         events.register(f"before-send.bedrock-runtime.{operation}", self._before_send)
         events.register(f"needs-retry.bedrock-runtime.{operation}", self._needs_retry)
@@ -130,6 +132,17 @@ class AttemptLog:
             http, _parsed = response
             hint = http.headers.get("x-amz-retry-after")
             self.answers.append((http.status_code, int(hint) if hint is not None else None))
+            self.reasons.append(http.headers.get("x-tokengate-reason"))
+
+    def assert_each_gap_at_least_the_hint(self) -> None:
+        """Every attempt but the last was a 429 with a hint, and the next attempt was sent no
+        sooner than that hint said (a lower bound only)."""
+        assert len(self.answers) == len(self.sent)
+        for k, (status, hint_ms) in enumerate(self.answers[:-1]):
+            assert status == 429 and hint_ms is not None, self.answers
+            gap = self.sent[k + 1] - self.sent[k]
+            assert gap >= hint_ms / 1000 - TOLERANCE_S, \
+                f"attempt {k + 2} came {gap * 1000:.0f} ms after attempt {k + 1}, told {hint_ms} ms"
 
 
 def test_boto3_standard_retries_wait_at_least_the_hint(start_proxy):
@@ -151,19 +164,44 @@ def test_boto3_standard_retries_wait_at_least_the_hint(start_proxy):
 
     assert response["usage"]["outputTokens"] == 1
     assert len(log.sent) >= 2, "the first attempt was rejected and retried"
-    assert len(log.answers) == len(log.sent)
     assert log.answers[-1][0] == 200
     assert response["ResponseMetadata"]["RetryAttempts"] == len(log.sent) - 1
     first_status, first_hint = log.answers[0]
-    assert first_status == 429
+    assert (first_status, log.reasons[0]) == (429, "tokens")
     assert first_hint is not None and first_hint >= 1000 * deficit / REFILL_PER_S * 0.9, \
         f"the hint projects the refill: {first_hint} ms"
-    for k, (status, hint_ms) in enumerate(log.answers[:-1]):
-        assert status == 429 and hint_ms is not None, log.answers
-        gap = log.sent[k + 1] - log.sent[k]
-        assert gap >= hint_ms / 1000 - TOLERANCE_S, \
-            f"attempt {k + 2} came {gap * 1000:.0f} ms after attempt {k + 1}, told {hint_ms} ms"
+    log.assert_each_gap_at_least_the_hint()
     assert proxy.pool(SMALL_POOL)["rejected"]["tokens"] == len(log.sent) - 1
+    proxy.assert_ledger_zero()
+
+
+def test_boto3_retries_wait_at_least_the_hint_while_a_stream_holds_the_slot(start_proxy):
+    """The same lower bound when the limit is concurrency: a 2-second stream holds the pool's
+    only slot, a Converse is rejected (reason concurrency) possibly several times, and each
+    retry comes no sooner than the hint of the attempt before; it succeeds once the slot frees."""
+    if not boto3_version_at_least(1, 44):
+        pytest.skip(f"boto3 {boto3.__version__} predates x-amz-retry-after support (1.44)")
+    slow_simulator = ("[simulator]\ntime_to_first_token_ms = 0\ntokens_per_second = 200\n"
+                      "default_tokens_per_minute = 10000000\n")
+    proxy = start_proxy(pool("haiku-one-slot", HAIKU, tokens_per_minute=1_000_000, burndown=1,
+                             max_concurrency=1),
+                        extra=slow_simulator, endpoint="simulated")
+    held = proxy.client().converse_stream(
+        modelId=HAIKU, messages=[{"role": "user", "content": [{"text": "[sim:output=400] long"}]}],
+        inferenceConfig={"maxTokens": 500})
+    reader = threading.Thread(target=lambda: list(held["stream"]), daemon=True)
+    reader.start()
+
+    client = proxy.client(max_attempts=6)
+    log = AttemptLog(client, "Converse")
+    response = converse_haiku(client, "[sim:output=1] hi", 10)
+    reader.join(timeout=60)
+
+    assert response["usage"]["outputTokens"] == 1
+    assert len(log.sent) >= 2, "the first attempt found the slot taken"
+    assert (log.answers[0][0], log.reasons[0]) == (429, "concurrency")
+    assert log.answers[-1][0] == 200
+    log.assert_each_gap_at_least_the_hint()
     proxy.assert_ledger_zero()
 
 
