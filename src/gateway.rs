@@ -195,6 +195,8 @@ impl Gateway {
     /// deadline), then the in-process simulator stops.
     pub async fn shutdown(mut self) -> io::Result<()> {
         self.state.ready.store(false, Ordering::Release);
+        // Queued requests are answered at once with a retryable error; admitted ones drain.
+        self.state.admission.close_queues();
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }

@@ -29,7 +29,7 @@ fn pool_with(extra: &str) -> String {
 async fn rejections_carry_bedrock_shape_and_jittered_hints() {
     // 60,000 tokens per minute; each request reserves about 10,000 and holds it for a second.
     let sim = "time_to_first_token_ms = 1000\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";
-    let stack = Stack::start(sim, &pool_with(""), "").await;
+    let stack = Stack::start(sim, &pool_with("max_wait_ms = 0"), "").await;
     let path = model_path(SONNET_US, "converse");
     let body = converse_body("[sim:output=10] hello", Some(9_900));
     let calls = (0..60).map(|_| raw_request(stack.proxy.addr, "POST", &path, body.clone(), false));
@@ -130,8 +130,8 @@ async fn concurrency_and_request_limits_reject_with_their_reason() {
     let sim = "time_to_first_token_ms = 0\ntokens_per_second = 200\ndefault_tokens_per_minute = 10000000\n";
     let pools = format!(
         "{}\n[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 10\n\
-         requests_per_minute = 2\noutput_burndown = 1\ndefault_max_tokens = 100\n",
-        sonnet_pool(1_000_000, 1)
+         requests_per_minute = 2\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n",
+        format!("{}max_wait_ms = 0\n", sonnet_pool(1_000_000, 1))
     );
     let stack = Stack::start(sim, &pools, "").await;
     // Hold the only sonnet slot with a 2-second stream.

@@ -89,7 +89,9 @@ async fn saturating_sdk_clients_never_see_upstream_throttles() {
     let sim = format!(
         "time_to_first_token_ms = 20\ntokens_per_second = 2000\ndefault_tokens_per_minute = {QUOTA}\n"
     );
-    let stack = Arc::new(Stack::start(&sim, &sonnet_pool(QUOTA, 64), "").await);
+    // No admission queue: this is the reject-with-a-hint baseline (the queue has its own test).
+    let pool = format!("{}max_wait_ms = 0\n", sonnet_pool(QUOTA, 64));
+    let stack = Arc::new(Stack::start(&sim, &pool, "").await);
     let tally = Arc::new(Tally::default());
     let start = Instant::now();
     let tasks: Vec<_> = (0..CLIENTS)

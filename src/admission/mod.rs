@@ -14,7 +14,9 @@
 pub mod estimate;
 pub mod hint;
 pub mod pools;
+pub mod queue;
 pub mod settle;
+mod waiting;
 
 use std::{sync::Arc, time::Duration};
 
@@ -26,7 +28,9 @@ use serde_json::Value;
 use crate::{
     bedrock::{BedrockError, ErrorCode, ModelRef, Operation, max_tokens::requested_max_tokens},
     config::{AdmissionConfig, InputEstimate, PoolConfig, UnknownModels},
-    ledger::{Decision, Ledger, Limit, PoolSnapshot, Rejection, ReserveRequest},
+    ledger::{
+        Decision, Ledger, LedgerError, Limit, PoolSnapshot, Rejection, Reservation, ReserveRequest,
+    },
     metrics::{Metrics, NO_POOL},
 };
 pub use pools::{Pool, PoolTable};
@@ -222,36 +226,81 @@ impl Admission {
         operation: Operation,
         estimate: Estimate,
     ) -> Result<Verdict, BedrockError> {
+        let tokens = estimate.reservation();
+        self.check_can_ever_fit(&pool, operation, &estimate)?;
+        // While requests wait in this pool, newcomers queue behind them instead of taking the
+        // capacity freed for them.
+        let queue_busy = pool.queue.enabled() && pool.queue.depth().0 > 0;
+        let rejection = if queue_busy {
+            None
+        } else {
+            match self.try_reserve(&pool, tokens).await {
+                Ok(Decision::Admitted(reservation)) => {
+                    return Ok(self.admitted(pool, reservation, operation, estimate));
+                }
+                Ok(Decision::Rejected(rejection)) => Some(rejection),
+                Err(e) => return Err(self.ledger_unavailable(&pool, operation, &e)),
+            }
+        };
+        let outcome = match (&rejection, pool.queue.enabled()) {
+            (Some(rejection), false) => Err(self.rejection(&pool, rejection, tokens)),
+            _ => self.wait_in_queue(&pool, tokens, rejection.as_ref()).await,
+        };
+        match outcome {
+            Ok(reservation) => Ok(self.admitted(pool, reservation, operation, estimate)),
+            Err(e) => {
+                self.count(&pool.name, operation, "rejected");
+                Err(e)
+            }
+        }
+    }
+
+    /// A reservation above the pool's whole bucket would be refused forever: say so, and what fits.
+    fn check_can_ever_fit(
+        &self,
+        pool: &Pool,
+        operation: Operation,
+        estimate: &Estimate,
+    ) -> Result<(), BedrockError> {
         let name = &*pool.name;
         let tokens = estimate.reservation();
         let capacity = pool.config.usable_tokens_per_minute();
-        if tokens > capacity {
-            self.count(name, operation, "invalid");
-            self.metrics
-                .rejections
-                .with_label_values(&[name, "never_fits"])
-                .inc();
-            pool.counters
-                .never_fits
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let fits = capacity.saturating_sub(estimate.input);
-            return Err(BedrockError::validation(format!(
-                "this request reserves {tokens} tokens (about {} input + {} maxTokens) but pool {name:?} holds at most {capacity} \
-                 tokens per minute, so it can never be admitted; set maxTokens to at most {fits}, or shorten the input",
-                estimate.input, estimate.max_tokens
-            ))
-            .with_header(http::HeaderName::from_static(X_TOKENGATE_POOL), name));
+        if tokens <= capacity {
+            return Ok(());
         }
+        self.count(name, operation, "invalid");
+        self.metrics
+            .rejections
+            .with_label_values(&[name, "never_fits"])
+            .inc();
+        pool.counters
+            .never_fits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let fits = capacity.saturating_sub(estimate.input);
+        Err(BedrockError::validation(format!(
+            "this request reserves {tokens} tokens (about {} input + {} maxTokens) but pool {name:?} holds at most {capacity} \
+             tokens per minute, so it can never be admitted; set maxTokens to at most {fits}, or shorten the input",
+            estimate.input, estimate.max_tokens
+        ))
+        .with_header(http::HeaderName::from_static(X_TOKENGATE_POOL), name))
+    }
+
+    /// One ledger decision with the pool's current limits.
+    pub(crate) async fn try_reserve(
+        &self,
+        pool: &Pool,
+        tokens: u64,
+    ) -> Result<Decision, LedgerError> {
         let limits = pool.limits();
         self.metrics
             .effective_tokens_per_minute
-            .with_label_values(&[name])
+            .with_label_values(&[&pool.name])
             .set(limits.tokens_per_minute as f64);
         let started = std::time::Instant::now();
         let decision = self
             .ledger
             .reserve(&ReserveRequest {
-                pool: name,
+                pool: &pool.name,
                 limits,
                 tokens,
             })
@@ -259,40 +308,48 @@ impl Admission {
         self.metrics
             .ledger_seconds
             .observe(started.elapsed().as_secs_f64());
-        match decision {
-            Ok(Decision::Admitted(reservation)) => {
-                pool.counters
-                    .admitted
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.count(name, operation, "admitted");
-                Ok(Verdict::Admitted(Admitted::new(
-                    pool.clone(),
-                    self.ledger.clone(),
-                    self.metrics.clone(),
-                    reservation,
-                    operation,
-                    estimate,
-                )))
-            }
-            Ok(Decision::Rejected(rejection)) => {
-                self.count(name, operation, "rejected");
-                Err(self.rejection(&pool, &rejection, tokens))
-            }
-            Err(e) => {
-                self.metrics
-                    .ledger_errors
-                    .with_label_values(&[self.ledger.backend()])
-                    .inc();
-                self.count(name, operation, "ledger_error");
-                tracing::error!(error = %e, pool = name, "ledger unavailable");
-                Err(self.retryable(
-                    ErrorCode::ServiceUnavailable,
-                    &pool,
-                    Duration::from_secs(1),
-                    "the quota ledger is unavailable; retry shortly".into(),
-                ))
-            }
-        }
+        decision
+    }
+
+    fn admitted(
+        &self,
+        pool: Arc<Pool>,
+        reservation: Reservation,
+        operation: Operation,
+        estimate: Estimate,
+    ) -> Verdict {
+        pool.counters
+            .admitted
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.count(&pool.name, operation, "admitted");
+        Verdict::Admitted(Admitted::new(
+            pool,
+            self.ledger.clone(),
+            self.metrics.clone(),
+            reservation,
+            operation,
+            estimate,
+        ))
+    }
+
+    fn ledger_unavailable(
+        &self,
+        pool: &Pool,
+        operation: Operation,
+        e: &LedgerError,
+    ) -> BedrockError {
+        self.metrics
+            .ledger_errors
+            .with_label_values(&[self.ledger.backend()])
+            .inc();
+        self.count(&pool.name, operation, "ledger_error");
+        tracing::error!(error = %e, pool = %pool.name, "ledger unavailable");
+        self.retryable(
+            ErrorCode::ServiceUnavailable,
+            pool,
+            Duration::from_secs(1),
+            "the quota ledger is unavailable; retry shortly".into(),
+        )
     }
 
     /// The 429 for a request that does not fit now.
@@ -406,6 +463,7 @@ impl Admission {
                 },
                 upstream_throttles: load(&c.upstream_throttles),
                 learned: pool.learned_view(),
+                queue: pool.queue.view(),
             });
         }
         out
@@ -431,6 +489,7 @@ pub struct PoolState {
     pub rejected: RejectedCounts,
     pub upstream_throttles: u64,
     pub learned: pools::LearnedView,
+    pub queue: queue::QueueView,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -13,6 +13,7 @@ use std::{
 use serde::Serialize;
 use tokio::time::Instant;
 
+use super::queue::AdmissionQueue;
 use crate::{
     bedrock::{ModelRef, model_id::application_profile_id},
     config::{AdmissionConfig, PoolConfig},
@@ -39,6 +40,8 @@ const AIMD_HOLD: Duration = Duration::from_secs(2);
 pub struct Pool {
     pub config: PoolConfig,
     pub name: Arc<str>,
+    /// Where requests that do not fit wait (disabled when `max_wait` is zero).
+    pub queue: Arc<AdmissionQueue>,
     feedback: Mutex<Feedback>,
     learned: Mutex<Learned>,
     pub(crate) counters: Counters,
@@ -95,6 +98,7 @@ impl Pool {
     pub fn new(config: PoolConfig) -> Pool {
         Pool {
             name: Arc::from(config.name.as_str()),
+            queue: Arc::new(AdmissionQueue::new(config.max_wait, config.max_queue)),
             config,
             feedback: Mutex::new(Feedback {
                 factor: 1.0,

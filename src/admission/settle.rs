@@ -20,7 +20,7 @@ use std::{sync::Arc, time::Duration};
 use futures_util::FutureExt;
 use tokio::time::Instant;
 
-use super::pools::Pool;
+use super::{pools::Pool, queue::AdmissionQueue};
 use crate::{
     bedrock::{Operation, Usage},
     ledger::{Ledger, Reservation},
@@ -211,6 +211,7 @@ impl Admitted {
         settle_in_background(
             self.ledger.clone(),
             self.metrics.clone(),
+            self.pool.queue.clone(),
             reservation,
             charge,
         );
@@ -230,6 +231,7 @@ impl Drop for Admitted {
 fn settle_in_background(
     ledger: Arc<dyn Ledger>,
     metrics: Arc<Metrics>,
+    queue: Arc<AdmissionQueue>,
     reservation: Reservation,
     charge: u64,
 ) {
@@ -237,6 +239,8 @@ fn settle_in_background(
     let started = std::time::Instant::now();
     let fut = async move { ledger.settle(reservation, charge).await };
     let report = move |result: Result<(), crate::ledger::LedgerError>| {
+        // Capacity came back: queued requests may fit now.
+        queue.wake();
         metrics
             .ledger_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -261,4 +265,22 @@ fn settle_in_background(
 /// request, at least a second.
 pub fn upstream_throttle_wait(pool: &Pool) -> Duration {
     (pool.typical().0 / 2).max(Duration::from_secs(1))
+}
+
+/// Releases a reservation that was never used (its caller left before taking it), uncharged.
+pub fn release_unused(ledger: Arc<dyn Ledger>, reservation: Reservation) {
+    let mut fut = Box::pin(async move { ledger.settle(reservation, 0).await });
+    match (&mut fut).now_or_never() {
+        Some(Err(e)) => tracing::error!(error = %e, "releasing an unused reservation failed"),
+        Some(Ok(())) => {}
+        None => {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    if let Err(e) = fut.await {
+                        tracing::error!(error = %e, "releasing an unused reservation failed");
+                    }
+                });
+            }
+        }
+    }
 }

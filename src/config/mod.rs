@@ -143,6 +143,10 @@ pub struct PoolConfig {
     /// Fraction of the bucket kept free, in `[0, 1)`.
     pub headroom: f64,
     pub input_estimate: InputEstimate,
+    /// How long a request that does not fit may wait in the admission queue; zero rejects at once.
+    pub max_wait: Duration,
+    /// Most requests waiting in this pool's queue at once.
+    pub max_queue: usize,
 }
 
 impl PoolConfig {
@@ -153,6 +157,11 @@ impl PoolConfig {
 }
 
 const DEFAULT_MAX_BODY: u64 = 26 * 1024 * 1024;
+/// Default admission-queue wait: long enough to ride out a refill or a completion, short
+/// against SDK timeouts.
+const DEFAULT_MAX_WAIT_MS: u64 = 2_000;
+const MAX_WAIT_LIMIT_MS: u64 = 30_000;
+const DEFAULT_MAX_QUEUE: usize = 1_000;
 
 impl Config {
     /// Reads and validates a config file.
@@ -412,6 +421,22 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
             ));
         }
     };
+    let max_wait_ms = raw.max_wait_ms.unwrap_or(DEFAULT_MAX_WAIT_MS);
+    if max_wait_ms > MAX_WAIT_LIMIT_MS {
+        return Err(invalid(
+            key("max_wait_ms"),
+            format!(
+                "{max_wait_ms} is longer than {MAX_WAIT_LIMIT_MS} ms; SDK read timeouts and retry budgets make longer waits useless"
+            ),
+        ));
+    }
+    let max_queue = raw.max_queue.unwrap_or(DEFAULT_MAX_QUEUE);
+    if max_queue == 0 && max_wait_ms > 0 {
+        return Err(invalid(
+            key("max_queue"),
+            "must be greater than zero when max_wait_ms is (set max_wait_ms = 0 to disable queueing)",
+        ));
+    }
     let pool = PoolConfig {
         name: raw.name.clone(),
         models: raw.models,
@@ -423,6 +448,8 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
         default_max_tokens,
         headroom,
         input_estimate,
+        max_wait: Duration::from_millis(max_wait_ms),
+        max_queue,
     };
     if default_max_tokens >= pool.usable_tokens_per_minute() {
         return Err(invalid(

@@ -80,4 +80,6 @@ pub struct RawPool {
     pub default_max_tokens: u64,
     pub headroom: Option<f64>,
     pub input_estimate: Option<String>,
+    pub max_wait_ms: Option<u64>,
+    pub max_queue: Option<usize>,
 }

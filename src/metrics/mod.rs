@@ -43,6 +43,10 @@ pub struct Metrics {
     pub ledger_errors: IntCounterVec,
     pub ledger_seconds: Histogram,
     pub config_reloads: IntCounterVec,
+    pub queue_depth: IntGaugeVec,
+    pub queue_wait_seconds: HistogramVec,
+    /// Queued requests by outcome: admitted, timed_out, cancelled, shutdown.
+    pub queue_outcomes: IntCounterVec,
     pub unsettled_reservations: IntCounter,
 }
 
@@ -89,6 +93,9 @@ impl Metrics {
                 h
             },
             config_reloads: r.counter("tokengate_config_reloads_total", "Config reloads by result.", &["result"])?,
+            queue_depth: r.int_gauge("tokengate_queue_depth", "Requests waiting in the pool's admission queue.", &["pool"])?,
+            queue_wait_seconds: r.histogram("tokengate_queue_wait_seconds", "Time queued requests waited.", &["pool"], HINT_BUCKETS)?,
+            queue_outcomes: r.counter("tokengate_queue_outcomes_total", "Queued requests by outcome: admitted, timed_out, cancelled, shutdown.", &["pool", "outcome"])?,
             unsettled_reservations: {
                 let c = IntCounter::new("tokengate_unsettled_reservations_total", "Reservations settled by the drop safety net (a bug if non-zero).")?;
                 registry.register(Box::new(c.clone()))?;
