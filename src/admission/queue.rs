@@ -455,10 +455,10 @@ impl AdmissionQueue {
             Some(w) => w.tx.send(reservation).err(),
             None => Some(reservation),
         };
-        if let Some(r) = unclaimed {
-            if let Err(e) = ledger.settle(r, 0).await {
-                tracing::error!(error = %e, "releasing an unclaimed queued reservation failed");
-            }
+        if let Some(r) = unclaimed
+            && let Err(e) = ledger.settle(r, 0).await
+        {
+            tracing::error!(error = %e, "releasing an unclaimed queued reservation failed");
         }
     }
 }
