@@ -129,9 +129,9 @@ async fn a_request_that_can_never_fit_is_a_validation_error() {
 async fn concurrency_and_request_limits_reject_with_their_reason() {
     let sim = "time_to_first_token_ms = 0\ntokens_per_second = 200\ndefault_tokens_per_minute = 10000000\n";
     let pools = format!(
-        "{}\n[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 10\n\
-         requests_per_minute = 2\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n",
-        format!("{}max_wait_ms = 0\n", sonnet_pool(1_000_000, 1))
+        "{}max_wait_ms = 0\n\n[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1000000\n\
+         max_concurrency = 10\nrequests_per_minute = 2\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n",
+        sonnet_pool(1_000_000, 1)
     );
     let stack = Stack::start(sim, &pools, "").await;
     // Hold the only sonnet slot with a 2-second stream.
