@@ -23,7 +23,7 @@ use crate::{
 /// Safety margin over the calibrated input estimate: Bedrock reserves the real input, so an
 /// estimate below it admits what upstream would throttle.
 const CALIBRATION_MARGIN: f64 = 1.1;
-/// Bounds of the calibration ratio (actual / raw estimate).
+/// Bounds of the calibration multiplier.
 const RATIO_BOUNDS: (f64, f64) = (0.2, 4.0);
 /// Weight of each new sample in the moving averages.
 const EWMA_ALPHA: f64 = 0.1;
@@ -57,7 +57,9 @@ struct Feedback {
 #[derive(Debug, Clone, Copy)]
 struct Learned {
     /// Actual input / raw estimate.
-    input_ratio: f64,
+    /// The multiplier applied to raw input estimates: the moving average of actual / raw, times
+    /// the safety margin. Starts at 1 (the raw estimate is already conservative).
+    input_multiplier: f64,
     /// Charged / reserved.
     charge_ratio: f64,
     /// Typical admission-to-settlement time.
@@ -105,7 +107,7 @@ impl Pool {
                 since: None,
             }),
             learned: Mutex::new(Learned {
-                input_ratio: 1.0 / CALIBRATION_MARGIN,
+                input_multiplier: 1.0,
                 charge_ratio: 1.0,
                 duration_secs: 1.0,
             }),
@@ -150,8 +152,8 @@ impl Pool {
 
     /// The input estimate after calibration.
     pub fn calibrated_input(&self, raw_estimate: u64) -> u64 {
-        let ratio = lock(&self.learned).input_ratio;
-        ((raw_estimate as f64) * ratio * CALIBRATION_MARGIN)
+        let multiplier = lock(&self.learned).input_multiplier;
+        ((raw_estimate as f64) * multiplier)
             .ceil()
             .max(1.0) as u64
     }
@@ -168,7 +170,7 @@ impl Pool {
         let mut l = lock(&self.learned);
         if raw_estimate > 0 && actual_input > 0 {
             let sample = (actual_input as f64 / raw_estimate as f64).clamp(0.1, 10.0);
-            l.input_ratio = ewma(l.input_ratio, sample).clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1);
+            l.input_multiplier = ewma(l.input_multiplier, sample * CALIBRATION_MARGIN).clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1);
         }
         if reserved > 0 {
             l.charge_ratio = ewma(l.charge_ratio, (charged as f64 / reserved as f64).min(10.0));
@@ -186,13 +188,13 @@ impl Pool {
     }
 
     pub fn calibration_ratio(&self) -> f64 {
-        lock(&self.learned).input_ratio * CALIBRATION_MARGIN
+        lock(&self.learned).input_multiplier
     }
 
     pub fn learned_view(&self) -> LearnedView {
         let l = *lock(&self.learned);
         LearnedView {
-            input_calibration_ratio: l.input_ratio * CALIBRATION_MARGIN,
+            input_calibration_ratio: l.input_multiplier,
             charge_to_reservation_ratio: l.charge_ratio,
             typical_duration_secs: l.duration_secs,
             effective_limit_factor: self.limit_factor(),

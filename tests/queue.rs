@@ -1,0 +1,160 @@
+//! The admission queue through `Admission::admit`, on tokio's paused clock: waiters are admitted
+//! the moment a settlement frees room, rejected at once when their projected wait is too long,
+//! answered with a hint when their wait runs out, and leave nothing behind when they go.
+//! Then end to end: clients that hang up while queued, shutdown, and a saturating SDK fleet.
+
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use tokengate::{
+    admission::{Admission, Admitted, Verdict},
+    bedrock::{BedrockError, ErrorCode, Operation},
+    config::Config,
+    ledger::{Clock, MemoryLedger},
+    metrics::Metrics,
+};
+use tokio::time::Instant;
+
+fn admission(pool: &str) -> Arc<Admission> {
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[upstream]\nregion = \"us-east-1\"\nendpoint = \"simulated\"\n\
+         [[pools]]\nname = \"p\"\nmodels = [\"m.x\"]\noutput_burndown = 1\ndefault_max_tokens = 10\n{pool}"
+    );
+    let config = Config::parse(&text).expect("config");
+    let (_, metrics) = Metrics::standalone();
+    let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
+    Arc::new(Admission::new(&config.pools, config.admission, ledger, Arc::new(metrics)))
+}
+
+/// A Converse body reserving `max_tokens` plus a small input estimate.
+fn body(max_tokens: u64) -> Bytes {
+    Bytes::from(format!(r#"{{"messages":[{{"role":"user","content":[{{"text":"x"}}]}}],"inferenceConfig":{{"maxTokens":{max_tokens}}}}}"#))
+}
+
+async fn admit(adm: &Admission, max_tokens: u64) -> Result<Admitted, BedrockError> {
+    match adm.admit(Operation::Converse, Some("m.x"), &body(max_tokens)).await? {
+        Verdict::Admitted(a) => Ok(a),
+        Verdict::Uncounted => panic!("the model is in a pool"),
+    }
+}
+
+async fn assert_zero(adm: &Admission) {
+    let state = &adm.pool_states().await[0];
+    let ledger = state.ledger.as_ref().expect("ledger");
+    assert_eq!((ledger.reserved_tokens, ledger.in_flight_requests, state.queue.depth), (0, 0, 0));
+    assert_eq!(tokengate::ledger::unsettled_drops(), 0);
+}
+
+fn hint_ms(e: &BedrockError) -> u64 {
+    e.headers
+        .iter()
+        .find(|(k, _)| k == "x-amz-retry-after")
+        .and_then(|(_, v)| v.to_str().ok()?.parse().ok())
+        .expect("a retry hint")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_is_admitted_the_moment_a_settlement_frees_room() {
+    let adm = admission("tokens_per_minute = 1000000\nmax_concurrency = 1\nmax_wait_ms = 5000\n");
+    let mut first = admit(&adm, 100).await.expect("first admitted");
+    let start = Instant::now();
+    let waiting = tokio::spawn({
+        let adm = adm.clone();
+        async move { admit(&adm, 100).await.map(|a| (a, Instant::now())) }
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!waiting.is_finished(), "nothing frees room for three seconds: still queued");
+    assert_eq!(adm.pools()[0].queue.depth().0, 1);
+    first.settle_not_charged();
+    let (mut second, at) = waiting.await.expect("task").expect("admitted from the queue");
+    assert_eq!(at - start, Duration::from_secs(3), "admitted at the settlement, not later");
+    second.settle_not_charged();
+    assert_zero(&adm).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_projected_beyond_max_wait_is_rejected_at_once() {
+    // 6,000 tokens per minute: 100 per second.
+    let adm = admission("tokens_per_minute = 6000\nmax_concurrency = 10\nmax_wait_ms = 2000\n");
+    let mut all = admit(&adm, 5_900).await.expect("takes nearly everything");
+    let left = 6_000 - all.estimate().reservation();
+    all.settle_timeout(); // charged in full: what is left stays left
+    let start = Instant::now();
+    let err = admit(&adm, 1_000).await.expect_err("ten seconds of refill is past max_wait");
+    assert_eq!(start.elapsed(), Duration::ZERO, "rejected at once, not after waiting");
+    assert_eq!(err.code, ErrorCode::Throttling);
+    assert!(hint_ms(&err) >= 4_000, "the hint is the projection (capped at 5 s), got {}", hint_ms(&err));
+
+    // One that fits within max_wait waits and gets in when refill covers it, never before.
+    let mut ok = admit(&adm, 100).await.expect("queued, then admitted");
+    let waited = start.elapsed();
+    let missing = ok.estimate().reservation() - left;
+    let refill = Duration::from_millis(missing * 10);
+    assert!(waited >= refill && waited <= refill + Duration::from_millis(5), "{waited:?} for {missing} missing tokens");
+    ok.settle_not_charged();
+    assert_zero(&adm).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_whose_time_runs_out_gets_a_throttle_with_a_hint() {
+    let adm = admission("tokens_per_minute = 1000000\nmax_concurrency = 1\nmax_wait_ms = 1000\n");
+    let mut held = admit(&adm, 100).await.expect("holds the only slot");
+    let start = Instant::now();
+    let err = admit(&adm, 100).await.expect_err("the slot never frees");
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(err.code, ErrorCode::Throttling);
+    assert!(err.headers.iter().any(|(k, v)| k == "x-tokengate-reason" && v == "concurrency"));
+    assert!(hint_ms(&err) >= 50);
+    held.settle_not_charged();
+    assert_zero(&adm).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_leaves_the_queue_holds_nothing() {
+    let adm = admission("tokens_per_minute = 1000000\nmax_concurrency = 1\nmax_wait_ms = 5000\n");
+    let mut held = admit(&adm, 100).await.expect("holds the only slot");
+    let waiting = tokio::spawn({
+        let adm = adm.clone();
+        async move { admit(&adm, 100).await.map(|mut a| a.settle_not_charged()) }
+    });
+    while adm.pools()[0].queue.depth().0 == 0 {
+        tokio::task::yield_now().await;
+    }
+    waiting.abort();
+    assert!(waiting.await.expect_err("aborted").is_cancelled());
+    assert_eq!(adm.pools()[0].queue.depth().0, 0, "it left the queue");
+    held.settle_not_charged();
+    assert_zero(&adm).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn newcomers_pass_a_waiting_large_request_only_a_bounded_number_of_times() {
+    // 100 tokens per second; the bucket is drained, a large request waits, small ones arrive.
+    let adm = admission("tokens_per_minute = 6000\nmax_concurrency = 20\nmax_wait_ms = 10000\n");
+    let mut all = admit(&adm, 5_900).await.expect("drain");
+    all.settle_timeout();
+    let spawn = |max_tokens: u64| {
+        let adm = adm.clone();
+        tokio::spawn(async move {
+            let mut a = admit(&adm, max_tokens).await.expect("admitted from the queue");
+            a.settle_timeout();
+            Instant::now()
+        })
+    };
+    let large = spawn(400);
+    while adm.pools()[0].queue.depth().0 == 0 {
+        tokio::task::yield_now().await;
+    }
+    let small: Vec<_> = (0..8).map(|_| spawn(1)).collect();
+    let large_at = large.await.expect("large");
+    let mut small_at = Vec::new();
+    for s in small {
+        small_at.push(s.await.expect("small"));
+    }
+    let passed = small_at.iter().filter(|t| **t < large_at).count();
+    assert!(passed <= tokengate::admission::queue::MAX_BYPASS as usize, "{passed} small requests passed the large one");
+    assert!(small_at.iter().any(|t| *t > large_at), "the rest waited behind it");
+    assert_zero(&adm).await;
+}
