@@ -25,16 +25,26 @@ fn admission(pool: &str) -> Arc<Admission> {
     let config = Config::parse(&text).expect("config");
     let (_, metrics) = Metrics::standalone();
     let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
-    Arc::new(Admission::new(&config.pools, config.admission, ledger, Arc::new(metrics)))
+    Arc::new(Admission::new(
+        &config.pools,
+        config.admission,
+        ledger,
+        Arc::new(metrics),
+    ))
 }
 
 /// A Converse body reserving `max_tokens` plus a small input estimate.
 fn body(max_tokens: u64) -> Bytes {
-    Bytes::from(format!(r#"{{"messages":[{{"role":"user","content":[{{"text":"x"}}]}}],"inferenceConfig":{{"maxTokens":{max_tokens}}}}}"#))
+    Bytes::from(format!(
+        r#"{{"messages":[{{"role":"user","content":[{{"text":"x"}}]}}],"inferenceConfig":{{"maxTokens":{max_tokens}}}}}"#
+    ))
 }
 
 async fn admit(adm: &Admission, max_tokens: u64) -> Result<Admitted, BedrockError> {
-    match adm.admit(Operation::Converse, Some("m.x"), &body(max_tokens)).await? {
+    match adm
+        .admit(Operation::Converse, Some("m.x"), &body(max_tokens))
+        .await?
+    {
         Verdict::Admitted(a) => Ok(a),
         Verdict::Uncounted => panic!("the model is in a pool"),
     }
@@ -43,7 +53,14 @@ async fn admit(adm: &Admission, max_tokens: u64) -> Result<Admitted, BedrockErro
 async fn assert_zero(adm: &Admission) {
     let state = &adm.pool_states().await[0];
     let ledger = state.ledger.as_ref().expect("ledger");
-    assert_eq!((ledger.reserved_tokens, ledger.in_flight_requests, state.queue.depth), (0, 0, 0));
+    assert_eq!(
+        (
+            ledger.reserved_tokens,
+            ledger.in_flight_requests,
+            state.queue.depth
+        ),
+        (0, 0, 0)
+    );
     assert_eq!(tokengate::ledger::unsettled_drops(), 0);
 }
 
@@ -65,11 +82,21 @@ async fn a_waiter_is_admitted_the_moment_a_settlement_frees_room() {
         async move { admit(&adm, 100).await.map(|a| (a, Instant::now())) }
     });
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(!waiting.is_finished(), "nothing frees room for three seconds: still queued");
+    assert!(
+        !waiting.is_finished(),
+        "nothing frees room for three seconds: still queued"
+    );
     assert_eq!(adm.pools()[0].queue.depth().0, 1);
     first.settle_not_charged();
-    let (mut second, at) = waiting.await.expect("task").expect("admitted from the queue");
-    assert_eq!(at - start, Duration::from_secs(3), "admitted at the settlement, not later");
+    let (mut second, at) = waiting
+        .await
+        .expect("task")
+        .expect("admitted from the queue");
+    assert_eq!(
+        at - start,
+        Duration::from_secs(3),
+        "admitted at the settlement, not later"
+    );
     second.settle_not_charged();
     assert_zero(&adm).await;
 }
@@ -82,17 +109,30 @@ async fn a_wait_projected_beyond_max_wait_is_rejected_at_once() {
     let left = 6_000 - all.estimate().reservation();
     all.settle_timeout(); // charged in full: what is left stays left
     let start = Instant::now();
-    let err = admit(&adm, 1_000).await.expect_err("ten seconds of refill is past max_wait");
-    assert_eq!(start.elapsed(), Duration::ZERO, "rejected at once, not after waiting");
+    let err = admit(&adm, 1_000)
+        .await
+        .expect_err("ten seconds of refill is past max_wait");
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "rejected at once, not after waiting"
+    );
     assert_eq!(err.code, ErrorCode::Throttling);
-    assert!(hint_ms(&err) >= 4_000, "the hint is the projection (capped at 5 s), got {}", hint_ms(&err));
+    assert!(
+        hint_ms(&err) >= 4_000,
+        "the hint is the projection (capped at 5 s), got {}",
+        hint_ms(&err)
+    );
 
     // One that fits within max_wait waits and gets in when refill covers it, never before.
     let mut ok = admit(&adm, 100).await.expect("queued, then admitted");
     let waited = start.elapsed();
     let missing = ok.estimate().reservation() - left;
     let refill = Duration::from_millis(missing * 10);
-    assert!(waited >= refill && waited <= refill + Duration::from_millis(5), "{waited:?} for {missing} missing tokens");
+    assert!(
+        waited >= refill && waited <= refill + Duration::from_millis(5),
+        "{waited:?} for {missing} missing tokens"
+    );
     ok.settle_not_charged();
     assert_zero(&adm).await;
 }
@@ -105,7 +145,11 @@ async fn a_waiter_whose_time_runs_out_gets_a_throttle_with_a_hint() {
     let err = admit(&adm, 100).await.expect_err("the slot never frees");
     assert_eq!(start.elapsed(), Duration::from_secs(1));
     assert_eq!(err.code, ErrorCode::Throttling);
-    assert!(err.headers.iter().any(|(k, v)| k == "x-tokengate-reason" && v == "concurrency"));
+    assert!(
+        err.headers
+            .iter()
+            .any(|(k, v)| k == "x-tokengate-reason" && v == "concurrency")
+    );
     assert!(hint_ms(&err) >= 50);
     held.settle_not_charged();
     assert_zero(&adm).await;
@@ -138,7 +182,9 @@ async fn newcomers_pass_a_waiting_large_request_only_a_bounded_number_of_times()
     let spawn = |max_tokens: u64| {
         let adm = adm.clone();
         tokio::spawn(async move {
-            let mut a = admit(&adm, max_tokens).await.expect("admitted from the queue");
+            let mut a = admit(&adm, max_tokens)
+                .await
+                .expect("admitted from the queue");
             a.settle_timeout();
             Instant::now()
         })
@@ -154,7 +200,13 @@ async fn newcomers_pass_a_waiting_large_request_only_a_bounded_number_of_times()
         small_at.push(s.await.expect("small"));
     }
     let passed = small_at.iter().filter(|t| **t < large_at).count();
-    assert!(passed <= tokengate::admission::queue::MAX_BYPASS as usize, "{passed} small requests passed the large one");
-    assert!(small_at.iter().any(|t| *t > large_at), "the rest waited behind it");
+    assert!(
+        passed <= tokengate::admission::queue::MAX_BYPASS as usize,
+        "{passed} small requests passed the large one"
+    );
+    assert!(
+        small_at.iter().any(|t| *t > large_at),
+        "the rest waited behind it"
+    );
     assert_zero(&adm).await;
 }

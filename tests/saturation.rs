@@ -9,69 +9,14 @@
 
 mod common;
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
-use aws_sdk_bedrockruntime::Client;
 use common::*;
-use rand::{Rng, SeedableRng, rngs::SmallRng};
 use tokio::time::Instant;
 
 const QUOTA: u64 = 300_000;
 const CLIENTS: u64 = 32;
 const RUN: Duration = Duration::from_secs(30);
-
-#[derive(Default)]
-struct Tally {
-    ok: AtomicU64,
-    failed: AtomicU64,
-}
-
-async fn one_call(client: &Client, rng: &mut SmallRng) -> bool {
-    let long = rng.random_bool(0.25);
-    let (max, output) = if long {
-        (4000, rng.random_range(1500..3500))
-    } else {
-        (400, rng.random_range(150..300))
-    };
-    let prompt = format!(
-        "[sim:output={output}] {}",
-        "please summarise the incident report ".repeat(rng.random_range(2..20))
-    );
-    if rng.random_bool(0.5) {
-        client
-            .converse()
-            .model_id(SONNET_US)
-            .messages(user_message(&prompt))
-            .inference_config(max_tokens(max))
-            .send()
-            .await
-            .is_ok()
-    } else {
-        let Ok(mut out) = client
-            .converse_stream()
-            .model_id(SONNET_US)
-            .messages(user_message(&prompt))
-            .inference_config(max_tokens(max))
-            .send()
-            .await
-        else {
-            return false;
-        };
-        loop {
-            match out.stream.recv().await {
-                Ok(Some(_)) => {}
-                Ok(None) => return true,
-                Err(_) => return false,
-            }
-        }
-    }
-}
 
 fn charged(stack: &Stack) -> u64 {
     stack
@@ -92,28 +37,16 @@ async fn saturating_sdk_clients_never_see_upstream_throttles() {
     // No admission queue: this is the reject-with-a-hint baseline (the queue has its own test).
     let pool = format!("{}max_wait_ms = 0\n", sonnet_pool(QUOTA, 64));
     let stack = Arc::new(Stack::start(&sim, &pool, "").await);
-    let tally = Arc::new(Tally::default());
+    let mix = fleet::Mix {
+        model: SONNET_US,
+        long_share: 0.25,
+        short_max_tokens: 400,
+        short_output: 150..300,
+        long_max_tokens: 4000,
+        long_output: 1500..3500,
+    };
     let start = Instant::now();
-    let tasks: Vec<_> = (0..CLIENTS)
-        .map(|i| {
-            let (stack, tally) = (stack.clone(), tally.clone());
-            tokio::spawn(async move {
-                let client = sdk_client(stack.proxy.addr, 3);
-                let mut rng = SmallRng::seed_from_u64(i);
-                while start.elapsed() < RUN {
-                    let counter = if one_call(&client, &mut rng).await {
-                        &tally.ok
-                    } else {
-                        &tally.failed
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.expect("client task");
-    }
+    let result = fleet::run(stack.proxy.addr, CLIENTS, RUN, &mix).await;
     let elapsed = start.elapsed();
     let available = QUOTA as f64 * (1.0 + elapsed.as_secs_f64() / 60.0);
     let utilisation = charged(&stack) as f64 / available;
@@ -129,8 +62,7 @@ async fn saturating_sdk_clients_never_see_upstream_throttles() {
     println!(
         "completed {} failed {} proxy-rejections {rejected} upstream-throttles {throttled} \
          utilisation {utilisation:.3} over {elapsed:?}",
-        tally.ok.load(Ordering::Relaxed),
-        tally.failed.load(Ordering::Relaxed),
+        result.completed, result.failed,
     );
     assert_eq!(throttled, 0, "upstream must never throttle: {stats:?}");
     assert!(

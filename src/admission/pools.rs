@@ -27,6 +27,9 @@ const CALIBRATION_MARGIN: f64 = 1.1;
 const RATIO_BOUNDS: (f64, f64) = (0.2, 4.0);
 /// Weight of each new sample in the moving averages.
 const EWMA_ALPHA: f64 = 0.1;
+/// Weights of a sample above and below the input multiplier's envelope.
+const ENVELOPE_UP: f64 = 0.5;
+const ENVELOPE_DOWN: f64 = 0.02;
 /// Multiplicative decrease on an upstream throttle, and the floor.
 const AIMD_DECREASE: f64 = 0.8;
 const AIMD_FLOOR: f64 = 0.3;
@@ -153,9 +156,7 @@ impl Pool {
     /// The input estimate after calibration.
     pub fn calibrated_input(&self, raw_estimate: u64) -> u64 {
         let multiplier = lock(&self.learned).input_multiplier;
-        ((raw_estimate as f64) * multiplier)
-            .ceil()
-            .max(1.0) as u64
+        ((raw_estimate as f64) * multiplier).ceil().max(1.0) as u64
     }
 
     /// Learns from a settled request whose usage upstream reported.
@@ -170,7 +171,8 @@ impl Pool {
         let mut l = lock(&self.learned);
         if raw_estimate > 0 && actual_input > 0 {
             let sample = (actual_input as f64 / raw_estimate as f64).clamp(0.1, 10.0);
-            l.input_multiplier = ewma(l.input_multiplier, sample * CALIBRATION_MARGIN).clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1);
+            l.input_multiplier = envelope(l.input_multiplier, sample * CALIBRATION_MARGIN)
+                .clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1);
         }
         if reserved > 0 {
             l.charge_ratio = ewma(l.charge_ratio, (charged as f64 / reserved as f64).min(10.0));
@@ -204,6 +206,18 @@ impl Pool {
 
 fn ewma(old: f64, sample: f64) -> f64 {
     old + EWMA_ALPHA * (sample - old)
+}
+
+/// Tracks the upper envelope of the samples: up quickly, down slowly. The input multiplier must
+/// cover the requests whose estimate errs lowest, not the average one (an estimate below
+/// Bedrock's count admits what upstream would throttle).
+fn envelope(old: f64, sample: f64) -> f64 {
+    let weight = if sample > old {
+        ENVELOPE_UP
+    } else {
+        ENVELOPE_DOWN
+    };
+    old + weight * (sample - old)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -257,5 +271,25 @@ impl PoolTable {
             self.by_model.get(mapped)
         })?;
         self.pools.get(*index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_input_multiplier_covers_the_lowest_estimates_not_the_average() {
+        let mut m = 1.0;
+        // Alternating requests whose actual/estimate ratios are 0.5 and 0.7.
+        for i in 0..2_000 {
+            let sample = if i % 2 == 0 { 0.5 } else { 0.7 };
+            m = envelope(m, sample * CALIBRATION_MARGIN);
+        }
+        assert!(m >= 0.7, "the multiplier {m} must cover the 0.7 requests");
+        assert!(
+            m <= 0.7 * CALIBRATION_MARGIN + 0.01,
+            "and not stay at the uncalibrated 1.0: {m}"
+        );
     }
 }

@@ -7,14 +7,30 @@ use super::*;
 use crate::ledger::{Clock, Limits, MemoryLedger};
 
 fn class(priority: i32, route: &str) -> WaiterClass {
-    WaiterClass { priority, route: Arc::from(route) }
+    WaiterClass {
+        priority,
+        route: Arc::from(route),
+    }
 }
 
-fn waiter(state: &mut State, class: &WaiterClass, tokens: u64) -> (u64, oneshot::Receiver<Reservation>) {
+fn waiter(
+    state: &mut State,
+    class: &WaiterClass,
+    tokens: u64,
+) -> (u64, oneshot::Receiver<Reservation>) {
     let (tx, rx) = oneshot::channel();
     state.next_id += 1;
     let id = state.next_id;
-    state.push(class, Waiter { id, tokens, enqueued: Instant::now(), bypassed: 0, tx });
+    state.push(
+        class,
+        Waiter {
+            id,
+            tokens,
+            enqueued: Instant::now(),
+            bypassed: 0,
+            tx,
+        },
+    );
     (id, rx)
 }
 
@@ -23,7 +39,14 @@ async fn priority_first_then_routes_take_turns_then_fifo() {
     let mut state = State::default();
     let mut keep = Vec::new();
     let mut ids = std::collections::HashMap::new();
-    for (name, prio, route) in [("a1", 0, "a"), ("a2", 0, "a"), ("b1", 0, "b"), ("a3", 0, "a"), ("c1", 5, "c"), ("b2", 0, "b")] {
+    for (name, prio, route) in [
+        ("a1", 0, "a"),
+        ("a2", 0, "a"),
+        ("b1", 0, "b"),
+        ("a3", 0, "a"),
+        ("c1", 5, "c"),
+        ("b2", 0, "b"),
+    ] {
         let (id, rx) = waiter(&mut state, &class(prio, route), 1);
         ids.insert(id, name);
         keep.push(rx);
@@ -51,12 +74,23 @@ async fn removing_a_waiter_behind_the_head_keeps_every_turn() {
     assert_eq!(state.len, 2);
 }
 
-const LIMITS: Limits = Limits { tokens_per_minute: 60_000, requests_per_minute: None, max_concurrency: 100 };
+const LIMITS: Limits = Limits {
+    tokens_per_minute: 60_000,
+    requests_per_minute: None,
+    max_concurrency: 100,
+};
 
 /// Empties the bucket; returns eight holders of 500 tokens each to release later.
 async fn drained(ledger: &MemoryLedger) -> Vec<Reservation> {
     let take = |tokens| async move {
-        match ledger.reserve(&ReserveRequest { pool: "p", limits: LIMITS, tokens }).await {
+        match ledger
+            .reserve(&ReserveRequest {
+                pool: "p",
+                limits: LIMITS,
+                tokens,
+            })
+            .await
+        {
             Ok(Decision::Admitted(r)) => r,
             other => panic!("setup reserve failed: {other:?}"),
         }
@@ -77,16 +111,27 @@ async fn a_large_head_is_passed_by_at_most_max_bypass_small_ones() {
     let queue = Arc::new(AdmissionQueue::new(Duration::from_secs(30), 100));
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
-    for (name, tokens) in std::iter::once(("L".to_string(), 3_000)).chain((1..=8).map(|i| (format!("S{i}"), 100))) {
-        let ticket = queue.enqueue(&WaiterClass::default(), tokens, ledger.clone()).unwrap();
+    for (name, tokens) in
+        std::iter::once(("L".to_string(), 3_000)).chain((1..=8).map(|i| (format!("S{i}"), 100)))
+    {
+        let ticket = queue
+            .enqueue(&WaiterClass::default(), tokens, ledger.clone())
+            .unwrap();
         let (order, ledger) = (order.clone(), ledger.clone());
         tasks.push(tokio::spawn(async move {
-            let r = ticket.wait(Instant::now() + Duration::from_secs(30)).await.unwrap();
+            let r = ticket
+                .wait(Instant::now() + Duration::from_secs(30))
+                .await
+                .unwrap();
             order.lock().unwrap().push(name);
             ledger.settle(r, tokens).await.unwrap();
         }));
     }
-    let dispatcher = tokio::spawn(queue.clone().dispatch(ledger.clone(), Arc::from("p"), || LIMITS));
+    let dispatcher = tokio::spawn(
+        queue
+            .clone()
+            .dispatch(ledger.clone(), Arc::from("p"), || LIMITS),
+    );
     // Each released holder frees 500 tokens: room for small ones, not for L (3,000).
     for holder in holders {
         ledger.settle(holder, 0).await.unwrap();
@@ -99,12 +144,19 @@ async fn a_large_head_is_passed_by_at_most_max_bypass_small_ones() {
         t.await.unwrap();
     }
     let order = order.lock().unwrap().clone();
-    assert_eq!(order[..5], ["S1", "S2", "S3", "S4", "L"], "four bypasses, then the head: {order:?}");
+    assert_eq!(
+        order[..5],
+        ["S1", "S2", "S3", "S4", "L"],
+        "four bypasses, then the head: {order:?}"
+    );
     assert_eq!(order.len(), 9);
     queue.close();
     dispatcher.await.unwrap();
     let snapshot = ledger.snapshot("p", &LIMITS).await.unwrap();
-    assert_eq!((snapshot.reserved_tokens, snapshot.in_flight_requests), (0, 0));
+    assert_eq!(
+        (snapshot.reserved_tokens, snapshot.in_flight_requests),
+        (0, 0)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -112,8 +164,14 @@ async fn the_head_is_admitted_when_refill_covers_it_never_before() {
     let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
     let holders = drained(&ledger).await;
     let queue = Arc::new(AdmissionQueue::new(Duration::from_secs(30), 100));
-    let ticket = queue.enqueue(&WaiterClass::default(), 2_000, ledger.clone()).unwrap();
-    let dispatcher = tokio::spawn(queue.clone().dispatch(ledger.clone(), Arc::from("p"), || LIMITS));
+    let ticket = queue
+        .enqueue(&WaiterClass::default(), 2_000, ledger.clone())
+        .unwrap();
+    let dispatcher = tokio::spawn(
+        queue
+            .clone()
+            .dispatch(ledger.clone(), Arc::from("p"), || LIMITS),
+    );
     let start = Instant::now();
     let r = ticket.wait(start + Duration::from_secs(30)).await.unwrap();
     // 2,000 tokens at 1,000 per second.
@@ -131,19 +189,30 @@ async fn leaving_the_queue_holds_nothing_even_when_admitted_at_that_instant() {
     let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
     let queue = Arc::new(AdmissionQueue::new(Duration::from_secs(30), 100));
     // Plain leave: dropped while waiting.
-    let ticket = queue.enqueue(&WaiterClass::default(), 100_000, ledger.clone()).unwrap();
+    let ticket = queue
+        .enqueue(&WaiterClass::default(), 100_000, ledger.clone())
+        .unwrap();
     assert_eq!(queue.depth().0, 1);
     drop(ticket);
     assert_eq!(queue.depth(), (0, 0));
 
     // Admitted by the dispatcher, but the caller left before taking it.
-    let ticket = queue.enqueue(&WaiterClass::default(), 1_000, ledger.clone()).unwrap();
-    let dispatcher = tokio::spawn(queue.clone().dispatch(ledger.clone(), Arc::from("p"), || LIMITS));
+    let ticket = queue
+        .enqueue(&WaiterClass::default(), 1_000, ledger.clone())
+        .unwrap();
+    let dispatcher = tokio::spawn(
+        queue
+            .clone()
+            .dispatch(ledger.clone(), Arc::from("p"), || LIMITS),
+    );
     while queue.depth().0 > 0 {
         tokio::task::yield_now().await;
     }
     let held = ledger.snapshot("p", &LIMITS).await.unwrap();
-    assert_eq!(held.in_flight_requests, 1, "the dispatcher handed it a reservation");
+    assert_eq!(
+        held.in_flight_requests, 1,
+        "the dispatcher handed it a reservation"
+    );
     drop(ticket);
     let after = ledger.snapshot("p", &LIMITS).await.unwrap();
     assert_eq!((after.reserved_tokens, after.in_flight_requests), (0, 0));
@@ -157,23 +226,49 @@ async fn leaving_the_queue_holds_nothing_even_when_admitted_at_that_instant() {
 async fn closing_answers_every_waiter_at_once() {
     let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
     let queue = Arc::new(AdmissionQueue::new(Duration::from_secs(30), 100));
-    let a = queue.enqueue(&WaiterClass::default(), 100_000, ledger.clone()).unwrap();
-    let b = queue.enqueue(&WaiterClass::default(), 100_000, ledger.clone()).unwrap();
+    let a = queue
+        .enqueue(&WaiterClass::default(), 100_000, ledger.clone())
+        .unwrap();
+    let b = queue
+        .enqueue(&WaiterClass::default(), 100_000, ledger.clone())
+        .unwrap();
     let start = Instant::now();
     queue.close();
-    assert_eq!(a.wait(start + Duration::from_secs(30)).await.unwrap_err(), WaitError::Shutdown);
-    assert_eq!(b.wait(start + Duration::from_secs(30)).await.unwrap_err(), WaitError::Shutdown);
+    assert_eq!(
+        a.wait(start + Duration::from_secs(30)).await.unwrap_err(),
+        WaitError::Shutdown
+    );
+    assert_eq!(
+        b.wait(start + Duration::from_secs(30)).await.unwrap_err(),
+        WaitError::Shutdown
+    );
     assert_eq!(start.elapsed(), Duration::ZERO);
-    assert!(queue.enqueue(&WaiterClass::default(), 1, ledger.clone()).is_none(), "a closed queue takes no one");
+    assert!(
+        queue
+            .enqueue(&WaiterClass::default(), 1, ledger.clone())
+            .is_none(),
+        "a closed queue takes no one"
+    );
 }
 
 #[tokio::test]
 async fn a_full_queue_takes_no_more() {
     let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new(Clock::tokio()));
     let queue = Arc::new(AdmissionQueue::new(Duration::from_secs(1), 2));
-    let _a = queue.enqueue(&WaiterClass::default(), 1, ledger.clone()).unwrap();
-    let _b = queue.enqueue(&WaiterClass::default(), 1, ledger.clone()).unwrap();
-    assert!(queue.enqueue(&WaiterClass::default(), 1, ledger.clone()).is_none());
+    let _a = queue
+        .enqueue(&WaiterClass::default(), 1, ledger.clone())
+        .unwrap();
+    let _b = queue
+        .enqueue(&WaiterClass::default(), 1, ledger.clone())
+        .unwrap();
+    assert!(
+        queue
+            .enqueue(&WaiterClass::default(), 1, ledger.clone())
+            .is_none()
+    );
     drop(_a);
-    assert!(queue.enqueue(&WaiterClass::default(), 1, ledger).is_some(), "room again once one leaves");
+    assert!(
+        queue.enqueue(&WaiterClass::default(), 1, ledger).is_some(),
+        "room again once one leaves"
+    );
 }

@@ -142,9 +142,9 @@ impl Admission {
             )
     }
 
-    /// When this request would be admitted if it joined the queue now: the queue ahead of it and
-    /// itself must be covered by refill (beyond what is free now), and if concurrency is what
-    /// holds the queue back, enough requests in flight must finish.
+    /// When this request would be admitted if it joined the queue now: what the queue ahead of it
+    /// will consume, and its own reservation, must be covered by refill (beyond what is free now);
+    /// if concurrency is what holds the queue back, enough requests in flight must finish.
     pub(super) fn projected_queue_wait(
         &self,
         pool: &Pool,
@@ -155,9 +155,11 @@ impl Admission {
         let limits = pool.limits();
         let (typical, charge_ratio) = pool.typical();
         let free_now = rejection.map_or(0, |r| tokens.saturating_sub(r.token_deficit));
-        let deficit = queued_tokens
-            .saturating_add(tokens)
-            .saturating_sub(free_now);
+        // Those ahead each need their whole reservation to fit when their turn comes, but over
+        // the wait they consume only what they will be charged (the rest comes back at their
+        // settlement), so the queue ahead weighs its reservations times the charge ratio.
+        let ahead = (queued_tokens as f64 * charge_ratio.clamp(0.05, 1.0)) as u64;
+        let deficit = ahead.saturating_add(tokens).saturating_sub(free_now);
         let rate = limits.tokens_per_minute as f64 / 60.0;
         let mut token_wait = Duration::from_secs_f64((deficit as f64 / rate).min(3600.0));
         let in_flight = self

@@ -2,6 +2,8 @@
 //! ledger-returns-to-zero check every test ends with.
 #![allow(dead_code)]
 
+pub mod fleet;
+
 use std::{net::SocketAddr, time::Duration};
 
 use aws_credential_types::{Credentials, provider::SharedCredentialsProvider};
