@@ -131,6 +131,7 @@ fn init_logging(format: LogFormat, level: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
