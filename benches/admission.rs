@@ -1,0 +1,194 @@
+//! What one admission decision costs, from the ledger alone up to the full `Admission::admit`.
+//!
+//! - `memory_ledger/reserve_settle`: one `reserve` and one `settle` on the memory ledger.
+//! - `memory_ledger/reserve_settle_2_threads`: the same pair from two OS threads on one pool;
+//!   reported as wall time per pair with both threads' pairs counted. Half the single-threaded
+//!   figure would be perfect scaling on two cores; equal to it, no gain from the second thread.
+//!   Each thread's own latency per pair is twice the figure.
+//! - `admission/admit_settle_converse`: `Admission::admit` for a ~1 KB Converse body (JSON parse,
+//!   `maxTokens`, input estimate, calibration, metrics, ledger) then `Admitted::settle_usage`.
+//!
+//! - `admission/reference_json_parse`, `admission/reference_estimate_input`: two of the steps of
+//!   the decision above on their own, to show where its time goes.
+//!
+//! The async functions are driven with `FutureExt::now_or_never`: the memory ledger never awaits,
+//! so one poll completes them, which is also how admission itself settles on the memory ledger
+//! (`settle_in_background`). A runtime's `block_on` would add its own enter/park cost to every
+//! iteration and measure the executor rather than the decision.
+//!
+//! Run: `cargo bench --bench admission -- --warm-up-time 1 --measurement-time 3`
+
+use std::{
+    hint::black_box,
+    sync::{Arc, Barrier},
+    thread,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use criterion::{Criterion, criterion_group, criterion_main};
+use futures_util::FutureExt;
+use tokengate::{
+    admission::{Admission, Verdict, estimate::estimate_input_tokens},
+    bedrock::{Operation, Usage},
+    config::Config,
+    ledger::{Clock, Decision, Ledger, Limits, MemoryLedger, ReserveRequest},
+    metrics::Metrics,
+};
+
+const MODEL: &str = "us.anthropic.claude-sonnet-4-20250514-v1:0";
+
+/// Large enough that nothing is rejected during a run: the bench measures admissions only.
+const LIMITS: Limits = Limits {
+    tokens_per_minute: 1_000_000_000,
+    requests_per_minute: None,
+    max_concurrency: 1_000_000,
+};
+
+/// One reserve of 1,000 tokens settled for 0: the bucket stays full however long the run.
+fn reserve_settle(ledger: &MemoryLedger, pool: &str) {
+    let request = ReserveRequest {
+        pool,
+        limits: LIMITS,
+        tokens: 1_000,
+    };
+    let decision = ledger.reserve(black_box(&request)).now_or_never();
+    match decision {
+        Some(Ok(Decision::Admitted(reservation))) => {
+            let settled = ledger.settle(reservation, 0).now_or_never();
+            assert!(matches!(settled, Some(Ok(()))), "settle: {settled:?}");
+        }
+        other => panic!("the bench pool must admit everything: {other:?}"),
+    }
+}
+
+fn memory_ledger(c: &mut Criterion) {
+    let mut group = c.benchmark_group("memory_ledger");
+    let ledger = MemoryLedger::new(Clock::tokio());
+    group.bench_function("reserve_settle", |b| {
+        b.iter(|| reserve_settle(&ledger, "bench"));
+    });
+
+    let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
+    group.bench_function("reserve_settle_2_threads", |b| {
+        b.iter_custom(|iters| two_threads(&ledger, iters));
+    });
+    group.finish();
+}
+
+/// Wall time for two threads doing `iters` pairs each on one pool, halved: per pair.
+fn two_threads(ledger: &Arc<MemoryLedger>, iters: u64) -> Duration {
+    let start = Arc::new(Barrier::new(3));
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (ledger, start) = (ledger.clone(), start.clone());
+            thread::spawn(move || {
+                start.wait();
+                for _ in 0..iters {
+                    reserve_settle(&ledger, "bench-2-threads");
+                }
+            })
+        })
+        .collect();
+    start.wait();
+    let began = Instant::now();
+    for worker in workers {
+        if let Err(panic) = worker.join() {
+            std::panic::resume_unwind(panic);
+        }
+    }
+    began.elapsed() / 2
+}
+
+/// A Converse request of about 1 KB: a system prompt, three turns, and inference settings.
+fn converse_body() -> Bytes {
+    let body = serde_json::json!({
+        "system": [{"text": "You are a support assistant for an online bookshop. Answer briefly, cite the \
+            order number when there is one, and never promise a refund: refer refunds to a human agent."}],
+        "messages": [
+            {"role": "user", "content": [{"text": "Hello, I ordered three paperbacks last Tuesday \
+                (order 40-1183-2207) and the tracking page has not moved since Thursday. Is it lost?"}]},
+            {"role": "assistant", "content": [{"text": "I am sorry for the wait. Order 40-1183-2207 \
+                left our warehouse on Wednesday; carriers often skip scans over a weekend. If nothing \
+                changes by Monday evening I can open an investigation with the carrier."}]},
+            {"role": "user", "content": [{"text": "Monday is fine, but one of the books is a gift for \
+                Saturday. Could you send that one again by express and cancel it from the original \
+                parcel? Also, do you ship to Portugal, and what does express to Lisbon usually cost?"}]}
+        ],
+        "inferenceConfig": {"maxTokens": 1024, "temperature": 0.2, "topP": 0.9, "stopSequences": ["\n\nUser:"]},
+        "additionalModelRequestFields": {"top_k": 40}
+    });
+    Bytes::from(body.to_string())
+}
+
+fn config() -> Config {
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[upstream]
+region = "us-east-1"
+endpoint = "simulated"
+
+[ledger]
+backend = "memory"
+
+[[pools]]
+name = "bench"
+models = ["{MODEL}"]
+tokens_per_minute = {}
+max_concurrency = {}
+output_burndown = 5
+default_max_tokens = 4096
+"#,
+        LIMITS.tokens_per_minute, LIMITS.max_concurrency
+    );
+    Config::parse(&text).unwrap_or_else(|e| panic!("bench config: {e}"))
+}
+
+fn admission(c: &mut Criterion) {
+    let config = config();
+    let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
+    let (_registry, metrics) = Metrics::standalone();
+    let admission = Admission::new(&config.pools, config.admission, ledger, Arc::new(metrics));
+    let body = converse_body();
+    // A prompt-cached call: every input token is reported (so calibration learns from it) but
+    // only 4 + 2 x 5 = 14 are charged. A realistic uncached charge (about 700 tokens) at this rate
+    // would drain even a billion-token bucket within seconds, and the bench would then measure
+    // rejections; the settlement code path is the same whatever the charge.
+    let usage = Usage {
+        input_tokens: 4,
+        output_tokens: 2,
+        cache_read_input_tokens: 250,
+        cache_write_input_tokens: 0,
+    };
+    let mut group = c.benchmark_group("admission");
+    group.bench_function("admit_settle_converse", |b| {
+        b.iter(|| {
+            let verdict = admission
+                .admit(Operation::Converse, Some(MODEL), black_box(&body))
+                .now_or_never();
+            match verdict {
+                Some(Ok(Verdict::Admitted(mut admitted))) => admitted.settle_usage(&usage),
+                Some(Ok(Verdict::Uncounted)) => panic!("the bench model must resolve to its pool"),
+                Some(Err(e)) => panic!("the bench pool must admit everything: {e:?}"),
+                None => panic!("the memory ledger never waits"),
+            }
+        });
+    });
+    // Reference points for reading the figure above: its JSON parse and input estimate alone.
+    group.bench_function("reference_json_parse", |b| {
+        b.iter(|| {
+            serde_json::from_slice::<serde_json::Value>(black_box(&body)).map(|v| v.is_object())
+        });
+    });
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    group.bench_function("reference_estimate_input", |b| {
+        b.iter(|| estimate_input_tokens(Operation::Converse, black_box(&json)));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, memory_ledger, admission);
+criterion_main!(benches);
