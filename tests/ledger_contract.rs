@@ -54,7 +54,6 @@ macro_rules! contract_suite {
             rejection_facts_concurrency,
             rejection_facts_never_fits,
             rejection_facts_requests,
-            #[ignore = "memory ledger reports Concurrency (wait 0) before checking tokens; Rejection::limit is documented as the limit with the longest projected wait"]
             rejection_binds_longest_wait_with_concurrency,
             limits_shrink_clamps_level,
             limits_raise_credits_no_burst,

@@ -65,13 +65,6 @@ impl PoolState {
             in_flight_tokens: self.reserved_tokens,
             in_flight_requests: self.in_flight,
         };
-        if self.in_flight >= self.max_concurrency {
-            return Err(reject(
-                Limit::Concurrency,
-                Some(std::time::Duration::ZERO),
-                0,
-            ));
-        }
         let token_fit = self.tokens.fits(tokens);
         let request_fit = self.requests.as_ref().is_none_or(|b| b.fits(1));
         if !token_fit || !request_fit {
@@ -82,11 +75,20 @@ impl PoolState {
             // Report the limit with the longer wait; refill never satisfying counts as longest.
             let tokens_bind = !token_fit
                 && (request_fit || token_wait.is_none_or(|t| request_wait.is_some_and(|r| t >= r)));
+            // Refill is a known wait; a free permit is not (it comes with a settlement), so a
+            // bucket that is short binds even when the semaphore is full too.
             return Err(if tokens_bind {
                 reject(Limit::Tokens, token_wait, deficit)
             } else {
                 reject(Limit::Requests, request_wait, deficit)
             });
+        }
+        if self.in_flight >= self.max_concurrency {
+            return Err(reject(
+                Limit::Concurrency,
+                Some(std::time::Duration::ZERO),
+                0,
+            ));
         }
         self.tokens.take(tokens);
         if let Some(b) = &mut self.requests {
