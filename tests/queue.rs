@@ -210,3 +210,79 @@ async fn newcomers_pass_a_waiting_large_request_only_a_bounded_number_of_times()
     );
     assert_zero(&adm).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_flood_fills_the_queue_to_max_queue_and_no_further() {
+    let adm = admission("tokens_per_minute = 1000000\nmax_concurrency = 1\nmax_wait_ms = 5000\nmax_queue = 10\n");
+    let mut held = admit(&adm, 100).await.expect("holds the only slot");
+    let flood: Vec<_> = (0..50)
+        .map(|_| {
+            let adm = adm.clone();
+            tokio::spawn(async move { admit(&adm, 100).await.map(|mut a| a.settle_not_charged()) })
+        })
+        .collect();
+    while adm.pools()[0].queue.depth().0 < 10 {
+        tokio::task::yield_now().await;
+    }
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(adm.pools()[0].queue.depth().0, 10, "never more than max_queue");
+    let finished: Vec<_> = flood.iter().filter(|t| t.is_finished()).collect();
+    assert_eq!(finished.len(), 40, "the rest are turned away at once");
+    held.settle_not_charged();
+    let mut admitted = 0;
+    let mut full = 0;
+    for t in flood {
+        match t.await.expect("task") {
+            Ok(()) => admitted += 1,
+            Err(e) => {
+                assert!(e.headers.iter().any(|(k, v)| k == "x-tokengate-reason" && v == "queue_full"), "{e}");
+                full += 1;
+            }
+        }
+    }
+    assert_eq!((admitted, full), (10, 40));
+    assert_zero(&adm).await;
+}
+
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("procfs");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Memory per queued request (the queue record plus the waiting admission future, with a small
+/// Converse body). Run: `cargo nextest run --release --test queue --run-ignored all --no-capture queue_memory`.
+#[tokio::test(start_paused = true)]
+#[ignore = "a measurement for loadtest/RESULTS.md"]
+async fn queue_memory() {
+    const N: usize = 20_000;
+    let adm = admission("tokens_per_minute = 1000000\nmax_concurrency = 1\nmax_wait_ms = 30000\nmax_queue = 100000\n");
+    let mut held = admit(&adm, 100).await.expect("holds the only slot");
+    let before = rss_kib();
+    let waiting: Vec<_> = (0..N)
+        .map(|_| {
+            let adm = adm.clone();
+            tokio::spawn(async move { admit(&adm, 100).await.map(|mut a| a.settle_not_charged()) })
+        })
+        .collect();
+    while adm.pools()[0].queue.depth().0 < N {
+        tokio::task::yield_now().await;
+    }
+    let after = rss_kib();
+    println!(
+        "{N} queued requests: RSS +{} KiB, {} bytes per queued request (body {} bytes)",
+        after - before,
+        (after - before) * 1024 / N as u64,
+        body(100).len()
+    );
+    held.settle_not_charged();
+    for w in waiting {
+        let _ = w.await;
+    }
+    assert_zero(&adm).await;
+}

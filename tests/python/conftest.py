@@ -177,12 +177,15 @@ def write_config(workdir: Path, name: str, *, endpoint: str, pools: str = "", ex
 
 
 def pool(name: str, model: str, *, tokens_per_minute: int, burndown: int,
-         max_concurrency: int = 16, default_max_tokens: int = 500, extra: str = "") -> str:
-    """One `[[pools]]` table."""
+         max_concurrency: int = 16, default_max_tokens: int = 500, max_wait_ms: int = 0,
+         extra: str = "") -> str:
+    """One `[[pools]]` table. Queueing is off unless asked for (`max_wait_ms`), so that tests of
+    rejections see them at once."""
     return (
         f'[[pools]]\nname = "{name}"\nmodels = ["{model}"]\n'
         f"tokens_per_minute = {tokens_per_minute}\nmax_concurrency = {max_concurrency}\n"
-        f"output_burndown = {burndown}\ndefault_max_tokens = {default_max_tokens}\n{extra}\n"
+        f"output_burndown = {burndown}\ndefault_max_tokens = {default_max_tokens}\n"
+        f"max_wait_ms = {max_wait_ms}\n{extra}\n"
     )
 
 

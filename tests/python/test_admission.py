@@ -205,6 +205,33 @@ def test_boto3_retries_wait_at_least_the_hint_while_a_stream_holds_the_slot(star
     proxy.assert_ledger_zero()
 
 
+def test_the_admission_queue_holds_a_boto3_call_instead_of_bouncing_it(start_proxy):
+    """With max_wait_ms set, a call that finds the pool's only slot taken waits in the admission
+    queue and succeeds on its first attempt, once the stream holding the slot ends."""
+    slow_simulator = ("[simulator]\ntime_to_first_token_ms = 0\ntokens_per_second = 400\n"
+                      "default_tokens_per_minute = 10000000\n")
+    proxy = start_proxy(pool("haiku-queued", HAIKU, tokens_per_minute=1_000_000, burndown=1,
+                             max_concurrency=1, max_wait_ms=10_000),
+                        extra=slow_simulator, endpoint="simulated")
+    held = proxy.client().converse_stream(
+        modelId=HAIKU, messages=[{"role": "user", "content": [{"text": "[sim:output=400] long"}]}],
+        inferenceConfig={"maxTokens": 500})
+    reader = threading.Thread(target=lambda: list(held["stream"]), daemon=True)
+    reader.start()
+
+    client = proxy.client(max_attempts=1)
+    log = AttemptLog(client, "Converse")
+    response = converse_haiku(client, "[sim:output=1] hi", 10)
+    reader.join(timeout=60)
+
+    assert response["usage"]["outputTokens"] == 1
+    assert len(log.sent) == 1, "one attempt: it waited instead of being rejected"
+    state = proxy.pool("haiku-queued")
+    assert state["rejected"]["concurrency"] == 0
+    assert state["queue"]["depth"] == 0
+    proxy.assert_ledger_zero()
+
+
 def test_unknown_model_is_a_validation_exception(proxy):
     """A model id that no pool covers is refused with a Bedrock-shaped ValidationException that
     names the model and points at [[pools]]; boto3 does not retry it."""
