@@ -213,7 +213,9 @@ async fn newcomers_pass_a_waiting_large_request_only_a_bounded_number_of_times()
 
 #[tokio::test(start_paused = true)]
 async fn a_flood_fills_the_queue_to_max_queue_and_no_further() {
-    let adm = admission("tokens_per_minute = 1000000\nmax_concurrency = 1\nmax_wait_ms = 5000\nmax_queue = 10\n");
+    let adm = admission(
+        "tokens_per_minute = 1000000\nmax_concurrency = 1\nmax_wait_ms = 5000\nmax_queue = 10\n",
+    );
     let mut held = admit(&adm, 100).await.expect("holds the only slot");
     let flood: Vec<_> = (0..50)
         .map(|_| {
@@ -227,7 +229,11 @@ async fn a_flood_fills_the_queue_to_max_queue_and_no_further() {
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
-    assert_eq!(adm.pools()[0].queue.depth().0, 10, "never more than max_queue");
+    assert_eq!(
+        adm.pools()[0].queue.depth().0,
+        10,
+        "never more than max_queue"
+    );
     let finished: Vec<_> = flood.iter().filter(|t| t.is_finished()).collect();
     assert_eq!(finished.len(), 40, "the rest are turned away at once");
     held.settle_not_charged();
@@ -237,7 +243,12 @@ async fn a_flood_fills_the_queue_to_max_queue_and_no_further() {
         match t.await.expect("task") {
             Ok(()) => admitted += 1,
             Err(e) => {
-                assert!(e.headers.iter().any(|(k, v)| k == "x-tokengate-reason" && v == "queue_full"), "{e}");
+                assert!(
+                    e.headers
+                        .iter()
+                        .any(|(k, v)| k == "x-tokengate-reason" && v == "queue_full"),
+                    "{e}"
+                );
                 full += 1;
             }
         }
@@ -261,7 +272,9 @@ fn rss_kib() -> u64 {
 #[ignore = "a measurement for loadtest/RESULTS.md"]
 async fn queue_memory() {
     const N: usize = 20_000;
-    let adm = admission("tokens_per_minute = 1000000\nmax_concurrency = 1\nmax_wait_ms = 30000\nmax_queue = 100000\n");
+    let adm = admission(
+        "tokens_per_minute = 1000000\nmax_concurrency = 1\nmax_wait_ms = 30000\nmax_queue = 100000\n",
+    );
     let mut held = admit(&adm, 100).await.expect("holds the only slot");
     let before = rss_kib();
     let waiting: Vec<_> = (0..N)

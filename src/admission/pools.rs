@@ -27,9 +27,9 @@ const CALIBRATION_MARGIN: f64 = 1.1;
 const RATIO_BOUNDS: (f64, f64) = (0.2, 4.0);
 /// Weight of each new sample in the moving averages.
 const EWMA_ALPHA: f64 = 0.1;
-/// Weights of a sample above and below the input multiplier's envelope.
-const ENVELOPE_UP: f64 = 0.5;
-const ENVELOPE_DOWN: f64 = 0.02;
+/// The quantile of actual/estimate ratios the input multiplier tracks, and the tracker's step.
+const INPUT_QUANTILE: f64 = 0.99;
+const QUANTILE_STEP: f64 = 0.05;
 /// Multiplicative decrease on an upstream throttle, and the floor.
 const AIMD_DECREASE: f64 = 0.8;
 const AIMD_FLOOR: f64 = 0.3;
@@ -171,8 +171,8 @@ impl Pool {
         let mut l = lock(&self.learned);
         if raw_estimate > 0 && actual_input > 0 {
             let sample = (actual_input as f64 / raw_estimate as f64).clamp(0.1, 10.0);
-            l.input_multiplier = envelope(l.input_multiplier, sample * CALIBRATION_MARGIN)
-                .clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1);
+            l.input_multiplier =
+                track_quantile(l.input_multiplier, sample).clamp(RATIO_BOUNDS.0, RATIO_BOUNDS.1);
         }
         if reserved > 0 {
             l.charge_ratio = ewma(l.charge_ratio, (charged as f64 / reserved as f64).min(10.0));
@@ -208,16 +208,25 @@ fn ewma(old: f64, sample: f64) -> f64 {
     old + EWMA_ALPHA * (sample - old)
 }
 
-/// Tracks the upper envelope of the samples: up quickly, down slowly. The input multiplier must
-/// cover the requests whose estimate errs lowest, not the average one (an estimate below
-/// Bedrock's count admits what upstream would throttle).
-fn envelope(old: f64, sample: f64) -> f64 {
-    let weight = if sample > old {
-        ENVELOPE_UP
+/// One step of a streaming quantile tracker over the ratios `actual / raw estimate`, returning
+/// the new multiplier (the tracked quantile times the margin).
+///
+/// The multiplier must cover the requests whose estimate errs lowest, not the average one: an
+/// estimate below Bedrock's count admits what upstream would then throttle. The tracker moves up
+/// by `step x q` when a sample lies above the quantile and down by `step x (1 - q)` otherwise, so
+/// it settles where a fraction `q` of samples lie below it (Robbins-Monro). A sample above the
+/// multiplier itself (a real under-estimate) lifts it at once.
+fn track_quantile(multiplier: f64, sample: f64) -> f64 {
+    let quantile = multiplier / CALIBRATION_MARGIN;
+    if sample * CALIBRATION_MARGIN > multiplier * (1.0 + QUANTILE_STEP) {
+        return sample * CALIBRATION_MARGIN;
+    }
+    let next = if sample > quantile {
+        quantile * (1.0 + QUANTILE_STEP * INPUT_QUANTILE)
     } else {
-        ENVELOPE_DOWN
+        quantile * (1.0 - QUANTILE_STEP * (1.0 - INPUT_QUANTILE))
     };
-    old + weight * (sample - old)
+    next * CALIBRATION_MARGIN
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -280,16 +289,34 @@ mod tests {
 
     #[test]
     fn the_input_multiplier_covers_the_lowest_estimates_not_the_average() {
+        // Ratios spread evenly over [0.5, 0.7]: the multiplier settles near the 99th percentile
+        // (0.698) times the margin, whatever the order of the samples.
         let mut m = 1.0;
-        // Alternating requests whose actual/estimate ratios are 0.5 and 0.7.
-        for i in 0..2_000 {
-            let sample = if i % 2 == 0 { 0.5 } else { 0.7 };
-            m = envelope(m, sample * CALIBRATION_MARGIN);
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut uncovered = 0;
+        for i in 0..20_000 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let sample = 0.5 + 0.2 * (rng % 10_000) as f64 / 10_000.0;
+            if i > 2_000 && sample > m {
+                uncovered += 1;
+            }
+            m = track_quantile(m, sample);
         }
-        assert!(m >= 0.7, "the multiplier {m} must cover the 0.7 requests");
         assert!(
-            m <= 0.7 * CALIBRATION_MARGIN + 0.01,
-            "and not stay at the uncalibrated 1.0: {m}"
+            uncovered == 0,
+            "{uncovered} estimates fell below the actual count"
         );
+        assert!(
+            (0.69 * CALIBRATION_MARGIN..=0.72 * CALIBRATION_MARGIN).contains(&m),
+            "multiplier {m}"
+        );
+    }
+
+    #[test]
+    fn an_under_estimate_lifts_the_multiplier_at_once() {
+        let m = track_quantile(0.8, 1.5);
+        assert!((m - 1.5 * CALIBRATION_MARGIN).abs() < 1e-9);
     }
 }
