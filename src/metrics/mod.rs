@@ -5,6 +5,8 @@
 //! `operation` from the fixed operation list, `outcome`, `reason` and `rule` from fixed enums,
 //! `status` from upstream status codes.
 
+use std::{cell::RefCell, sync::Arc};
+
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -57,6 +59,23 @@ pub struct Metrics {
     pub requested_max_tokens_p99: IntGaugeVec,
     pub suggested_max_tokens: IntGaugeVec,
     pub max_tokens_unused_ratio: GaugeVec,
+    /// Every metric registered, for [`Metrics::families`].
+    families: Arc<[Family]>,
+}
+
+/// A registered metric: its name and type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Family {
+    pub name: &'static str,
+    pub kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    /// Exported as `NAME_bucket`, `NAME_sum` and `NAME_count`.
+    Histogram,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -76,7 +95,10 @@ const LEDGER_BUCKETS: &[f64] = &[
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new(registry: &Registry) -> Result<Metrics, prometheus::Error> {
-        let r = Reg(registry);
+        let r = Reg {
+            registry,
+            families: RefCell::new(Vec::new()),
+        };
         Ok(Metrics {
             requests: r.counter("tokengate_requests_total", "Requests by pool, operation and outcome.", &["pool", "operation", "outcome"])?,
             rejections: r.counter("tokengate_rejections_total", "Requests turned away, by pool and the limit that bound.", &["pool", "reason"])?,
@@ -103,7 +125,7 @@ impl Metrics {
             ledger_errors: r.counter("tokengate_ledger_errors_total", "Ledger backend failures.", &["backend"])?,
             ledger_seconds: {
                 let h = Histogram::with_opts(HistogramOpts::new("tokengate_ledger_seconds", "Ledger round-trip time of reserve and settle calls, every backend (for Redis, the Redis round trip).").buckets(LEDGER_BUCKETS.to_vec()))?;
-                registry.register(Box::new(h.clone()))?;
+                r.register("tokengate_ledger_seconds", Kind::Histogram, Box::new(h.clone()))?;
                 h
             },
             config_reloads: r.counter("tokengate_config_reloads_total", "Config reloads by result.", &["result"])?,
@@ -112,7 +134,7 @@ impl Metrics {
             queue_outcomes: r.counter("tokengate_queue_outcomes_total", "Queued requests by outcome: admitted, timed_out, cancelled, shutdown.", &["pool", "outcome"])?,
             unsettled_reservations: {
                 let c = IntCounter::new("tokengate_unsettled_reservations_total", "Reservations settled by the drop safety net (a bug if non-zero).")?;
-                registry.register(Box::new(c.clone()))?;
+                r.register("tokengate_unsettled_reservations_total", Kind::Counter, Box::new(c.clone()))?;
                 c
             },
             time_to_first_token_seconds: r.histogram("tokengate_time_to_first_token_seconds", "Time from admission to the first generated content: the first content event of a stream, the first body bytes otherwise.", &["pool", "operation"], LATENCY_BUCKETS)?,
@@ -123,6 +145,7 @@ impl Metrics {
             requested_max_tokens_p99: r.int_gauge("tokengate_requested_max_tokens_p99", "p99 maxTokens reserved per request since start, by pool and configured model (maxTokens advice).", &["pool", "model"])?,
             suggested_max_tokens: r.int_gauge("tokengate_suggested_max_tokens", "Suggested maxTokens: p99 output x 1.2 rounded up to 64, once 20 requests were seen (maxTokens advice).", &["pool", "model"])?,
             max_tokens_unused_ratio: r.gauge("tokengate_max_tokens_unused_ratio", "Share of reserved maxTokens that output did not use since start: 1 - sum(output) / sum(maxTokens).", &["pool", "model"])?,
+            families: r.families.take().into(),
         })
         .inspect(Metrics::init_global_series)
     }
@@ -167,6 +190,12 @@ impl Metrics {
             .reset();
     }
 
+    /// Every metric this process exports, whether or not it has a sample yet: what dashboards and
+    /// alert rules may refer to.
+    pub fn families(&self) -> &[Family] {
+        &self.families
+    }
+
     /// A registry of its own, for tests and tools.
     pub fn standalone() -> (Registry, Metrics) {
         let registry = Registry::new();
@@ -177,42 +206,57 @@ impl Metrics {
     }
 }
 
-struct Reg<'a>(&'a Registry);
+/// Registers metrics and remembers their names.
+struct Reg<'a> {
+    registry: &'a Registry,
+    families: RefCell<Vec<Family>>,
+}
 
 impl Reg<'_> {
+    fn register(
+        &self,
+        name: &'static str,
+        kind: Kind,
+        collector: Box<dyn prometheus::core::Collector>,
+    ) -> Result<(), prometheus::Error> {
+        self.registry.register(collector)?;
+        self.families.borrow_mut().push(Family { name, kind });
+        Ok(())
+    }
+
     fn counter(
         &self,
-        name: &str,
+        name: &'static str,
         help: &str,
         labels: &[&str],
     ) -> Result<IntCounterVec, prometheus::Error> {
         let m = IntCounterVec::new(Opts::new(name, help), labels)?;
-        self.0.register(Box::new(m.clone()))?;
+        self.register(name, Kind::Counter, Box::new(m.clone()))?;
         Ok(m)
     }
     fn int_gauge(
         &self,
-        name: &str,
+        name: &'static str,
         help: &str,
         labels: &[&str],
     ) -> Result<IntGaugeVec, prometheus::Error> {
         let m = IntGaugeVec::new(Opts::new(name, help), labels)?;
-        self.0.register(Box::new(m.clone()))?;
+        self.register(name, Kind::Gauge, Box::new(m.clone()))?;
         Ok(m)
     }
     fn gauge(
         &self,
-        name: &str,
+        name: &'static str,
         help: &str,
         labels: &[&str],
     ) -> Result<GaugeVec, prometheus::Error> {
         let m = GaugeVec::new(Opts::new(name, help), labels)?;
-        self.0.register(Box::new(m.clone()))?;
+        self.register(name, Kind::Gauge, Box::new(m.clone()))?;
         Ok(m)
     }
     fn histogram(
         &self,
-        name: &str,
+        name: &'static str,
         help: &str,
         labels: &[&str],
         buckets: &[f64],
@@ -221,7 +265,7 @@ impl Reg<'_> {
             HistogramOpts::new(name, help).buckets(buckets.to_vec()),
             labels,
         )?;
-        self.0.register(Box::new(m.clone()))?;
+        self.register(name, Kind::Histogram, Box::new(m.clone()))?;
         Ok(m)
     }
 }
