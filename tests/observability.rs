@@ -5,10 +5,10 @@
 
 mod common;
 
-use std::{collections::BTreeMap, time::Duration};
+use std::time::Duration;
 
 use aws_sdk_bedrockruntime::types::ConverseStreamOutput;
-use common::*;
+use common::{scrape::Scrape, *};
 use serde_json::Value;
 
 const NOVA: &str = "us.amazon.nova-lite-v1:0";
@@ -26,54 +26,6 @@ fn pools() -> String {
          output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n",
         sonnet_pool(20_000, 8)
     )
-}
-
-/// A scrape, parsed: `name` -> [(labels, value)].
-struct Scrape(BTreeMap<String, Vec<(BTreeMap<String, String>, f64)>>);
-
-impl Scrape {
-    fn parse(text: &str) -> Scrape {
-        let mut out: BTreeMap<_, Vec<_>> = BTreeMap::new();
-        for line in text
-            .lines()
-            .filter(|l| !l.starts_with('#') && !l.is_empty())
-        {
-            let (series, value) = line.rsplit_once(' ').expect("name value");
-            let (name, labels) = match series.split_once('{') {
-                Some((n, rest)) => (n, rest.trim_end_matches('}')),
-                None => (series, ""),
-            };
-            let labels = labels
-                .split(',')
-                .filter(|kv| !kv.is_empty())
-                .map(|kv| {
-                    let (k, v) = kv.split_once('=').expect("label");
-                    (k.to_string(), v.trim_matches('"').to_string())
-                })
-                .collect();
-            out.entry(name.to_string())
-                .or_default()
-                .push((labels, value.parse().expect("value")));
-        }
-        Scrape(out)
-    }
-
-    /// The value of the one series of `name` with exactly `labels`.
-    fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let want: BTreeMap<String, String> = labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        self.0
-            .get(name)
-            .and_then(|s| s.iter().find(|(l, _)| *l == want))
-            .map(|(_, v)| *v)
-            .unwrap_or_else(|| panic!("no series {name}{want:?}"))
-    }
-
-    fn expect(&self, name: &str, labels: &[(&str, &str)], value: f64) {
-        assert_eq!(self.get(name, labels), value, "{name}{labels:?}");
-    }
 }
 
 /// Reported usage, summed over the requests the workload sent.

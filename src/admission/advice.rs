@@ -374,7 +374,10 @@ mod tests {
     fn the_suggestion_covers_the_p99() {
         for p99 in [0, 1, 63, 64, 65, 1000, 4097, 100_000] {
             let s = suggest(p99);
-            assert!(s >= p99 && s % SUGGESTION_STEP == 0, "{p99} -> {s}");
+            assert!(
+                s >= p99 && s.is_multiple_of(SUGGESTION_STEP),
+                "{p99} -> {s}"
+            );
         }
     }
 }

@@ -82,7 +82,8 @@ pub struct Admitted {
     advice_slot: SlotIndex,
     queued: bool,
     usage: Option<Usage>,
-    access: Option<AccessRecord>,
+    /// Boxed: the guard travels in `Result`s on the request path and should stay small.
+    access: Option<Box<AccessRecord>>,
 }
 
 impl Admitted {
@@ -173,7 +174,7 @@ impl Admitted {
         } else {
             Decision::Admitted
         });
-        self.access = Some(record);
+        self.access = Some(Box::new(record));
     }
 
     /// The answer the client gets (upstream's head, or tokengate's own error), for the access log.
