@@ -14,6 +14,10 @@
 //!
 //! The guard settles on `Drop` by the `abandoned` rule, so no path can leak a reservation or a
 //! concurrency permit.
+//!
+//! Settlement is also where a request is observed: the charge and duration metrics, the length
+//! histograms and maxTokens advice ([`super::advice`], on `usage`), and the request's access-log
+//! line ([`crate::access_log`]), written once, by whichever rule settles it.
 
 use std::{sync::Arc, time::Duration};
 
