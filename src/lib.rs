@@ -11,6 +11,7 @@
 //!
 //! | module | what lives there |
 //! |---|---|
+//! | [`access_log`] | one structured line per request (`tokengate::access`) |
 //! | [`config`] | raw TOML config, validation into typed config, error messages that name the key |
 //! | [`bedrock`] | the wire format: operations and paths, modelId parsing, maxTokens and usage extraction, event-stream frames, AWS error shapes |
 //! | [`admission`] | pool resolution, estimates, the admit/reject decision, retry hints, reconciliation |
@@ -24,6 +25,7 @@
 //! | [`gateway`] | assembling a running proxy from a config |
 //! | [`server`] | the listener: HTTP/1.1 and h2c on one port, optional TLS, graceful shutdown |
 
+pub mod access_log;
 pub mod admission;
 pub mod app;
 pub mod auth;

@@ -11,6 +11,7 @@ use axum::{
 use http::{HeaderValue, header};
 
 use crate::{
+    access_log::{AccessRecord, Decision},
     admission::{Admitted, Verdict, X_TOKENGATE_POOL},
     app::AppState,
     bedrock::{
@@ -21,13 +22,30 @@ use crate::{
     upstream::{MeteredBody, UpstreamError, is_hop_by_hop},
 };
 
-/// Handles every `bedrock-runtime` call.
+/// Handles every `bedrock-runtime` call, and writes its access-log line unless the admission guard
+/// took the record (an admitted request's line is written at its settlement).
 pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let mut record = Some(AccessRecord::start());
+    let response = forward(&state, request, &mut record).await;
+    if let Some(record) = record {
+        record.finish_unadmitted(response.status(), response.headers());
+    }
+    response
+}
+
+async fn forward(
+    state: &AppState,
+    request: Request,
+    record: &mut Option<AccessRecord>,
+) -> Response {
     let (parts, body) = request.into_parts();
     let target = match Target::parse(&parts.method, parts.uri.path()) {
         Ok(t) => t,
         Err(e) => return target_error(e).into_response(),
     };
+    if let Some(r) = record.as_mut() {
+        r.target(target.operation.name(), target.model_id.as_deref());
+    }
     if target.operation == Operation::InvokeModelWithBidirectionalStream {
         return BedrockError::validation(
             "tokengate does not forward InvokeModelWithBidirectionalStream yet; call bedrock-runtime directly for bidirectional streams",
@@ -47,8 +65,18 @@ pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Res
         Err(e) => return e.into_response(),
     };
     let mut admitted = match verdict {
-        Verdict::Admitted(a) => Some(a),
-        Verdict::Uncounted => None,
+        Verdict::Admitted(mut a) => {
+            if let Some(r) = record.take() {
+                a.attach_access(r);
+            }
+            Some(a)
+        }
+        Verdict::Uncounted => {
+            if let Some(r) = record.as_mut() {
+                r.decide(Decision::Passthrough);
+            }
+            None
+        }
     };
     let pool: Arc<str> = admitted
         .as_ref()
@@ -63,9 +91,12 @@ pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Res
         .await
     {
         Ok(r) => r,
-        Err(e) => return unreachable_upstream(&state, admitted.as_mut(), &pool, &e),
+        Err(e) => return unreachable_upstream(state, admitted.as_mut(), &pool, &e),
     };
     let status = response.status();
+    if let Some(a) = admitted.as_mut() {
+        a.answered(status, response.headers());
+    }
     state
         .metrics
         .upstream_responses
@@ -90,7 +121,7 @@ pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Res
     }
     let metered = match admitted {
         Some(mut a) if !status.is_success() => {
-            upstream_refused(&state, &mut a, &mut head.headers, status);
+            upstream_refused(state, &mut a, &mut head.headers, status);
             None
         }
         Some(mut a) => ResponseKind::for_operation(target.operation).map(|kind| {
@@ -163,12 +194,8 @@ fn unreachable_upstream(
     let Some(admitted) = admitted else {
         return BedrockError::new(ErrorCode::ServiceUnavailable, message).into_response();
     };
-    match error {
-        UpstreamError::Timeout(_) => admitted.settle_timeout(),
-        _ => admitted.settle_not_charged(),
-    }
     let pool = admitted.pool().clone();
-    state
+    let response = state
         .admission
         .retryable(
             ErrorCode::ServiceUnavailable,
@@ -177,7 +204,13 @@ fn unreachable_upstream(
             message,
         )
         .with_header(http::HeaderName::from_static(X_TOKENGATE_POOL), &*pool.name)
-        .into_response()
+        .into_response();
+    admitted.answered(response.status(), response.headers());
+    match error {
+        UpstreamError::Timeout(_) => admitted.settle_timeout(),
+        _ => admitted.settle_not_charged(),
+    }
+    response
 }
 
 fn target_error(e: TargetError) -> BedrockError {

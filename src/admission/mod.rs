@@ -11,6 +11,7 @@
 //!   hint projected from the ledger ([`hint`]).
 //! - An admitted request carries an [`Admitted`] guard that settles it ([`settle`] has the rules).
 
+pub mod advice;
 pub mod estimate;
 pub mod hint;
 pub mod pools;
@@ -115,6 +116,7 @@ impl Admission {
                     .with_label_values(&[name, reason])
                     .reset();
             }
+            metrics.init_pool_series(name, ledger.backend());
         }
         Admission {
             table,
@@ -186,7 +188,12 @@ impl Admission {
                 }
             }
         }
-        self.reserve(pool, operation, estimate).await
+        let slot = pool.advice.slot(self.table.configured_model(&model));
+        let mut verdict = self.reserve(pool, operation, estimate).await?;
+        if let Verdict::Admitted(a) = &mut verdict {
+            a.set_advice_slot(slot);
+        }
+        Ok(verdict)
     }
 
     fn estimate(
@@ -247,7 +254,13 @@ impl Admission {
             _ => self.wait_in_queue(&pool, tokens, rejection.as_ref()).await,
         };
         match outcome {
-            Ok(reservation) => Ok(self.admitted(pool, reservation, operation, estimate)),
+            Ok(reservation) => {
+                let mut verdict = self.admitted(pool, reservation, operation, estimate);
+                if let Verdict::Admitted(a) = &mut verdict {
+                    a.set_queued();
+                }
+                Ok(verdict)
+            }
             Err(e) => {
                 self.count(&pool.name, operation, "rejected");
                 Err(e)
@@ -464,6 +477,7 @@ impl Admission {
                 upstream_throttles: load(&c.upstream_throttles),
                 learned: pool.learned_view(),
                 queue: pool.queue.view(),
+                max_tokens_advice: advice::publish(pool, &self.metrics),
             });
         }
         out
@@ -490,6 +504,8 @@ pub struct PoolState {
     pub upstream_throttles: u64,
     pub learned: pools::LearnedView,
     pub queue: queue::QueueView,
+    /// Output lengths against the maxTokens reserved, per model seen ([`advice`]).
+    pub max_tokens_advice: Vec<advice::MaxTokensAdvice>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -13,7 +13,7 @@ use std::{
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::queue::AdmissionQueue;
+use super::{advice::PoolAdvice, queue::AdmissionQueue};
 use crate::{
     bedrock::{ModelRef, model_id::application_profile_id},
     config::{AdmissionConfig, PoolConfig},
@@ -45,6 +45,8 @@ pub struct Pool {
     pub name: Arc<str>,
     /// Where requests that do not fit wait (disabled when `max_wait` is zero).
     pub queue: Arc<AdmissionQueue>,
+    /// Output lengths against maxTokens, per model ([`super::advice`]).
+    pub advice: PoolAdvice,
     feedback: Mutex<Feedback>,
     learned: Mutex<Learned>,
     pub(crate) counters: Counters,
@@ -104,6 +106,7 @@ impl Pool {
         Pool {
             name: Arc::from(config.name.as_str()),
             queue: Arc::new(AdmissionQueue::new(config.max_wait, config.max_queue)),
+            advice: PoolAdvice::new(&config.models),
             config,
             feedback: Mutex::new(Feedback {
                 factor: 1.0,
@@ -269,6 +272,18 @@ impl PoolTable {
 
     pub fn pools(&self) -> &[Arc<Pool>] {
         &self.pools
+    }
+
+    /// The model id from the pool's config that a modelId draws on (an application inference
+    /// profile maps to one), or its resource id: the key of the maxTokens-advice slot.
+    pub fn configured_model<'a>(&'a self, model: &'a ModelRef) -> &'a str {
+        if self.by_model.contains_key(&model.resource_id) {
+            return &model.resource_id;
+        }
+        self.profiles
+            .get(&model.raw)
+            .or_else(|| application_profile_id(&model.raw).and_then(|id| self.profiles.get(id)))
+            .map_or(&model.resource_id, String::as_str)
     }
 
     /// The pool a modelId draws on, if any.

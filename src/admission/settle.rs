@@ -14,14 +14,19 @@
 //!
 //! The guard settles on `Drop` by the `abandoned` rule, so no path can leak a reservation or a
 //! concurrency permit.
+//!
+//! Settlement is also where a request is observed: the charge and duration metrics, the length
+//! histograms and maxTokens advice ([`super::advice`], on `usage`), and the request's access-log
+//! line ([`crate::access_log`]), written once, by whichever rule settles it.
 
 use std::{sync::Arc, time::Duration};
 
 use futures_util::FutureExt;
 use tokio::time::Instant;
 
-use super::{pools::Pool, queue::AdmissionQueue};
+use super::{advice::SlotIndex, pools::Pool, queue::AdmissionQueue};
 use crate::{
+    access_log::{AccessRecord, Decision, Settlement},
     bedrock::{Operation, Usage},
     ledger::{Ledger, Reservation},
     metrics::Metrics,
@@ -76,6 +81,13 @@ pub struct Admitted {
     estimate: Estimate,
     started: Instant,
     first_byte_seen: bool,
+    /// Observability: the maxTokens-advice slot, queueing, first content, the access-log line.
+    first_token: Option<Instant>,
+    advice_slot: SlotIndex,
+    queued: bool,
+    usage: Option<Usage>,
+    /// Boxed: the guard travels in `Result`s on the request path and should stay small.
+    access: Option<Box<AccessRecord>>,
 }
 
 impl Admitted {
@@ -106,6 +118,11 @@ impl Admitted {
             estimate,
             started: Instant::now(),
             first_byte_seen: false,
+            first_token: None,
+            advice_slot: SlotIndex::default(),
+            queued: false,
+            usage: None,
+            access: None,
         }
     }
 
@@ -129,6 +146,45 @@ impl Admitted {
                 .time_to_first_byte_seconds
                 .with_label_values(&[&*self.pool.name, self.operation.name()])
                 .observe(self.started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Records time to first token (the first generated content), once.
+    pub fn first_token(&mut self) {
+        if self.first_token.is_none() {
+            let now = Instant::now();
+            self.first_token = Some(now);
+            self.metrics
+                .time_to_first_token_seconds
+                .with_label_values(&[&*self.pool.name, self.operation.name()])
+                .observe(now.duration_since(self.started).as_secs_f64());
+        }
+    }
+
+    /// Which maxTokens-advice slot (model) of its pool this request counts in.
+    pub(crate) fn set_advice_slot(&mut self, slot: SlotIndex) {
+        self.advice_slot = slot;
+    }
+
+    /// The request waited in the admission queue before it was admitted.
+    pub(crate) fn set_queued(&mut self) {
+        self.queued = true;
+    }
+
+    /// Takes the request's access-log record: the line is written at settlement.
+    pub fn attach_access(&mut self, mut record: AccessRecord) {
+        record.decide(if self.queued {
+            Decision::QueuedThenAdmitted
+        } else {
+            Decision::Admitted
+        });
+        self.access = Some(Box::new(record));
+    }
+
+    /// The answer the client gets (upstream's head, or tokengate's own error), for the access log.
+    pub fn answered(&mut self, status: http::StatusCode, headers: &http::HeaderMap) {
+        if let Some(record) = self.access.as_mut() {
+            record.answered(status, headers);
         }
     }
 
@@ -169,6 +225,14 @@ impl Admitted {
         m.calibration_ratio
             .with_label_values(&[name])
             .set(self.pool.calibration_ratio());
+        super::advice::on_usage(
+            &self.pool,
+            m,
+            self.advice_slot,
+            self.estimate.max_tokens,
+            usage,
+        );
+        self.usage = Some(*usage);
         self.finish(charge, Rule::Usage);
     }
 
@@ -208,6 +272,17 @@ impl Admitted {
         m.request_duration_seconds
             .with_label_values(&[name, self.operation.name()])
             .observe(self.started.elapsed().as_secs_f64());
+        if let Some(record) = self.access.take() {
+            record.finish_settled(&Settlement {
+                pool: name,
+                reserved: reservation.tokens(),
+                charged: charge,
+                rule: rule.label(),
+                max_tokens: self.estimate.max_tokens,
+                usage: self.usage,
+                first_token: self.first_token,
+            });
+        }
         settle_in_background(
             self.ledger.clone(),
             self.metrics.clone(),

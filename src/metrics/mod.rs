@@ -5,6 +5,8 @@
 //! `operation` from the fixed operation list, `outcome`, `reason` and `rule` from fixed enums,
 //! `status` from upstream status codes.
 
+use std::{cell::RefCell, sync::Arc};
+
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -48,6 +50,32 @@ pub struct Metrics {
     /// Queued requests by outcome: admitted, timed_out, cancelled, shutdown.
     pub queue_outcomes: IntCounterVec,
     pub unsettled_reservations: IntCounter,
+    // === Lengths, time to first token and maxTokens advice (see `admission::advice`) ===
+    pub time_to_first_token_seconds: HistogramVec,
+    pub input_tokens_per_request: HistogramVec,
+    pub output_tokens_per_request: HistogramVec,
+    pub requested_max_tokens: HistogramVec,
+    pub output_tokens_p99: IntGaugeVec,
+    pub requested_max_tokens_p99: IntGaugeVec,
+    pub suggested_max_tokens: IntGaugeVec,
+    pub max_tokens_unused_ratio: GaugeVec,
+    /// Every metric registered, for [`Metrics::families`].
+    families: Arc<[Family]>,
+}
+
+/// A registered metric: its name and type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Family {
+    pub name: &'static str,
+    pub kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    /// Exported as `NAME_bucket`, `NAME_sum` and `NAME_count`.
+    Histogram,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -55,6 +83,11 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 const HINT_BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0];
 const RATIO_BUCKETS: &[f64] = &[1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0];
+/// Token counts per request: powers of two from 16 to 256K.
+const LENGTH_BUCKETS: &[f64] = &[
+    16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0,
+    65536.0, 131072.0, 262144.0,
+];
 const LEDGER_BUCKETS: &[f64] = &[
     0.00001, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
 ];
@@ -62,7 +95,10 @@ const LEDGER_BUCKETS: &[f64] = &[
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new(registry: &Registry) -> Result<Metrics, prometheus::Error> {
-        let r = Reg(registry);
+        let r = Reg {
+            registry,
+            families: RefCell::new(Vec::new()),
+        };
         Ok(Metrics {
             requests: r.counter("tokengate_requests_total", "Requests by pool, operation and outcome.", &["pool", "operation", "outcome"])?,
             rejections: r.counter("tokengate_rejections_total", "Requests turned away, by pool and the limit that bound.", &["pool", "reason"])?,
@@ -88,8 +124,8 @@ impl Metrics {
             over_reservation_ratio: r.histogram("tokengate_over_reservation_ratio", "Reserved tokens / charged tokens, per settled request with usage.", &["pool"], RATIO_BUCKETS)?,
             ledger_errors: r.counter("tokengate_ledger_errors_total", "Ledger backend failures.", &["backend"])?,
             ledger_seconds: {
-                let h = Histogram::with_opts(HistogramOpts::new("tokengate_ledger_seconds", "Ledger call latency.").buckets(LEDGER_BUCKETS.to_vec()))?;
-                registry.register(Box::new(h.clone()))?;
+                let h = Histogram::with_opts(HistogramOpts::new("tokengate_ledger_seconds", "Ledger round-trip time of reserve and settle calls, every backend (for Redis, the Redis round trip).").buckets(LEDGER_BUCKETS.to_vec()))?;
+                r.register("tokengate_ledger_seconds", Kind::Histogram, Box::new(h.clone()))?;
                 h
             },
             config_reloads: r.counter("tokengate_config_reloads_total", "Config reloads by result.", &["result"])?,
@@ -98,10 +134,66 @@ impl Metrics {
             queue_outcomes: r.counter("tokengate_queue_outcomes_total", "Queued requests by outcome: admitted, timed_out, cancelled, shutdown.", &["pool", "outcome"])?,
             unsettled_reservations: {
                 let c = IntCounter::new("tokengate_unsettled_reservations_total", "Reservations settled by the drop safety net (a bug if non-zero).")?;
-                registry.register(Box::new(c.clone()))?;
+                r.register("tokengate_unsettled_reservations_total", Kind::Counter, Box::new(c.clone()))?;
                 c
             },
+            time_to_first_token_seconds: r.histogram("tokengate_time_to_first_token_seconds", "Time from admission to the first generated content: the first content event of a stream, the first body bytes otherwise.", &["pool", "operation"], LATENCY_BUCKETS)?,
+            input_tokens_per_request: r.histogram("tokengate_input_tokens_per_request", "Prompt length per request: input + cache-read + cache-write tokens reported by upstream.", &["pool"], LENGTH_BUCKETS)?,
+            output_tokens_per_request: r.histogram("tokengate_output_tokens_per_request", "Output tokens per request reported by upstream.", &["pool"], LENGTH_BUCKETS)?,
+            requested_max_tokens: r.histogram("tokengate_requested_max_tokens", "maxTokens reserved per request settled with usage (the pool default when the caller sent none).", &["pool"], LENGTH_BUCKETS)?,
+            output_tokens_p99: r.int_gauge("tokengate_output_tokens_p99", "p99 output tokens per request since start, by pool and configured model (maxTokens advice).", &["pool", "model"])?,
+            requested_max_tokens_p99: r.int_gauge("tokengate_requested_max_tokens_p99", "p99 maxTokens reserved per request since start, by pool and configured model (maxTokens advice).", &["pool", "model"])?,
+            suggested_max_tokens: r.int_gauge("tokengate_suggested_max_tokens", "Suggested maxTokens: p99 output x 1.2 rounded up to 64, once 20 requests were seen (maxTokens advice).", &["pool", "model"])?,
+            max_tokens_unused_ratio: r.gauge("tokengate_max_tokens_unused_ratio", "Share of reserved maxTokens that output did not use since start: 1 - sum(output) / sum(maxTokens).", &["pool", "model"])?,
+            families: r.families.take().into(),
         })
+        .inspect(Metrics::init_global_series)
+    }
+
+    /// Series of fixed label sets that exist from the start, at zero, so `rate()` and alerts see
+    /// them before the first event.
+    fn init_global_series(&self) {
+        for result in ["ok", "error"] {
+            self.config_reloads.with_label_values(&[result]).reset();
+        }
+    }
+
+    /// Every per-pool series of a fixed label set, at zero (called once per pool at start).
+    pub fn init_pool_series(&self, pool: &str, ledger_backend: &str) {
+        self.ledger_errors
+            .with_label_values(&[ledger_backend])
+            .reset();
+        self.queue_depth.with_label_values(&[pool]).set(0);
+        for rule in ["usage", "not_charged", "no_usage", "timeout", "abandoned"] {
+            self.settlements.with_label_values(&[pool, rule]).reset();
+        }
+        for outcome in ["admitted", "timed_out", "cancelled", "shutdown"] {
+            self.queue_outcomes
+                .with_label_values(&[pool, outcome])
+                .reset();
+        }
+        for kind in [
+            "connect",
+            "timeout",
+            "credentials",
+            "signing",
+            "stream_cut",
+            "idle_timeout",
+            "count_tokens",
+        ] {
+            self.upstream_errors
+                .with_label_values(&[pool, kind])
+                .reset();
+        }
+        self.rejections
+            .with_label_values(&[pool, "queue_full"])
+            .reset();
+    }
+
+    /// Every metric this process exports, whether or not it has a sample yet: what dashboards and
+    /// alert rules may refer to.
+    pub fn families(&self) -> &[Family] {
+        &self.families
     }
 
     /// A registry of its own, for tests and tools.
@@ -114,42 +206,57 @@ impl Metrics {
     }
 }
 
-struct Reg<'a>(&'a Registry);
+/// Registers metrics and remembers their names.
+struct Reg<'a> {
+    registry: &'a Registry,
+    families: RefCell<Vec<Family>>,
+}
 
 impl Reg<'_> {
+    fn register(
+        &self,
+        name: &'static str,
+        kind: Kind,
+        collector: Box<dyn prometheus::core::Collector>,
+    ) -> Result<(), prometheus::Error> {
+        self.registry.register(collector)?;
+        self.families.borrow_mut().push(Family { name, kind });
+        Ok(())
+    }
+
     fn counter(
         &self,
-        name: &str,
+        name: &'static str,
         help: &str,
         labels: &[&str],
     ) -> Result<IntCounterVec, prometheus::Error> {
         let m = IntCounterVec::new(Opts::new(name, help), labels)?;
-        self.0.register(Box::new(m.clone()))?;
+        self.register(name, Kind::Counter, Box::new(m.clone()))?;
         Ok(m)
     }
     fn int_gauge(
         &self,
-        name: &str,
+        name: &'static str,
         help: &str,
         labels: &[&str],
     ) -> Result<IntGaugeVec, prometheus::Error> {
         let m = IntGaugeVec::new(Opts::new(name, help), labels)?;
-        self.0.register(Box::new(m.clone()))?;
+        self.register(name, Kind::Gauge, Box::new(m.clone()))?;
         Ok(m)
     }
     fn gauge(
         &self,
-        name: &str,
+        name: &'static str,
         help: &str,
         labels: &[&str],
     ) -> Result<GaugeVec, prometheus::Error> {
         let m = GaugeVec::new(Opts::new(name, help), labels)?;
-        self.0.register(Box::new(m.clone()))?;
+        self.register(name, Kind::Gauge, Box::new(m.clone()))?;
         Ok(m)
     }
     fn histogram(
         &self,
-        name: &str,
+        name: &'static str,
         help: &str,
         labels: &[&str],
         buckets: &[f64],
@@ -158,7 +265,7 @@ impl Reg<'_> {
             HistogramOpts::new(name, help).buckets(buckets.to_vec()),
             labels,
         )?;
-        self.0.register(Box::new(m.clone()))?;
+        self.register(name, Kind::Histogram, Box::new(m.clone()))?;
         Ok(m)
     }
 }

@@ -136,7 +136,13 @@ impl Body for MeteredBody {
                     .reset(Instant::now() + *this.idle_timeout);
                 if let (Some(meter), Some(data)) = (this.meter.as_mut(), frame.data_ref()) {
                     meter.admitted.first_byte();
-                    if let Some(usage) = meter.observer.on_data(data) {
+                    let usage = meter.observer.on_data(data);
+                    // Generated content seen: a stream's first content event, any body bytes
+                    // of a non-streamed response.
+                    if meter.observer.output_tokens_seen() > 0 {
+                        meter.admitted.first_token();
+                    }
+                    if let Some(usage) = usage {
                         meter.admitted.settle_usage(&usage);
                     }
                 }
