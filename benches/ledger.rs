@@ -50,7 +50,7 @@ async fn run() {
         eprintln!("no redis-server: nothing to compare");
         return;
     };
-    let (tcp, mut tcp_child) = tcp_server().await;
+    let (tcp, _tcp_server) = tcp_server().await;
     println!(
         "| backend | reserve p50 | reserve p99 | reserve p99.9 | settle p50 | settle p99 | decisions/s ({TASKS} tasks) | EVALSHA per reserve + settle |"
     );
@@ -73,8 +73,6 @@ async fn run() {
         );
         report(name, &ledger, Some(&url)).await;
     }
-    let _ = tcp_child.kill();
-    let _ = tcp_child.wait();
 }
 
 async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: Option<&str>) {
@@ -183,26 +181,38 @@ async fn evalsha_calls(url: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Kills the server when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A second server on loopback TCP (the way most deployments reach Redis).
-async fn tcp_server() -> (String, Child) {
+async fn tcp_server() -> (String, Server) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server");
+    let server = Server(
+        Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server"),
+    );
     let url = format!("redis://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -213,7 +223,7 @@ async fn tcp_server() -> (String, Child) {
                 .await
                 .is_ok()
         {
-            return (url, child);
+            return (url, server);
         }
         assert!(
             Instant::now() < deadline,
