@@ -3,7 +3,7 @@
 //! | path | what |
 //! |---|---|
 //! | `GET /healthz` | liveness: the process serves HTTP |
-//! | `GET /readyz` | readiness: started, credentials resolved, not draining |
+//! | `GET /readyz` | readiness: started, credentials resolved, not draining, ledger reachable (or a local share serving) |
 //! | `GET /metrics` | Prometheus text exposition |
 //! | `GET /v1/pools` | live ledger state per pool, JSON |
 //! | anything else | the `bedrock-runtime` API, proxied ([`crate::proxy::handle`]) |
@@ -52,10 +52,21 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    if state.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
+    let mode = state.admission.ledger().mode();
+    if !state.ready.load(Ordering::Acquire) {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    } else if !mode.ready() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: ledger unavailable\n",
+        )
+            .into_response()
+    } else {
+        (
+            StatusCode::OK,
+            format!("ready (ledger: {})\n", mode.label()),
+        )
+            .into_response()
     }
 }
 
@@ -65,6 +76,14 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .metrics
         .unsettled_reservations
         .inc_by(crate::ledger::unsettled_drops());
+    let mode = state.admission.ledger().mode();
+    for m in crate::ledger::LedgerMode::ALL {
+        state
+            .metrics
+            .ledger_mode
+            .with_label_values(&[m.label()])
+            .set(i64::from(m == mode));
+    }
     // Refresh the bucket gauges so a scrape sees the ledger as it is now.
     let _ = state.admission.pool_states().await;
     (

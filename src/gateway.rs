@@ -20,8 +20,8 @@ use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 use crate::{
     admission::Admission,
     app::{AppState, router},
-    config::{Config, Endpoint, LedgerConfig},
-    ledger::{Clock, Ledger, MemoryLedger},
+    config::{Config, Endpoint, LedgerConfig, OnLedgerError, RedisLedgerConfig},
+    ledger::{Clock, FallbackLedger, Ledger, MemoryLedger, RedisLedger, RedisOptions},
     metrics::Metrics,
     server,
     simulator::{self, SimulatorHandle},
@@ -137,9 +137,7 @@ impl Gateway {
         let clock = options.clock.unwrap_or_default();
         let ledger: Arc<dyn Ledger> = match &config.ledger {
             LedgerConfig::Memory => Arc::new(MemoryLedger::new(clock)),
-            LedgerConfig::Redis { .. } => {
-                return Err(StartError::Ledger("the redis backend is not available in this build yet; use backend = \"memory\"".into()));
-            }
+            LedgerConfig::Redis(redis) => redis_ledger(redis, clock, metrics.clone()).await?,
         };
         let upstream = Arc::new(upstream);
         let admission = Arc::new(
@@ -206,6 +204,34 @@ impl Gateway {
         }
         result
     }
+}
+
+/// The shared ledger, alone (fail-closed) or with a local share behind it.
+async fn redis_ledger(
+    config: &RedisLedgerConfig,
+    clock: Clock,
+    metrics: Arc<Metrics>,
+) -> Result<Arc<dyn Ledger>, StartError> {
+    let options = RedisOptions {
+        url: config.url.clone(),
+        timeout: config.timeout,
+        lease: config.lease,
+    };
+    let shared = RedisLedger::connect(options, metrics.clone())
+        .await
+        .map_err(|e| StartError::Ledger(e.message))?;
+    if !shared.is_healthy() {
+        tracing::warn!("redis ledger unreachable at start; retrying every second");
+    }
+    Ok(match config.on_error {
+        OnLedgerError::FailClosed => Arc::new(shared),
+        OnLedgerError::Local { expected_replicas } => Arc::new(FallbackLedger::new(
+            shared,
+            MemoryLedger::new(clock),
+            expected_replicas,
+            metrics,
+        )),
+    })
 }
 
 async fn default_chain(region: &str) -> Result<SharedCredentialsProvider, StartError> {

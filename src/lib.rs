@@ -15,7 +15,7 @@
 //! | [`config`] | raw TOML config, validation into typed config, error messages that name the key |
 //! | [`bedrock`] | the wire format: operations and paths, modelId parsing, maxTokens and usage extraction, event-stream frames, AWS error shapes |
 //! | [`admission`] | pool resolution, estimates, the admit/reject decision, retry hints, reconciliation |
-//! | [`ledger`] | the [`ledger::Ledger`] trait, bucket arithmetic, the memory backend |
+//! | [`ledger`] | the [`ledger::Ledger`] trait, bucket arithmetic, the memory and Redis backends, the local-share fallback |
 //! | [`upstream`] | SigV4 re-signing, the pooled HTTPS client, metered streaming pass-through |
 //! | [`auth`] | caller identity; SigV4 signature verification |
 //! | [`metrics`] | the Prometheus registry and every `tokengate_*` metric |

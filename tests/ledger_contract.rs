@@ -14,6 +14,9 @@
 //!   credit a burst, raising `max_concurrency` admits more;
 //! - no reservation is ever dropped unsettled (`unsettled_drops() == 0` after every case).
 //!
+//! The Redis backend runs against a private `redis-server` per case (see
+//! `common/redis_server.rs`): always under CI, and locally whenever `redis-server` is installed.
+//!
 //! Backends whose clock is not injectable (Redis uses the server's `TIME`) must pass too, so no
 //! case relies on a manual clock: limits are chosen so that refill during a case is small
 //! (600 tokens per minute refills 10 per second), and wherever refill matters the tolerance is
@@ -28,9 +31,12 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use tokengate::ledger::{
-    Clock, Decision, Ledger, Limit, Limits, MemoryLedger, PoolSnapshot, Rejection, Reservation,
-    ReserveRequest,
+use tokengate::{
+    ledger::{
+        Clock, Decision, Ledger, Limit, Limits, MemoryLedger, PoolSnapshot, RedisLedger,
+        RedisOptions, Rejection, Reservation, ReserveRequest,
+    },
+    metrics::Metrics,
 };
 use tokio::sync::Barrier;
 
@@ -38,7 +44,17 @@ use tokio::sync::Barrier;
 const TPM: u64 = 600;
 const TOKENS_PER_SEC: f64 = TPM as f64 / 60.0;
 
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+/// A ledger under test, and whatever must live as long as it (a private Redis).
+struct Backend {
+    ledger: Arc<dyn Ledger>,
+    _server: Option<redis_server::RedisServer>,
+}
+
 /// Instantiates every contract case for one backend: `contract_suite!(name => async factory)`.
+/// The factory returns `None` to skip (no Redis available outside CI).
 macro_rules! contract_suite {
     ($backend:ident => $factory:expr) => {
         contract_suite!(@cases $backend => $factory;
@@ -67,8 +83,10 @@ macro_rules! contract_suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 $(#[$attr])*
                 async fn $case() {
-                    let ledger: Arc<dyn Ledger> = $factory.await;
-                    super::$case(ledger).await;
+                    let Some(backend): Option<Backend> = $factory.await else {
+                        return;
+                    };
+                    super::$case(backend.ledger.clone()).await;
                     assert_eq!(tokengate::ledger::unsettled_drops(), 0, "a reservation was dropped unsettled");
                 }
             )*
@@ -76,11 +94,32 @@ macro_rules! contract_suite {
     };
 }
 
-async fn memory_ledger() -> Arc<dyn Ledger> {
-    Arc::new(MemoryLedger::new(Clock::tokio()))
+async fn memory_ledger() -> Option<Backend> {
+    Some(Backend {
+        ledger: Arc::new(MemoryLedger::new(Clock::tokio())),
+        _server: None,
+    })
+}
+
+async fn redis_ledger() -> Option<Backend> {
+    let server = redis_server::RedisServer::start().await?;
+    let options = RedisOptions {
+        url: server.url(),
+        timeout: Duration::from_secs(5),
+        lease: Duration::from_secs(60),
+    };
+    let ledger = RedisLedger::connect(options, Arc::new(Metrics::standalone().1))
+        .await
+        .expect("redis ledger");
+    assert!(ledger.is_healthy(), "the private redis-server answers");
+    Some(Backend {
+        ledger: Arc::new(ledger),
+        _server: Some(server),
+    })
 }
 
 contract_suite!(memory => memory_ledger());
+contract_suite!(redis => redis_ledger());
 
 // === helpers ===
 

@@ -88,8 +88,32 @@ pub struct UpstreamConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LedgerConfig {
     Memory,
-    Redis { url: String },
+    Redis(RedisLedgerConfig),
 }
+
+/// `[ledger] backend = "redis"`: one quota shared by every replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisLedgerConfig {
+    /// `redis://host:6379`, `redis://user:password@host:6379/0`, `redis+unix:///path/redis.sock`.
+    pub url: String,
+    /// The longest one ledger call may take (connecting included) before it counts as failed.
+    pub timeout: Duration,
+    /// How long a reservation outlives its replica's last renewal (renewed every third of it).
+    pub lease: Duration,
+    pub on_error: OnLedgerError,
+}
+
+/// What admission does while Redis is unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnLedgerError {
+    /// 503 `ServiceUnavailableException` with a retry hint; readiness false.
+    FailClosed,
+    /// Admit from a local share of `1 / expected_replicas` of each pool until Redis answers.
+    Local { expected_replicas: u32 },
+}
+
+const DEFAULT_LEDGER_TIMEOUT_MS: u64 = 250;
+const DEFAULT_LEASE_SECS: u64 = 600;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnknownModels {
@@ -210,30 +234,7 @@ impl Config {
             drain: Duration::from_secs(raw.server.drain_secs.unwrap_or(30)),
         };
         let upstream = validate_upstream(raw.upstream)?;
-        let ledger = match (
-            raw.ledger.backend.as_deref().unwrap_or("memory"),
-            raw.ledger.url,
-        ) {
-            ("memory", None) => LedgerConfig::Memory,
-            ("memory", Some(_)) => {
-                return Err(invalid("ledger.url", "only the redis backend takes a url"));
-            }
-            ("redis", Some(url)) if url.starts_with("redis://") || url.starts_with("rediss://") => {
-                LedgerConfig::Redis { url }
-            }
-            ("redis", _) => {
-                return Err(invalid(
-                    "ledger.url",
-                    "backend = \"redis\" needs url = \"redis://host:6379\"",
-                ));
-            }
-            (other, _) => {
-                return Err(invalid(
-                    "ledger.backend",
-                    format!("{other:?} is not a backend; use \"memory\" or \"redis\""),
-                ));
-            }
-        };
+        let ledger = validate_ledger(raw.ledger)?;
         let admission = AdmissionConfig {
             unknown_models: match raw.admission.unknown_models.as_deref().unwrap_or("reject") {
                 "reject" => UnknownModels::Reject,
@@ -287,6 +288,99 @@ impl Config {
             simulator: raw.simulator.unwrap_or_default(),
         })
     }
+}
+
+fn validate_ledger(raw: raw::RawLedger) -> Result<LedgerConfig, ConfigError> {
+    let backend = raw.backend.as_deref().unwrap_or("memory");
+    let url = match backend {
+        "memory" => {
+            let redis_only = [
+                ("ledger.url", raw.url.is_some()),
+                ("ledger.timeout_ms", raw.timeout_ms.is_some()),
+                ("ledger.lease_secs", raw.lease_secs.is_some()),
+                ("ledger.on_error", raw.on_error.is_some()),
+                ("ledger.expected_replicas", raw.expected_replicas.is_some()),
+            ];
+            if let Some((key, _)) = redis_only.iter().find(|(_, set)| *set) {
+                return Err(invalid(*key, "only the redis backend takes this key"));
+            }
+            return Ok(LedgerConfig::Memory);
+        }
+        "redis" => raw.url.ok_or_else(|| {
+            invalid(
+                "ledger.url",
+                "backend = \"redis\" needs url = \"redis://host:6379\"",
+            )
+        })?,
+        other => {
+            return Err(invalid(
+                "ledger.backend",
+                format!("{other:?} is not a backend; use \"memory\" or \"redis\""),
+            ));
+        }
+    };
+    if !["redis://", "redis+unix://", "unix://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
+    {
+        let hint = if url.starts_with("rediss://") {
+            "TLS (rediss://) is not supported in this build; "
+        } else {
+            ""
+        };
+        return Err(invalid(
+            "ledger.url",
+            format!("{hint}write redis://host:6379 or redis+unix:///path/to/redis.sock"),
+        ));
+    }
+    let timeout = Duration::from_millis(positive(
+        "ledger.timeout_ms",
+        raw.timeout_ms.unwrap_or(DEFAULT_LEDGER_TIMEOUT_MS),
+    )?);
+    let lease = Duration::from_secs(positive(
+        "ledger.lease_secs",
+        raw.lease_secs.unwrap_or(DEFAULT_LEASE_SECS),
+    )?);
+    if lease <= timeout * 3 {
+        return Err(invalid(
+            "ledger.lease_secs",
+            "must be longer than three ledger.timeout_ms (leases are renewed every third of it)",
+        ));
+    }
+    let on_error = match (
+        raw.on_error.as_deref().unwrap_or("fail-closed"),
+        raw.expected_replicas,
+    ) {
+        ("fail-closed", None) => OnLedgerError::FailClosed,
+        ("fail-closed", Some(_)) => {
+            return Err(invalid(
+                "ledger.expected_replicas",
+                "only on_error = \"local\" uses it; remove it or set on_error = \"local\"",
+            ));
+        }
+        ("local", Some(n)) if n > 0 => OnLedgerError::Local {
+            expected_replicas: n,
+        },
+        ("local", _) => {
+            return Err(invalid(
+                "ledger.expected_replicas",
+                "on_error = \"local\" needs expected_replicas = N (the replica count): each replica then \
+                 admits 1/N of each pool while Redis is unreachable",
+            ));
+        }
+        (other, _) => {
+            return Err(invalid(
+                "ledger.on_error",
+                format!("{other:?}: use \"fail-closed\" or \"local\""),
+            ));
+        }
+    };
+    Ok(LedgerConfig::Redis(RedisLedgerConfig {
+        url,
+        timeout,
+        lease,
+        on_error,
+    }))
 }
 
 fn positive(key: &str, v: u64) -> Result<u64, ConfigError> {

@@ -49,6 +49,10 @@ pub struct RawUpstream {
 pub struct RawLedger {
     pub backend: Option<String>,
     pub url: Option<String>,
+    pub timeout_ms: Option<u64>,
+    pub lease_secs: Option<u64>,
+    pub on_error: Option<String>,
+    pub expected_replicas: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -86,6 +86,60 @@ fn each_invalid_setting_names_its_key() {
             "ledger.url: backend = \"redis\" needs url",
         ),
         (
+            Box::new(|c| {
+                c.replace(
+                    "backend = \"memory\"",
+                    "backend = \"memory\"\nlease_secs = 60",
+                )
+            }),
+            "ledger.lease_secs: only the redis backend takes this key",
+        ),
+        (
+            Box::new(|c| {
+                c.replace(
+                    "backend = \"memory\"",
+                    "backend = \"redis\"\nurl = \"rediss://h:6379\"",
+                )
+            }),
+            "ledger.url: TLS (rediss://) is not supported",
+        ),
+        (
+            Box::new(|c| {
+                c.replace(
+                    "backend = \"memory\"",
+                    "backend = \"redis\"\nurl = \"redis://h\"\non_error = \"local\"",
+                )
+            }),
+            "ledger.expected_replicas: on_error = \"local\" needs expected_replicas",
+        ),
+        (
+            Box::new(|c| {
+                c.replace(
+                    "backend = \"memory\"",
+                    "backend = \"redis\"\nurl = \"redis://h\"\nexpected_replicas = 3",
+                )
+            }),
+            "ledger.expected_replicas: only on_error = \"local\" uses it",
+        ),
+        (
+            Box::new(|c| {
+                c.replace(
+                    "backend = \"memory\"",
+                    "backend = \"redis\"\nurl = \"redis://h\"\non_error = \"open\"",
+                )
+            }),
+            "ledger.on_error: \"open\": use \"fail-closed\" or \"local\"",
+        ),
+        (
+            Box::new(|c| {
+                c.replace(
+                    "backend = \"memory\"",
+                    "backend = \"redis\"\nurl = \"redis://h\"\ntimeout_ms = 1000\nlease_secs = 2",
+                )
+            }),
+            "ledger.lease_secs: must be longer than three ledger.timeout_ms",
+        ),
+        (
             Box::new(|c| c.replace("endpoint = \"simulated\"", "endpoint = \"ftp://x\"")),
             "upstream.endpoint:",
         ),
@@ -105,6 +159,35 @@ fn each_invalid_setting_names_its_key() {
             "expected {expected:?} in {message:?}"
         );
     }
+}
+
+#[test]
+fn the_redis_ledger_keys_parse_with_defaults() {
+    let redis = |extra: &str| {
+        let text = MINIMAL.replace(
+            "backend = \"memory\"",
+            &format!("backend = \"redis\"\nurl = \"redis://10.0.0.5:6379\"\n{extra}"),
+        );
+        match Config::parse(&text).unwrap().ledger {
+            LedgerConfig::Redis(r) => r,
+            other => panic!("{other:?}"),
+        }
+    };
+    let defaults = redis("");
+    assert_eq!(defaults.url, "redis://10.0.0.5:6379");
+    assert_eq!(defaults.timeout, Duration::from_millis(250));
+    assert_eq!(defaults.lease, Duration::from_secs(600));
+    assert_eq!(defaults.on_error, OnLedgerError::FailClosed);
+    let local =
+        redis("timeout_ms = 50\nlease_secs = 30\non_error = \"local\"\nexpected_replicas = 4");
+    assert_eq!(local.timeout, Duration::from_millis(50));
+    assert_eq!(local.lease, Duration::from_secs(30));
+    assert_eq!(
+        local.on_error,
+        OnLedgerError::Local {
+            expected_replicas: 4
+        }
+    );
 }
 
 #[test]

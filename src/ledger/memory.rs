@@ -149,7 +149,7 @@ impl Ledger for MemoryLedger {
         Ok(match state.reserve(request.tokens) {
             Ok(()) => {
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                Decision::Admitted(Reservation::new(key, request.tokens, id))
+                Decision::Admitted(Reservation::new(key, request.tokens, id, "memory"))
             }
             Err(rejection) => Decision::Rejected(rejection),
         })

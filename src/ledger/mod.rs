@@ -3,8 +3,9 @@
 //! [`Ledger`] is the seam between admission (which decides *what* to ask for) and storage (which
 //! holds the shared state and answers atomically). A backend checks every limit of a pool (the
 //! token bucket, the request bucket, the concurrency semaphore) and takes all of them or none.
-//! The memory backend serves one process; a Redis backend shares one quota between replicas
-//! behind the same trait.
+//! The memory backend serves one process; the Redis backend ([`redis`]) shares one quota between
+//! replicas behind the same trait, and [`fallback`] puts a local share behind it for when Redis is
+//! unreachable.
 //!
 //! Limits travel with each call instead of living in the backend: admission owns the effective
 //! limits (headroom, upstream-throttle feedback, config reloads), and every replica sharing a
@@ -16,7 +17,9 @@
 
 pub mod bucket;
 pub mod clock;
+pub mod fallback;
 pub mod memory;
+pub mod redis;
 
 use std::{
     fmt,
@@ -31,7 +34,9 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 pub use clock::Clock;
+pub use fallback::FallbackLedger;
 pub use memory::MemoryLedger;
+pub use redis::{RedisLedger, RedisOptions};
 
 /// The limits of one pool, as admission currently applies them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,17 +111,24 @@ pub struct Reservation {
     pool: Arc<str>,
     tokens: u64,
     id: u64,
+    backend: &'static str,
     settled: bool,
 }
 
 impl Reservation {
-    pub(crate) fn new(pool: Arc<str>, tokens: u64, id: u64) -> Self {
+    pub(crate) fn new(pool: Arc<str>, tokens: u64, id: u64, backend: &'static str) -> Self {
         Reservation {
             pool,
             tokens,
             id,
+            backend,
             settled: false,
         }
+    }
+
+    /// The backend that issued it (`memory`, `redis`): a reservation is settled where it was taken.
+    pub fn backend(&self) -> &'static str {
+        self.backend
     }
 
     pub fn pool(&self) -> &str {
@@ -146,6 +158,7 @@ impl fmt::Debug for Reservation {
             .field("pool", &self.pool)
             .field("tokens", &self.tokens)
             .field("id", &self.id)
+            .field("backend", &self.backend)
             .finish()
     }
 }
@@ -178,6 +191,43 @@ pub struct LedgerError {
     pub message: String,
 }
 
+/// How a ledger is serving now: readiness and `tokengate_ledger_mode{mode}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerMode {
+    /// The in-process ledger of a single replica.
+    Memory,
+    /// The shared (Redis) ledger, answering.
+    Shared,
+    /// The shared ledger is unreachable; admitting from this replica's local share of each pool.
+    LocalShare,
+    /// The shared ledger is unreachable and there is no fallback: requests get 503.
+    Unavailable,
+}
+
+impl LedgerMode {
+    pub const ALL: [LedgerMode; 4] = [
+        LedgerMode::Memory,
+        LedgerMode::Shared,
+        LedgerMode::LocalShare,
+        LedgerMode::Unavailable,
+    ];
+
+    /// The `mode` label of `tokengate_ledger_mode`.
+    pub fn label(self) -> &'static str {
+        match self {
+            LedgerMode::Memory => "memory",
+            LedgerMode::Shared => "shared",
+            LedgerMode::LocalShare => "local_share",
+            LedgerMode::Unavailable => "unavailable",
+        }
+    }
+
+    /// Whether a replica in this mode should receive traffic.
+    pub fn ready(self) -> bool {
+        self != LedgerMode::Unavailable
+    }
+}
+
 /// Quota state, checked and updated atomically per request.
 #[async_trait]
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
@@ -198,4 +248,10 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
 
     /// `memory`, `redis`, ...: for logs and metrics.
     fn backend(&self) -> &'static str;
+
+    /// How the ledger is serving now (readiness follows it). A backend that cannot fail is
+    /// always [`LedgerMode::Memory`].
+    fn mode(&self) -> LedgerMode {
+        LedgerMode::Memory
+    }
 }

@@ -44,6 +44,10 @@ pub struct Metrics {
     pub over_reservation_ratio: HistogramVec,
     pub ledger_errors: IntCounterVec,
     pub ledger_seconds: Histogram,
+    /// Times the shared ledger became unreachable and admission fell back to the local share.
+    pub ledger_fallbacks: IntCounter,
+    /// 1 for the mode the ledger serves in now (memory, shared, local_share, unavailable).
+    pub ledger_mode: IntGaugeVec,
     pub config_reloads: IntCounterVec,
     pub queue_depth: IntGaugeVec,
     pub queue_wait_seconds: HistogramVec,
@@ -128,6 +132,12 @@ impl Metrics {
                 r.register("tokengate_ledger_seconds", Kind::Histogram, Box::new(h.clone()))?;
                 h
             },
+            ledger_fallbacks: {
+                let c = IntCounter::new("tokengate_ledger_fallback_total", "Times the shared ledger was unreachable and admission fell back to the local share.")?;
+                registry.register(Box::new(c.clone()))?;
+                c
+            },
+            ledger_mode: r.int_gauge("tokengate_ledger_mode", "1 for the mode the ledger serves in: memory, shared, local_share, unavailable.", &["mode"])?,
             config_reloads: r.counter("tokengate_config_reloads_total", "Config reloads by result.", &["result"])?,
             queue_depth: r.int_gauge("tokengate_queue_depth", "Requests waiting in the pool's admission queue.", &["pool"])?,
             queue_wait_seconds: r.histogram("tokengate_queue_wait_seconds", "Time queued requests waited.", &["pool"], HINT_BUCKETS)?,

@@ -4,6 +4,7 @@
 
 pub mod fleet;
 pub mod scrape;
+pub mod redis_server;
 
 use std::{net::SocketAddr, time::Duration};
 

@@ -1,0 +1,234 @@
+//! Admission decisions against each ledger backend, in one run: the memory ledger, and the Redis
+//! ledger over loopback TCP and over a unix socket, each against a private `redis-server`.
+//!
+//! For each backend:
+//! - **latency**: one task doing `reserve` then `settle`, one after the other; the latency of each
+//!   `reserve` (the admission decision) and of each `settle` is recorded; p50 / p99 / p99.9.
+//! - **throughput**: 32 tasks on a 2-worker runtime doing reserve/settle pairs for a few seconds:
+//!   decisions per second (one decision = one reserve; each is followed by its settle).
+//! - **round trips**: Redis's own count of `EVALSHA` calls (`INFO commandstats`) per decision, to
+//!   show one round trip to admit and one to settle.
+//!
+//! Run: `cargo bench --bench ledger` (needs `redis-server` on PATH; prints a Markdown table).
+
+#[path = "../tests/common/redis_server.rs"]
+mod redis_server;
+
+use std::{
+    process::{Child, Command, Stdio},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokengate::{
+    ledger::{
+        Clock, Decision, Ledger, Limits, MemoryLedger, RedisLedger, RedisOptions, ReserveRequest,
+    },
+    metrics::Metrics,
+};
+
+const LIMITS: Limits = Limits {
+    tokens_per_minute: 1_000_000_000,
+    requests_per_minute: None,
+    max_concurrency: 1_000_000,
+};
+const SEQUENTIAL: usize = 20_000;
+const TASKS: usize = 32;
+const THROUGHPUT_RUN: Duration = Duration::from_secs(4);
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(run());
+}
+
+async fn run() {
+    let Some(unix) = redis_server::RedisServer::start().await else {
+        eprintln!("no redis-server: nothing to compare");
+        return;
+    };
+    let (tcp, _tcp_server) = tcp_server().await;
+    println!(
+        "| backend | reserve p50 | reserve p99 | reserve p99.9 | settle p50 | settle p99 | decisions/s ({TASKS} tasks) | EVALSHA per reserve + settle |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let memory: Arc<dyn Ledger> = Arc::new(MemoryLedger::new(Clock::tokio()));
+    report("memory", &memory, None).await;
+    for (name, url) in [
+        ("redis, loopback TCP", tcp.clone()),
+        ("redis, unix socket", unix.url()),
+    ] {
+        let options = RedisOptions {
+            url: url.clone(),
+            timeout: Duration::from_secs(2),
+            lease: Duration::from_secs(600),
+        };
+        let ledger: Arc<dyn Ledger> = Arc::new(
+            RedisLedger::connect(options, Arc::new(Metrics::standalone().1))
+                .await
+                .expect("redis ledger"),
+        );
+        report(name, &ledger, Some(&url)).await;
+    }
+}
+
+async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: Option<&str>) {
+    // Warm up: connection, script load.
+    for _ in 0..1_000 {
+        pair(ledger.as_ref(), "warm-up").await;
+    }
+    let evals_before = match redis {
+        Some(url) => evalsha_calls(url).await,
+        None => 0,
+    };
+    let (mut reserves, mut settles) = (
+        Vec::with_capacity(SEQUENTIAL),
+        Vec::with_capacity(SEQUENTIAL),
+    );
+    for _ in 0..SEQUENTIAL {
+        let (r, s) = pair(ledger.as_ref(), "latency").await;
+        reserves.push(r);
+        settles.push(s);
+    }
+    let per_decision = match redis {
+        Some(url) => format!(
+            "{:.2}",
+            (evalsha_calls(url).await - evals_before) as f64 / SEQUENTIAL as f64
+        ),
+        None => "-".into(),
+    };
+    let rate = throughput(ledger).await;
+    reserves.sort_unstable();
+    settles.sort_unstable();
+    println!(
+        "| {name} | {} | {} | {} | {} | {} | {rate:.0} | {per_decision} |",
+        us(percentile(&reserves, 0.50)),
+        us(percentile(&reserves, 0.99)),
+        us(percentile(&reserves, 0.999)),
+        us(percentile(&settles, 0.50)),
+        us(percentile(&settles, 0.99)),
+    );
+}
+
+/// One decision and its settlement; the time each took.
+async fn pair(ledger: &dyn Ledger, pool: &str) -> (Duration, Duration) {
+    let request = ReserveRequest {
+        pool,
+        limits: LIMITS,
+        tokens: 1_000,
+    };
+    let started = Instant::now();
+    let decision = ledger.reserve(&request).await;
+    let reserved = started.elapsed();
+    let Ok(Decision::Admitted(reservation)) = decision else {
+        panic!("the bench pool admits everything: {decision:?}");
+    };
+    let started = Instant::now();
+    ledger.settle(reservation, 0).await.expect("settle");
+    (reserved, started.elapsed())
+}
+
+async fn throughput(ledger: &Arc<dyn Ledger>) -> f64 {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let ledger = ledger.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while started.elapsed() < THROUGHPUT_RUN {
+                    pair(ledger.as_ref(), "throughput").await;
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut decisions = 0;
+    for t in tasks {
+        decisions += t.await.expect("task");
+    }
+    decisions as f64 / started.elapsed().as_secs_f64()
+}
+
+fn percentile(sorted: &[Duration], q: f64) -> Duration {
+    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.1} µs", d.as_secs_f64() * 1e6)
+}
+
+/// `EVALSHA` calls so far, from `INFO commandstats`.
+async fn evalsha_calls(url: &str) -> u64 {
+    let client = redis::Client::open(url).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Kills the server when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A second server on loopback TCP (the way most deployments reach Redis).
+async fn tcp_server() -> (String, Server) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let server = Server(
+        Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server"),
+    );
+    let url = format!("redis://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(client) = redis::Client::open(url.as_str())
+            && let Ok(mut conn) = client.get_multiplexed_async_connection().await
+            && redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .is_ok()
+        {
+            return (url, server);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis-server on {port} did not answer"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -1,0 +1,176 @@
+//! `on_error = "local"`: the shared ledger while it answers, a local share of each pool while it
+//! does not.
+//!
+//! # Failure semantics
+//!
+//! - **Redis fails a reserve** (unreachable, timed out, error): that request is decided by the
+//!   local ledger instead, and so is every request after it until the shared ledger answers again
+//!   (its background `PING`, every second while unhealthy, says when; no request waits on a
+//!   probe). Each switch to the local share counts in `tokengate_ledger_fallback_total`; every
+//!   absorbed Redis error counts in `tokengate_ledger_errors_total{backend="redis"}`;
+//!   `tokengate_ledger_mode` says which mode serves now. Readiness stays true: the replica admits.
+//! - **The local share** is a [`MemoryLedger`] holding `1 / expected_replicas` of each pool's
+//!   limits (tokens, requests, concurrency; at least one of each), so that replicas that all lose
+//!   Redis together stay, between them, within the pool's limits.
+//! - **A reservation is settled where it was taken**: local ones on the local ledger, shared ones
+//!   on Redis (if that fails, the shared lease expires; see [`super::redis`]).
+//! - **Overshoot.** The local buckets start full, and the shared bucket does not know what was
+//!   admitted locally: across the switch in either direction, the pool can receive up to one
+//!   extra bucket's worth of tokens within a minute (the shared state and the local shares each
+//!   admitting up to their full level), and up to `max_concurrency` extra requests in flight while
+//!   local requests admitted during the outage are still running after Redis returns. If fewer
+//!   replicas than `expected_replicas` lose Redis, the ones that keep it carry on with the shared
+//!   state, which does not see the local admissions either: set `expected_replicas` to the
+//!   replica count (or above) to keep the local shares small.
+//! - Snapshots while Redis answers add the local reservations still outstanding to the shared
+//!   figures, so "nothing in flight" means nothing in flight in either.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+
+use async_trait::async_trait;
+
+use super::{
+    Decision, Ledger, LedgerError, LedgerMode, Limits, MemoryLedger, PoolSnapshot, RedisLedger,
+    Reservation, ReserveRequest,
+};
+use crate::metrics::Metrics;
+
+/// The shared ledger with a local share behind it.
+#[derive(Debug)]
+pub struct FallbackLedger {
+    shared: RedisLedger,
+    local: MemoryLedger,
+    replicas: u32,
+    /// True from a fallback until the shared ledger admits again.
+    in_local: AtomicBool,
+    metrics: Arc<Metrics>,
+}
+
+impl FallbackLedger {
+    pub fn new(
+        shared: RedisLedger,
+        local: MemoryLedger,
+        expected_replicas: u32,
+        metrics: Arc<Metrics>,
+    ) -> FallbackLedger {
+        FallbackLedger {
+            shared,
+            local,
+            replicas: expected_replicas.max(1),
+            in_local: AtomicBool::new(false),
+            metrics,
+        }
+    }
+
+    pub fn shared(&self) -> &RedisLedger {
+        &self.shared
+    }
+
+    /// This replica's share of `limits`: `1 / expected_replicas` of each, at least one.
+    pub fn local_share(&self, limits: &Limits) -> Limits {
+        let n = u64::from(self.replicas);
+        Limits {
+            tokens_per_minute: (limits.tokens_per_minute / n).max(1),
+            requests_per_minute: limits.requests_per_minute.map(|r| (r / n).max(1)),
+            max_concurrency: (limits.max_concurrency / self.replicas).max(1),
+        }
+    }
+
+    fn enter_local(&self, reason: &LedgerError) {
+        if !self.in_local.swap(true, Ordering::AcqRel) {
+            self.metrics.ledger_fallbacks.inc();
+            tracing::warn!(error = %reason, replicas = self.replicas, "shared ledger unavailable: admitting from the local share (1/expected_replicas of each pool)");
+        }
+    }
+
+    fn enter_shared(&self) {
+        if self.in_local.swap(false, Ordering::AcqRel) {
+            tracing::info!("shared ledger back: admitting from Redis again");
+        }
+    }
+
+    async fn reserve_local(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError> {
+        let local = ReserveRequest {
+            pool: request.pool,
+            limits: self.local_share(&request.limits),
+            tokens: request.tokens,
+        };
+        self.local.reserve(&local).await
+    }
+}
+
+#[async_trait]
+impl Ledger for FallbackLedger {
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError> {
+        if self.shared.is_healthy() {
+            match self.shared.reserve(request).await {
+                Ok(decision) => {
+                    self.enter_shared();
+                    return Ok(decision);
+                }
+                Err(e) => {
+                    self.metrics
+                        .ledger_errors
+                        .with_label_values(&[self.shared.backend()])
+                        .inc();
+                    self.enter_local(&e);
+                }
+            }
+        } else if !self.in_local.load(Ordering::Acquire) {
+            self.enter_local(&LedgerError {
+                backend: self.shared.backend(),
+                message: "unreachable at the last call".into(),
+            });
+        }
+        self.reserve_local(request).await
+    }
+
+    async fn settle(
+        &self,
+        reservation: Reservation,
+        charged_tokens: u64,
+    ) -> Result<(), LedgerError> {
+        if reservation.backend() == self.local.backend() {
+            self.local.settle(reservation, charged_tokens).await
+        } else {
+            self.shared.settle(reservation, charged_tokens).await
+        }
+    }
+
+    async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError> {
+        let local = self.local.snapshot(pool, &self.local_share(limits)).await?;
+        if !self.shared.is_healthy() {
+            return Ok(local);
+        }
+        match self.shared.snapshot(pool, limits).await {
+            Ok(mut shared) => {
+                shared.reserved_tokens += local.reserved_tokens;
+                shared.in_flight_requests += local.in_flight_requests;
+                Ok(shared)
+            }
+            Err(e) => {
+                self.metrics
+                    .ledger_errors
+                    .with_label_values(&[self.shared.backend()])
+                    .inc();
+                tracing::warn!(error = %e, "shared snapshot failed; showing the local share");
+                Ok(local)
+            }
+        }
+    }
+
+    fn backend(&self) -> &'static str {
+        self.shared.backend()
+    }
+
+    fn mode(&self) -> LedgerMode {
+        if self.shared.is_healthy() {
+            LedgerMode::Shared
+        } else {
+            LedgerMode::LocalShare
+        }
+    }
+}

@@ -1,0 +1,169 @@
+-- tokengate ledger, key layout v1: KEYS[1] = tg:v1:{pool}:s (hash), KEYS[2] = tg:v1:{pool}:l (zset).
+-- This prelude is prepended to every script (see src/ledger/redis.rs).
+--
+-- Token buckets as in src/ledger/bucket.rs, at millisecond resolution: a level is kept in
+-- "token-milliminutes" (one token is U = 60000 units) and a bucket of C tokens per minute refills
+-- exactly C units per elapsed millisecond of Redis TIME. Integers only: Lua numbers are doubles,
+-- and every value here stays an integer below 2^53 (the client refuses limits that could pass it).
+-- Stored numbers are written with '%.0f', never tostring (which keeps only 14 digits).
+--
+-- The state hash: tl/tc/tt = token level/capacity/updated ms; rl/rc/rt = the request bucket (absent
+-- when the pool has no request limit); res = tokens held by live leases.
+-- The lease zset: member "<id hex>:<tokens>", score = expiry in Redis ms. Its cardinality is the
+-- number of requests in flight.
+
+local U = 60000
+local PURGE_BATCH = 256
+local STATE, LEASES = KEYS[1], KEYS[2]
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- floor(a / b) for integers (b > 0), exact: a double quotient may round across an integer.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+local function bucket_new(cap, now)
+  return { level = cap * U, cap = cap, ts = now }
+end
+
+-- Adds what refilled since ts; never above capacity; time never runs backwards.
+local function refill(b, now)
+  if now > b.ts then
+    local full = b.cap * U
+    if b.cap > 0 and b.level < full then
+      -- Clamp elapsed first so that elapsed * cap stays exact.
+      local elapsed = math.min(now - b.ts, idiv(full - b.level, b.cap) + 1)
+      b.level = math.min(b.level + elapsed * b.cap, full)
+    end
+    b.ts = now
+  end
+end
+
+local function set_capacity(b, cap, now)
+  refill(b, now)
+  b.cap = cap
+  b.level = math.min(b.level, cap * U)
+end
+
+-- Milliseconds until `tokens` fit by refill alone: 0 if they fit now, -1 if never.
+local function wait_for(b, tokens)
+  local need = tokens * U
+  if need <= b.level then
+    return 0
+  end
+  if tokens > b.cap or b.cap == 0 then
+    return -1
+  end
+  return idiv(need - b.level + b.cap - 1, b.cap)
+end
+
+-- Whole tokens now (negative while repaying a burndown debt).
+local function whole(b)
+  return idiv(b.level, U)
+end
+
+local function load(now)
+  local h = redis.call('HMGET', STATE, 'tl', 'tc', 'tt', 'rl', 'rc', 'rt', 'res')
+  if not h[1] then
+    return nil
+  end
+  local s = {
+    tokens = { level = tonumber(h[1]), cap = tonumber(h[2]), ts = tonumber(h[3]) },
+    reserved = tonumber(h[7]) or 0,
+  }
+  if h[4] then
+    s.requests = { level = tonumber(h[4]), cap = tonumber(h[5]), ts = tonumber(h[6]) }
+  end
+  return s
+end
+
+-- The pool's state under the limits of this call (rpm < 0: no request limit), created full.
+local function load_synced(tpm, rpm, now)
+  local s = load(now)
+  if not s then
+    s = { tokens = bucket_new(tpm, now), reserved = 0 }
+    if rpm >= 0 then
+      s.requests = bucket_new(rpm, now)
+    end
+    return s
+  end
+  if s.tokens.cap ~= tpm then
+    set_capacity(s.tokens, tpm, now)
+  end
+  refill(s.tokens, now)
+  if s.requests and rpm >= 0 then
+    if s.requests.cap ~= rpm then
+      set_capacity(s.requests, rpm, now)
+    end
+    refill(s.requests, now)
+  elseif rpm >= 0 then
+    s.requests = bucket_new(rpm, now)
+  else
+    s.requests = nil
+  end
+  return s
+end
+
+-- Removes leases that expired (their holder stopped renewing: it crashed or lost Redis). Their
+-- permits return; their tokens stay charged in full (see the module docs for why).
+local function purge(s, now)
+  local expired = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, PURGE_BATCH)
+  for _, m in ipairs(expired) do
+    local tokens = tonumber(string.match(m, ':(%d+)$')) or 0
+    s.reserved = math.max(0, s.reserved - tokens)
+  end
+  if #expired > 0 then
+    redis.call('ZREM', LEASES, unpack(expired))
+  end
+  return #expired
+end
+
+local function to_full(b)
+  if not b or b.cap == 0 or b.level >= b.cap * U then
+    return 0
+  end
+  return idiv(b.cap * U - b.level + b.cap - 1, b.cap)
+end
+
+-- Sets a key's TTL to at least ms (never shortens it).
+local function extend(key, ms)
+  local current = redis.call('PTTL', key)
+  if current == -1 or (current >= 0 and current < ms) then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+
+-- Writes the state back. Both keys live until every lease has expired and both buckets are full
+-- again, plus a minute: a pool that expired is indistinguishable from a fresh, full one.
+local function save(s, now)
+  local t = s.tokens
+  redis.call('HSET', STATE, 'tl', int(t.level), 'tc', int(t.cap), 'tt', int(t.ts), 'res', int(s.reserved))
+  local r = s.requests
+  if r then
+    redis.call('HSET', STATE, 'rl', int(r.level), 'rc', int(r.cap), 'rt', int(r.ts))
+  else
+    redis.call('HDEL', STATE, 'rl', 'rc', 'rt')
+  end
+  local ttl = math.max(to_full(t), to_full(r))
+  local last = redis.call('ZRANGE', LEASES, -1, -1, 'WITHSCORES')
+  if last[2] then
+    ttl = math.max(ttl, tonumber(last[2]) - now)
+  end
+  ttl = ttl + 60000
+  extend(STATE, ttl)
+  extend(LEASES, ttl)
+end

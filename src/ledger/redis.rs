@@ -1,0 +1,525 @@
+//! The shared ledger: one quota for every replica, kept in Redis (or Valkey).
+//!
+//! # Layout
+//!
+//! Each pool is two keys sharing the hash tag `{pool}`, so that one script touches one Cluster
+//! slot: `tg:v1:{pool}:s`, a hash with the token bucket, the request bucket and the tokens held by
+//! live leases; and `tg:v1:{pool}:l`, a sorted set of leases, one per admitted request, scored by
+//! expiry (its size is the number of requests in flight). The logic is server-side Lua
+//! (`src/ledger/lua/`), one script per operation, each one round trip: `admit` (purge expired
+//! leases, refill, check tokens, requests and concurrency, take all or nothing), `settle`,
+//! `renew`, `snapshot`. Scripts are called by SHA1 (`EVALSHA`; a Redis that lost them gets them
+//! again on `NOSCRIPT`) and read the time from Redis `TIME`, never from a replica.
+//!
+//! The arithmetic is [`super::bucket`]'s, exact in integers, at millisecond resolution: a level is
+//! kept in token-milliminutes (Lua numbers are doubles, and token-nanominutes would pass 2^53),
+//! so refill over any split of time is exact; waits are rounded up to the millisecond.
+//! Limits above [`MAX_TOKENS_PER_MINUTE`] are refused rather than computed inexactly.
+//!
+//! # Leases
+//!
+//! Every reservation is a lease that expires `lease` after it was taken or last renewed. This
+//! ledger renews the leases it holds every `lease / 3` from a background task, so a live replica
+//! keeps its reservations however long a generation runs, and a dead one stops renewing. Every
+//! script first purges expired leases: their permits come back, their tokens stay **charged in
+//! full** (no refund). The request a lease stood for may have run to the end upstream, which
+//! deducted `input + maxTokens` at its start; refunding a reservation nobody settled could admit
+//! what upstream then throttles, while keeping it only delays capacity that refill returns within
+//! a minute anyway.
+//!
+//! # Failure semantics
+//!
+//! - **Redis unreachable, slow or failing.** Each call is bounded by `timeout` (`ledger.timeout_ms`)
+//!   and fails with a [`LedgerError`] that says which operation and pool. The ledger then reports
+//!   [`LedgerMode::Unavailable`] (readiness goes false) until a call, or the background `PING`
+//!   sent every second while unhealthy, succeeds. Used alone (`on_error = "fail-closed"`),
+//!   admission answers 503 `ServiceUnavailableException` with a retry hint: admitting without the
+//!   shared state would break the promise that upstream never throttles. With
+//!   `on_error = "local"` see [`super::fallback`].
+//! - **A reserve that timed out may still have run** (the command was sent). Its lease is known to
+//!   no replica, so nobody renews it: it holds its capacity until it expires (under-admission,
+//!   never over). The same holds for a reserve abandoned mid-flight by a client that hung up.
+//! - **A settle that fails** stops renewing its lease: the permit returns at expiry, the tokens
+//!   stay charged in full.
+//! - **A replica that dies** (crash, `SIGKILL`, lost node) stops renewing: all its leases expire
+//!   within `lease` of its last renewal, and the next call on each pool reclaims them.
+//! - **Bound on overshoot.** A live lease never over-admits. Once a lease has expired, upstream
+//!   can receive more than the limits only from requests still running upstream after their
+//!   replica stopped renewing: concurrency can exceed `max_concurrency` by the number of such
+//!   requests (a dead replica's upstream connections close with it, so normally none), and tokens
+//!   by their charge above their reservation (output burndown), which nobody debits: at most
+//!   `maxTokens x (burndown - 1)` per request the dead replica had in flight.
+//! - **Clocks.** Only Redis `TIME` is used. After a failover to a Redis whose clock is behind,
+//!   refill pauses until that clock catches up (time never runs backwards in a bucket).
+//! - **Rolling deploys.** Keys carry the layout version (`tg:v1:`) and scripts are addressed by
+//!   their SHA1, so two builds never run each other's scripts or read each other's state. A new
+//!   layout version means new keys: while both versions run, each enforces the full limits on its
+//!   own state, so roll such a change quickly or lower the limits while it rolls.
+//! - **Expiry of idle pools.** Both keys live until every lease has expired and both buckets are
+//!   full again, plus a minute; a pool that expired is the same as a fresh, full one.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+use redis::{
+    FromRedisValue, Script, ScriptInvocation,
+    aio::{ConnectionManager, ConnectionManagerConfig},
+};
+use tokio::task::AbortHandle;
+
+use super::{
+    Decision, Ledger, LedgerError, LedgerMode, Limit, Limits, PoolSnapshot, Rejection, Reservation,
+    ReserveRequest,
+};
+use crate::metrics::Metrics;
+
+/// The version of the key layout and scripts, in every key: bump it with any change to either.
+pub const LAYOUT_VERSION: &str = "v1";
+
+/// The largest `tokens_per_minute` the scripts keep exact: a full bucket is `tpm x 60,000` units,
+/// and levels (including burndown debt) must stay far below 2^53.
+pub const MAX_TOKENS_PER_MINUTE: u64 = 1_000_000_000;
+/// Charges above this are debited as this much (ten of the largest buckets): same reason.
+const MAX_CHARGE: u64 = 10 * MAX_TOKENS_PER_MINUTE;
+/// Leases renewed per script call.
+const RENEW_BATCH: usize = 256;
+const BACKEND: &str = "redis";
+
+const COMMON: &str = include_str!("lua/common.lua");
+
+/// How to reach Redis and how long leases last.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// `redis://[user:password@]host:port[/db]` or `redis+unix:///path/to/socket`.
+    pub url: String,
+    /// The longest any one call may take, connecting included.
+    pub timeout: Duration,
+    /// How long a reservation outlives the last renewal by its holder.
+    pub lease: Duration,
+}
+
+#[derive(Debug)]
+struct Scripts {
+    admit: Script,
+    settle: Script,
+    renew: Script,
+    snapshot: Script,
+}
+
+impl Scripts {
+    fn new() -> Scripts {
+        let script = |body: &str| Script::new(&format!("{COMMON}\n{body}"));
+        Scripts {
+            admit: script(include_str!("lua/admit.lua")),
+            settle: script(include_str!("lua/settle.lua")),
+            renew: script(include_str!("lua/renew.lua")),
+            snapshot: script(include_str!("lua/snapshot.lua")),
+        }
+    }
+}
+
+/// The Redis-backed ledger. Cheap to share behind an `Arc`; dropping it stops lease renewal.
+#[derive(Debug)]
+pub struct RedisLedger {
+    inner: Arc<Inner>,
+    maintenance: AbortHandle,
+}
+
+#[derive(Debug)]
+struct Inner {
+    conn: ConnectionManager,
+    scripts: Scripts,
+    timeout: Duration,
+    lease: Duration,
+    /// Leases this replica holds and renews: id -> (pool, tokens).
+    held: DashMap<u64, (Arc<str>, u64)>,
+    healthy: AtomicBool,
+    metrics: Arc<Metrics>,
+}
+
+// === impl RedisLedger ===
+
+impl RedisLedger {
+    /// Connects (lazily: an unreachable Redis makes the ledger unavailable, not the start fail)
+    /// and starts lease renewal. Errors only on a URL that cannot be used.
+    pub async fn connect(
+        options: RedisOptions,
+        metrics: Arc<Metrics>,
+    ) -> Result<RedisLedger, LedgerError> {
+        let client = redis::Client::open(options.url.as_str()).map_err(|e| LedgerError {
+            backend: BACKEND,
+            message: format!("ledger.url is not a usable Redis URL: {e}"),
+        })?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.timeout))
+            .set_response_timeout(Some(options.timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1));
+        let conn =
+            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| LedgerError {
+                backend: BACKEND,
+                message: format!("cannot set up the Redis connection (ledger.url): {e}"),
+            })?;
+        let inner = Arc::new(Inner {
+            conn,
+            scripts: Scripts::new(),
+            timeout: options.timeout,
+            lease: options.lease,
+            held: DashMap::new(),
+            healthy: AtomicBool::new(true),
+            metrics,
+        });
+        inner.probe().await;
+        let maintenance = tokio::spawn(maintain(Arc::downgrade(&inner))).abort_handle();
+        Ok(RedisLedger { inner, maintenance })
+    }
+
+    /// Whether the last call to Redis succeeded.
+    pub fn is_healthy(&self) -> bool {
+        self.inner.healthy.load(Ordering::Acquire)
+    }
+
+    /// Leases this replica holds (and renews).
+    pub fn held_leases(&self) -> usize {
+        self.inner.held.len()
+    }
+
+    /// Renews every lease this replica holds now (the background task does this every
+    /// `lease / 3`).
+    pub async fn renew_all(&self) {
+        self.inner.renew_all().await;
+    }
+}
+
+impl Drop for RedisLedger {
+    fn drop(&mut self) {
+        self.maintenance.abort();
+    }
+}
+
+/// The background task: renews held leases every `lease / 3`, and pings Redis every second
+/// while it is unhealthy so that readiness (and the fallback) come back without traffic.
+async fn maintain(inner: Weak<Inner>) {
+    let Some(lease) = inner.upgrade().map(|i| i.lease) else {
+        return;
+    };
+    let renew_every = lease / 3;
+    let tick = renew_every.min(Duration::from_secs(1));
+    let mut last_renewal = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if !inner.healthy.load(Ordering::Acquire) {
+            inner.probe().await;
+        }
+        if last_renewal.elapsed() >= renew_every {
+            last_renewal = tokio::time::Instant::now();
+            inner.renew_all().await;
+        }
+    }
+}
+
+fn keys(pool: &str) -> [String; 2] {
+    [
+        format!("tg:{LAYOUT_VERSION}:{{{pool}}}:s"),
+        format!("tg:{LAYOUT_VERSION}:{{{pool}}}:l"),
+    ]
+}
+
+/// The lease's member in the pool's sorted set: its id and the tokens it holds.
+fn member(id: u64, tokens: u64) -> String {
+    format!("{id:016x}:{tokens}")
+}
+
+fn lease_id(member: &str) -> Option<u64> {
+    let (id, _) = member.split_once(':')?;
+    u64::from_str_radix(id, 16).ok()
+}
+
+fn check_limits(pool: &str, limits: &Limits) -> Result<(), LedgerError> {
+    let too_big = |what: &str, v: u64| LedgerError {
+        backend: BACKEND,
+        message: format!(
+            "pool {pool:?}: {what} = {v} is above the redis ledger's exact range ({MAX_TOKENS_PER_MINUTE})"
+        ),
+    };
+    if limits.tokens_per_minute > MAX_TOKENS_PER_MINUTE {
+        return Err(too_big("tokens_per_minute", limits.tokens_per_minute));
+    }
+    match limits.requests_per_minute {
+        Some(rpm) if rpm > MAX_TOKENS_PER_MINUTE => Err(too_big("requests_per_minute", rpm)),
+        _ => Ok(()),
+    }
+}
+
+fn rpm_arg(limits: &Limits) -> i64 {
+    limits
+        .requests_per_minute
+        .map_or(-1, |r| i64::try_from(r).unwrap_or(i64::MAX))
+}
+
+fn unexpected(op: &str, reply: &[i64]) -> LedgerError {
+    LedgerError {
+        backend: BACKEND,
+        message: format!("{op}: unexpected reply from the script: {reply:?}"),
+    }
+}
+
+fn count(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+// === impl Inner ===
+
+impl Inner {
+    /// Runs one script call within the timeout; records health.
+    async fn run<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+        op: &str,
+        pool: &str,
+    ) -> Result<T, LedgerError> {
+        let mut conn = self.conn.clone();
+        let outcome = tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await;
+        let message = match outcome {
+            Ok(Ok(value)) => {
+                self.mark_healthy();
+                return Ok(value);
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!(
+                "no answer within {} ms (ledger.timeout_ms)",
+                self.timeout.as_millis()
+            ),
+        };
+        let message = format!("{op} for pool {pool:?}: {message}");
+        self.mark_unhealthy(&message);
+        Err(LedgerError {
+            backend: BACKEND,
+            message,
+        })
+    }
+
+    fn mark_healthy(&self) {
+        if !self.healthy.swap(true, Ordering::AcqRel) {
+            tracing::info!("redis ledger reachable again");
+        }
+    }
+
+    fn mark_unhealthy(&self, message: &str) {
+        if self.healthy.swap(false, Ordering::AcqRel) {
+            tracing::warn!(error = message, "redis ledger unavailable");
+        }
+    }
+
+    /// Errors this ledger absorbs (renewal, probes) are counted here; errors returned to the
+    /// caller are counted by whoever handles them, so each is counted once.
+    fn count_absorbed_error(&self) {
+        self.metrics
+            .ledger_errors
+            .with_label_values(&[BACKEND])
+            .inc();
+    }
+
+    async fn probe(&self) {
+        let mut conn = self.conn.clone();
+        let ping = redis::cmd("PING");
+        match tokio::time::timeout(self.timeout, ping.query_async::<String>(&mut conn)).await {
+            Ok(Ok(_)) => self.mark_healthy(),
+            Ok(Err(e)) => {
+                self.count_absorbed_error();
+                self.mark_unhealthy(&format!("PING: {e}"));
+            }
+            Err(_) => {
+                self.count_absorbed_error();
+                self.mark_unhealthy("PING: no answer within ledger.timeout_ms");
+            }
+        }
+    }
+
+    async fn renew_all(&self) {
+        let mut by_pool: HashMap<Arc<str>, Vec<String>> = HashMap::new();
+        for entry in &self.held {
+            let (pool, tokens) = entry.value();
+            by_pool
+                .entry(pool.clone())
+                .or_default()
+                .push(member(*entry.key(), *tokens));
+        }
+        let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
+        for (pool, members) in by_pool {
+            let keys = keys(&pool);
+            for batch in members.chunks(RENEW_BATCH) {
+                let mut invocation = self.scripts.renew.prepare_invoke();
+                invocation.key(&keys[0]).key(&keys[1]).arg(lease_ms);
+                for m in batch {
+                    invocation.arg(m);
+                }
+                match self.run::<Vec<String>>(&invocation, "renew", &pool).await {
+                    Ok(missing) => {
+                        for id in missing.iter().filter_map(|m| lease_id(m)) {
+                            self.held.remove(&id);
+                        }
+                    }
+                    Err(e) => {
+                        self.count_absorbed_error();
+                        tracing::warn!(error = %e, "lease renewal failed; retrying next round");
+                    }
+                }
+            }
+        }
+    }
+}
+
+// === impl Ledger for RedisLedger ===
+
+#[async_trait]
+impl Ledger for RedisLedger {
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError> {
+        let inner = &self.inner;
+        let limits = &request.limits;
+        check_limits(request.pool, limits)?;
+        let id: u64 = rand::random();
+        let keys = keys(request.pool);
+        let mut invocation = inner.scripts.admit.prepare_invoke();
+        invocation
+            .key(&keys[0])
+            .key(&keys[1])
+            .arg(member(id, request.tokens))
+            .arg(request.tokens)
+            .arg(limits.tokens_per_minute)
+            .arg(rpm_arg(limits))
+            .arg(limits.max_concurrency)
+            .arg(u64::try_from(inner.lease.as_millis()).unwrap_or(u64::MAX));
+        let reply: Vec<i64> = inner.run(&invocation, "admit", request.pool).await?;
+        let purged = reply.get(1).copied().unwrap_or(0);
+        if purged > 0 {
+            tracing::warn!(
+                pool = request.pool,
+                purged,
+                "expired leases reclaimed: a replica stopped renewing (crashed, or lost Redis)"
+            );
+        }
+        match reply.as_slice() {
+            [1, _] => {
+                let pool: Arc<str> = Arc::from(request.pool);
+                inner.held.insert(id, (pool.clone(), request.tokens));
+                Ok(Decision::Admitted(Reservation::new(
+                    pool,
+                    request.tokens,
+                    id,
+                    BACKEND,
+                )))
+            }
+            [0, _, limit, wait, deficit, reserved, in_flight] => {
+                let limit = match limit {
+                    1 => Limit::Tokens,
+                    2 => Limit::Requests,
+                    3 => Limit::Concurrency,
+                    _ => return Err(unexpected("admit", &reply)),
+                };
+                Ok(Decision::Rejected(Rejection {
+                    limit,
+                    refill_wait: (*wait >= 0).then(|| Duration::from_millis(count(*wait))),
+                    token_deficit: count(*deficit),
+                    in_flight_tokens: count(*reserved),
+                    in_flight_requests: u32::try_from(*in_flight).unwrap_or(u32::MAX),
+                }))
+            }
+            _ => Err(unexpected("admit", &reply)),
+        }
+    }
+
+    async fn settle(
+        &self,
+        reservation: Reservation,
+        charged_tokens: u64,
+    ) -> Result<(), LedgerError> {
+        let inner = &self.inner;
+        let (pool, reserved, id) = reservation.disarm();
+        // Whatever happens next, this replica stops renewing it: a settle that fails leaves a
+        // lease that expires.
+        inner.held.remove(&id);
+        let keys = keys(&pool);
+        let mut invocation = inner.scripts.settle.prepare_invoke();
+        invocation
+            .key(&keys[0])
+            .key(&keys[1])
+            .arg(member(id, reserved))
+            .arg(reserved)
+            .arg(charged_tokens.min(MAX_CHARGE));
+        let reply: Vec<i64> = inner.run(&invocation, "settle", &pool).await?;
+        match reply.as_slice() {
+            [1, _] => Ok(()),
+            [0, _] => {
+                tracing::warn!(pool = %pool, reserved, charged_tokens, "settled after the lease expired: it was charged in full");
+                Ok(())
+            }
+            _ => Err(unexpected("settle", &reply)),
+        }
+    }
+
+    async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError> {
+        check_limits(pool, limits)?;
+        let keys = keys(pool);
+        let mut invocation = self.inner.scripts.snapshot.prepare_invoke();
+        invocation
+            .key(&keys[0])
+            .key(&keys[1])
+            .arg(limits.tokens_per_minute)
+            .arg(rpm_arg(limits));
+        let reply: Vec<i64> = self.inner.run(&invocation, "snapshot", pool).await?;
+        match reply.as_slice() {
+            [available, capacity, reserved, in_flight, requests] => Ok(PoolSnapshot {
+                tokens_available: *available,
+                tokens_capacity: count(*capacity),
+                reserved_tokens: count(*reserved),
+                in_flight_requests: u32::try_from(*in_flight).unwrap_or(u32::MAX),
+                requests_available: (*requests >= 0).then(|| count(*requests)),
+            }),
+            _ => Err(unexpected("snapshot", &reply)),
+        }
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn mode(&self) -> LedgerMode {
+        if self.is_healthy() {
+            LedgerMode::Shared
+        } else {
+            LedgerMode::Unavailable
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_one_hash_tag_per_pool() {
+        let [state, leases] = keys("sonnet4-us");
+        assert_eq!(state, "tg:v1:{sonnet4-us}:s");
+        assert_eq!(leases, "tg:v1:{sonnet4-us}:l");
+    }
+
+    #[test]
+    fn lease_members_carry_id_and_tokens() {
+        let m = member(0xabc, 1_500);
+        assert_eq!(m, "0000000000000abc:1500");
+        assert_eq!(lease_id(&m), Some(0xabc));
+        assert_eq!(lease_id("nonsense"), None);
+    }
+}

@@ -1,0 +1,155 @@
+#![allow(dead_code)]
+//! A private `redis-server` per test: on a unix socket in a temporary directory (no port to race
+//! for), no persistence, killed when the handle drops (also when the test panics).
+//!
+//! Without `redis-server` on `PATH`, [`RedisServer::start`] panics under CI (`CI=true`: CI
+//! installs it) and otherwise returns `None` after printing why, so the test can skip.
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::UnixStream,
+};
+
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts a server and waits (bounded) until it answers PING.
+    pub async fn start() -> Option<RedisServer> {
+        if Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_err()
+        {
+            let reason = "redis-server is not on PATH (apt-get install -y redis-server)";
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{reason}: CI must run the Redis tests"
+            );
+            eprintln!("skipping: {reason}");
+            return None;
+        }
+        let dir = tempfile::tempdir().expect("temp dir");
+        let server = RedisServer {
+            child: spawn(&dir.path().join("redis.sock")),
+            dir,
+        };
+        server.wait_ready().await;
+        Some(server)
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
+    }
+
+    /// The URL for `[ledger] url`.
+    pub fn url(&self) -> String {
+        format!("redis+unix://{}", self.socket().display())
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open and nothing answers, as with a hung or
+    /// partitioned Redis. State is kept.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Kills the server (its state is lost) and starts a new one on the same socket.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.child = spawn(&self.socket());
+        self.wait_ready().await;
+    }
+
+    /// Kills the server; [`Self::restart`] brings one back.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(self.socket());
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
+    /// Sends one inline command and returns the raw reply.
+    pub async fn command(&self, line: &str) -> String {
+        let mut stream = UnixStream::connect(self.socket()).await.expect("connect");
+        stream
+            .write_all(format!("{line}\r\n").as_bytes())
+            .await
+            .expect("write");
+        let mut buf = vec![0; 64 * 1024];
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+            .await
+            .expect("redis answers")
+            .expect("read");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut stream) = UnixStream::connect(self.socket()).await
+                && stream.write_all(b"PING\r\n").await.is_ok()
+            {
+                let mut buf = [0; 16];
+                if let Ok(Ok(n)) =
+                    tokio::time::timeout(Duration::from_secs(1), stream.read(&mut buf)).await
+                    && buf[..n].starts_with(b"+PONG")
+                {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not answer PING"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+fn spawn(socket: &std::path::Path) -> Child {
+    Command::new("redis-server")
+        .args(["--port", "0", "--unixsocket"])
+        .arg(socket)
+        .args([
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server starts")
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        // SIGKILL ends a paused (stopped) server too.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
