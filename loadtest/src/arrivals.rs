@@ -45,8 +45,12 @@ impl CallSource {
     pub fn next_call(&mut self) -> Call {
         let op = self.pick_op();
         let shape = self.pick_shape();
-        let words = self.rng.random_range(shape.prompt_words[0]..=shape.prompt_words[1]);
-        let output = self.rng.random_range(shape.output_tokens[0]..=shape.output_tokens[1]);
+        let words = self
+            .rng
+            .random_range(shape.prompt_words[0]..=shape.prompt_words[1]);
+        let output = self
+            .rng
+            .random_range(shape.output_tokens[0]..=shape.output_tokens[1]);
         let max_tokens = shape.max_tokens;
         Call {
             at: 0.0,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::time::Instant;
 
+use aws_sdk_bedrockruntime::Client;
 use aws_sdk_bedrockruntime::config::interceptors::BeforeTransmitInterceptorContextRef;
 use aws_sdk_bedrockruntime::config::retry::{RetryConfig, RetryPartition};
 use aws_sdk_bedrockruntime::config::{
@@ -18,7 +19,6 @@ use aws_sdk_bedrockruntime::types::{
     ContentBlock, ConversationRole, ConverseStreamOutput, InferenceConfiguration, Message,
     TokenUsage,
 };
-use aws_sdk_bedrockruntime::Client;
 use serde::Serialize;
 
 use crate::arrivals::{Call, Op};
@@ -50,7 +50,13 @@ pub fn sdk_client(addr: SocketAddr, attempts: u32, partition: &str) -> Client {
         .behavior_version(BehaviorVersion::latest())
         .endpoint_url(format!("http://{addr}"))
         .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("AKIALOADGEN", "loadgen", None, None, "loadgen"))
+        .credentials_provider(Credentials::new(
+            "AKIALOADGEN",
+            "loadgen",
+            None,
+            None,
+            "loadgen",
+        ))
         .retry_config(RetryConfig::standard().with_max_attempts(attempts.max(1)))
         .retry_partition(RetryPartition::new(partition.to_string()))
         // Long stalls are part of the memory test; the default guard would cut them.
@@ -120,13 +126,19 @@ pub async fn execute(
         op: call.op,
         start_ms: ms(start),
         end_ms: ms(end),
-        ttft_ms: done.ttft.map(|t| t.duration_since(start).as_secs_f64() * 1000.0),
+        ttft_ms: done
+            .ttft
+            .map(|t| t.duration_since(start).as_secs_f64() * 1000.0),
         outcome: done.outcome,
         attempts: counter.0.load(Relaxed),
         max_tokens: call.max_tokens,
         input_tokens: done.usage.0,
         output_tokens: done.usage.1,
-        charged: if ok { done.usage.0 + done.usage.1 * burndown } else { 0 },
+        charged: if ok {
+            done.usage.0 + done.usage.1 * burndown
+        } else {
+            0
+        },
     }
 }
 
@@ -139,13 +151,19 @@ fn message(text: &str) -> Message {
 }
 
 fn inference(call: &Call) -> Option<InferenceConfiguration> {
-    call.max_tokens
-        .map(|n| InferenceConfiguration::builder().max_tokens(n as i32).build())
+    call.max_tokens.map(|n| {
+        InferenceConfiguration::builder()
+            .max_tokens(n as i32)
+            .build()
+    })
 }
 
 fn usage_of(u: Option<&TokenUsage>) -> (u64, u64) {
     u.map_or((0, 0), |u| {
-        (u.input_tokens().max(0) as u64, u.output_tokens().max(0) as u64)
+        (
+            u.input_tokens().max(0) as u64,
+            u.output_tokens().max(0) as u64,
+        )
     })
 }
 

@@ -25,7 +25,10 @@ impl Sink {
     }
 
     pub fn take(&self) -> Vec<Record> {
-        self.0.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default()
+        self.0
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
     }
 }
 
@@ -90,7 +93,15 @@ pub async fn drive(scenario: &Scenario, addr: SocketAddr, side: &str) -> Vec<Rec
     for (i, group) in scenario.groups.iter().enumerate() {
         let client = sdk_client(addr, group.max_attempts, &format!("{side}-{}", group.team));
         let seed = scenario.seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
-        start_group(&mut set, &ctx, client, group, seed, scenario.duration_secs, end);
+        start_group(
+            &mut set,
+            &ctx,
+            client,
+            group,
+            seed,
+            scenario.duration_secs,
+            end,
+        );
     }
     let drain_end = end + Duration::from_secs_f64(scenario.drain_secs);
     finish(set, drain_end).await;
@@ -122,7 +133,8 @@ fn start_group(
         Arrival::Closed { clients } => {
             for c in 0..clients {
                 let (ctx, client, team) = (ctx.clone(), client.clone(), team.clone());
-                let mut source = CallSource::new(group, seed.wrapping_mul(31).wrapping_add(c as u64));
+                let mut source =
+                    CallSource::new(group, seed.wrapping_mul(31).wrapping_add(c as u64));
                 set.spawn(async move {
                     while Instant::now() < end {
                         run_call(&ctx, &client, &source.next_call(), &team).await;

@@ -26,13 +26,22 @@ pub const PROXY: RGBColor = RGBColor(30, 100, 200);
 pub const QUOTA: RGBColor = RGBColor(60, 60, 60);
 
 /// Draws `series` as lines into a 1000x520 PNG at `path`.
-pub fn lines(path: &Path, title: &str, axes: (&str, &str), series: &[Series]) -> anyhow::Result<()> {
+pub fn lines(
+    path: &Path,
+    title: &str,
+    axes: (&str, &str),
+    series: &[Series],
+) -> anyhow::Result<()> {
     REGISTER.call_once(|| {
         let _ = register_font("sans-serif", FontStyle::Normal, FONT);
     });
     let pts = series.iter().flat_map(|s| s.points.iter());
     let x_max = pts.clone().map(|p| p.0).fold(1e-9, f64::max);
-    let y_max = pts.map(|p| p.1).filter(|y| y.is_finite()).fold(1e-9, f64::max) * 1.1;
+    let y_max = pts
+        .map(|p| p.1)
+        .filter(|y| y.is_finite())
+        .fold(1e-9, f64::max)
+        * 1.1;
     let root = BitMapBackend::new(path, (1000, 520)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -46,13 +55,19 @@ pub fn lines(path: &Path, title: &str, axes: (&str, &str), series: &[Series]) ->
         .x_desc(axes.0)
         .y_desc(axes.1)
         .label_style(("sans-serif", 13))
+        .y_label_formatter(&|y| compact(*y))
         .draw()?;
     for s in series {
         let color = s.color;
         chart
-            .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                s.points.iter().copied(),
+                color.stroke_width(2),
+            ))?
             .label(s.label.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()
@@ -63,6 +78,15 @@ pub fn lines(path: &Path, title: &str, axes: (&str, &str), series: &[Series]) ->
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// `1.2M`, `400k`, `12.5`: axis labels that fit.
+fn compact(y: f64) -> String {
+    match y.abs() {
+        a if a >= 1e6 => format!("{:.1}M", y / 1e6),
+        a if a >= 1e4 => format!("{:.0}k", y / 1e3),
+        _ => format!("{y:.1}"),
+    }
 }
 
 /// Charged tokens of completed calls over a sliding `window` (seconds), as tokens per minute,
@@ -79,7 +103,11 @@ pub fn tokens_per_minute(records: &[Record], window: f64, until: f64) -> Vec<(f6
     let mut t = 0.0;
     while t <= until {
         let lo = (t - window).max(0.0);
-        let sum: u64 = done.iter().filter(|(e, _)| *e > lo && *e <= t).map(|d| d.1).sum();
+        let sum: u64 = done
+            .iter()
+            .filter(|(e, _)| *e > lo && *e <= t)
+            .map(|d| d.1)
+            .sum();
         out.push((t, sum as f64 * 60.0 / window));
         t += step;
     }

@@ -51,7 +51,12 @@ impl ProxyProcess {
             .stderr(log)
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("starting {} (build it with cargo build --release)", bin.display()))?;
+            .with_context(|| {
+                format!(
+                    "starting {} (build it with cargo build --release)",
+                    bin.display()
+                )
+            })?;
         let pid = child.id().context("proxy pid")?;
         let stdout = child.stdout.take().context("proxy stdout")?;
         let mut lines = BufReader::new(stdout).lines();
@@ -61,7 +66,10 @@ impl ProxyProcess {
                     return Ok(a.trim().parse::<SocketAddr>()?);
                 }
             }
-            bail!("the proxy exited before listening; see {}", config_path.with_extension("log").display())
+            bail!(
+                "the proxy exited before listening; see {}",
+                config_path.with_extension("log").display()
+            )
         })
         .await
         .context("the proxy did not start within 30 s")??;
@@ -72,7 +80,8 @@ impl ProxyProcess {
 
     /// VmRSS and VmHWM from `/proc/<pid>/status` (zeros where unreadable).
     pub fn memory(&self) -> Memory {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
         let field = |name: &str| {
             status
                 .lines()

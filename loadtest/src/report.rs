@@ -55,12 +55,20 @@ pub struct Summary {
 pub fn summarize(records: &[&Record], window: (f64, f64), quota_tpm: u64) -> Summary {
     let ok = |r: &&&Record| r.outcome == "ok";
     let mut errors = BTreeMap::new();
-    for r in records.iter().filter(|r| r.outcome != "ok" && r.outcome != "unfinished") {
+    for r in records
+        .iter()
+        .filter(|r| r.outcome != "ok" && r.outcome != "unfinished")
+    {
         *errors.entry(r.outcome.clone()).or_insert(0) += 1;
     }
     let attempts: u64 = records.iter().map(|r| r.attempts as u64).sum();
     let in_window = |r: &&&Record| (window.0 * 1e3..=window.1 * 1e3).contains(&r.end_ms);
-    let charged: u64 = records.iter().filter(ok).filter(in_window).map(|r| r.charged).sum();
+    let charged: u64 = records
+        .iter()
+        .filter(ok)
+        .filter(in_window)
+        .map(|r| r.charged)
+        .sum();
     let minutes = ((window.1 - window.0) / 60.0).max(1e-9);
     let goodput_tpm = charged as f64 / minutes;
     Summary {
@@ -70,11 +78,26 @@ pub fn summarize(records: &[&Record], window: (f64, f64), quota_tpm: u64) -> Sum
         errors,
         unfinished: records.iter().filter(|r| r.outcome == "unfinished").count() as u64,
         attempts,
-        retries: records.iter().map(|r| r.attempts.saturating_sub(1) as u64).sum(),
+        retries: records
+            .iter()
+            .map(|r| r.attempts.saturating_sub(1) as u64)
+            .sum(),
         goodput_tpm,
         goodput_fraction: goodput_tpm / quota_tpm as f64,
-        latency_ms: pcts(records.iter().filter(ok).map(|r| r.end_ms - r.start_ms).collect()),
-        ttft_ms: pcts(records.iter().filter(ok).filter_map(|r| r.ttft_ms).collect()),
+        latency_ms: pcts(
+            records
+                .iter()
+                .filter(ok)
+                .map(|r| r.end_ms - r.start_ms)
+                .collect(),
+        ),
+        ttft_ms: pcts(
+            records
+                .iter()
+                .filter(ok)
+                .filter_map(|r| r.ttft_ms)
+                .collect(),
+        ),
     }
 }
 
@@ -148,7 +171,11 @@ pub fn markdown(sides: &[&SideReport]) -> String {
             rows.extend(s.teams.iter().map(|(t, x)| (t.as_str(), x)));
         }
         for (team, x) in rows {
-            let throttles = if team == "all" { s.upstream.throttled.to_string() } else { "".into() };
+            let throttles = if team == "all" {
+                s.upstream.throttled.to_string()
+            } else {
+                "".into()
+            };
             out.push_str(&format!(
                 "| {} | {team} | {} | {} | {} | {} | {} | {throttles} | {:.0} | {:.0}% | {} / {} | {} / {} |\n",
                 s.side, x.requests, x.completed, x.failed, x.unfinished, x.retries,

@@ -149,7 +149,8 @@ impl Scenario {
     /// Reads and checks a scenario file; with `quick`, shrinks it.
     pub fn load(path: &Path, quick: bool) -> anyhow::Result<Scenario> {
         let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
-        let mut s: Scenario = toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
+        let mut s: Scenario =
+            toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
         s.check()?;
         if quick {
             s.shrink();
@@ -164,7 +165,11 @@ impl Scenario {
         }
         for g in &self.groups {
             if g.shapes.is_empty() || g.shapes.iter().all(|s| s.weight <= 0.0) {
-                bail!("{}: group {} needs a shape with weight > 0", self.name, g.team);
+                bail!(
+                    "{}: group {} needs a shape with weight > 0",
+                    self.name,
+                    g.team
+                );
             }
             let m = g.mix;
             if m.converse + m.converse_stream + m.invoke <= 0.0 {
@@ -181,15 +186,21 @@ impl Scenario {
         self.warmup_secs = 0.0;
         self.drain_secs = q.drain_secs;
         let ttft = self.sim_u64("time_to_first_token_ms", 200).min(20);
-        self.simulator.insert("time_to_first_token_ms".into(), (ttft as i64).into());
+        self.simulator
+            .insert("time_to_first_token_ms".into(), (ttft as i64).into());
         let tps = self.sim_f64("tokens_per_second", 150.0);
         if tps != 0.0 {
-            self.simulator.insert("tokens_per_second".into(), tps.max(5000.0).into());
+            self.simulator
+                .insert("tokens_per_second".into(), tps.max(5000.0).into());
         }
         self.simulator.insert("stall_ms".into(), 1000.into());
         for g in &mut self.groups {
             g.arrival = match g.arrival.clone() {
-                Arrival::Poisson { start_per_min, end_per_min, .. } => Arrival::Poisson {
+                Arrival::Poisson {
+                    start_per_min,
+                    end_per_min,
+                    ..
+                } => Arrival::Poisson {
                     start_per_min: start_per_min * q.load_scale,
                     end_per_min: end_per_min * q.load_scale,
                     ramp_secs: None,
@@ -224,12 +235,16 @@ impl Scenario {
     /// The simulator's settings: the `[simulator]` table plus the quota and seed.
     pub fn simulator_config(&self) -> anyhow::Result<SimulatorConfig> {
         let mut t = self.simulator.clone();
-        t.insert("default_tokens_per_minute".into(), (self.quota_tpm as i64).into());
+        t.insert(
+            "default_tokens_per_minute".into(),
+            (self.quota_tpm as i64).into(),
+        );
         t.insert("seed".into(), (self.seed as i64).into());
         let c: SimulatorConfig = toml::Value::Table(t)
             .try_into()
             .with_context(|| format!("{}: [simulator]", self.name))?;
-        c.validate().map_err(|e| anyhow::anyhow!("{}: {e}", self.name))?;
+        c.validate()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", self.name))?;
         Ok(c)
     }
 
