@@ -119,6 +119,7 @@ fn start_group(
     end: Instant,
 ) {
     let team: Arc<str> = group.team.as_str().into();
+    let pause = Duration::from_millis(group.pause_after_failure_ms);
     match group.arrival {
         Arrival::Poisson { .. } => {
             for call in schedule(group, seed, duration) {
@@ -137,7 +138,10 @@ fn start_group(
                     CallSource::new(group, seed.wrapping_mul(31).wrapping_add(c as u64));
                 set.spawn(async move {
                     while Instant::now() < end {
-                        run_call(&ctx, &client, &source.next_call(), &team).await;
+                        let record = run_call(&ctx, &client, &source.next_call(), &team).await;
+                        if record.outcome != "ok" {
+                            tokio::time::sleep(pause).await;
+                        }
                     }
                 });
             }

@@ -87,6 +87,7 @@ fn group(arrival: Arrival, op: Op) -> Group {
         team: "overhead".into(),
         arrival,
         max_attempts: 3,
+        pause_after_failure_ms: 0,
         mix: OpMix {
             converse: f64::from(op == Op::Converse),
             converse_stream: f64::from(op == Op::ConverseStream),

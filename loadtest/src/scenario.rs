@@ -63,12 +63,21 @@ pub struct Group {
     /// The SDK's standard-mode attempts (3 is the SDK default).
     #[serde(default = "default_attempts")]
     pub max_attempts: u32,
+    /// Closed loop: how long a caller waits after a call failed (the SDK gave up) before its
+    /// next call, as application code does. Without it a caller whose SDK retry quota is spent
+    /// fails instantly and spins.
+    #[serde(default = "default_pause")]
+    pub pause_after_failure_ms: u64,
     pub mix: OpMix,
     pub shapes: Vec<Shape>,
 }
 
 fn default_attempts() -> u32 {
     3
+}
+
+fn default_pause() -> u64 {
+    1000
 }
 
 /// How calls arrive.
