@@ -1,0 +1,277 @@
+//! Scenario files (`loadtest/scenarios/<name>.toml`): the quota, the simulator's behaviour, the
+//! proxy's pool, and the client groups that make the load. `--quick` shrinks a scenario to a
+//! few seconds with a fast simulator, for CI.
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use tokengate::simulator::SimulatorConfig;
+
+/// One scenario, as written in its file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    #[serde(default)]
+    pub seed: u64,
+    pub model: String,
+    /// Output burndown of `model` (5 for Claude 4): charged = input + output x burndown.
+    pub burndown: u64,
+    /// Tokens per minute, the same for the simulator's bucket and the proxy's pool.
+    pub quota_tpm: u64,
+    pub duration_secs: f64,
+    /// Goodput counts completions after this point (the bucket starts full).
+    #[serde(default)]
+    pub warmup_secs: f64,
+    /// After the last arrival, how long running calls may finish before they are cut off.
+    #[serde(default = "default_drain")]
+    pub drain_secs: f64,
+    /// Extra `[simulator]` keys (latency, faults); quota and seed come from above.
+    #[serde(default)]
+    pub simulator: toml::Table,
+    pub pool: PoolSettings,
+    #[serde(default)]
+    pub groups: Vec<Group>,
+    /// Present only in the overhead scenario, which runs its own steps instead of `groups`.
+    pub overhead: Option<Overhead>,
+    #[serde(default)]
+    pub quick: Quick,
+}
+
+fn default_drain() -> f64 {
+    30.0
+}
+
+/// The proxy's `[[pools]]` entry, apart from the quota.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSettings {
+    pub max_concurrency: u32,
+    pub default_max_tokens: u64,
+    #[serde(default)]
+    pub headroom: f64,
+}
+
+/// A client group: one application (one SDK client) with its own arrivals and request shapes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Group {
+    pub team: String,
+    pub arrival: Arrival,
+    /// The SDK's standard-mode attempts (3 is the SDK default).
+    #[serde(default = "default_attempts")]
+    pub max_attempts: u32,
+    /// Closed loop: how long a caller waits after a call failed (the SDK gave up) before its
+    /// next call, as application code does. Without it a caller whose SDK retry quota is spent
+    /// fails instantly and spins.
+    #[serde(default = "default_pause")]
+    pub pause_after_failure_ms: u64,
+    pub mix: OpMix,
+    pub shapes: Vec<Shape>,
+}
+
+fn default_attempts() -> u32 {
+    3
+}
+
+fn default_pause() -> u64 {
+    1000
+}
+
+/// How calls arrive.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Arrival {
+    /// Open loop: Poisson arrivals whose rate moves linearly from `start_per_min` to
+    /// `end_per_min` over `ramp_secs` (default: the whole run), then stays.
+    Poisson {
+        start_per_min: f64,
+        end_per_min: f64,
+        ramp_secs: Option<f64>,
+    },
+    /// Closed loop: `clients` callers, each starting its next call when the last one ends.
+    Closed { clients: u32 },
+}
+
+/// Weights of the operations.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpMix {
+    #[serde(default)]
+    pub converse: f64,
+    #[serde(default)]
+    pub converse_stream: f64,
+    #[serde(default)]
+    pub invoke: f64,
+}
+
+/// A request class: prompt and output length ranges (uniform, inclusive) and `maxTokens`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shape {
+    pub weight: f64,
+    pub prompt_words: [u32; 2],
+    pub output_tokens: [u32; 2],
+    /// Absent: the request sends no `maxTokens` (Bedrock reserves the model's maximum).
+    pub max_tokens: Option<u32>,
+}
+
+/// The overhead scenario's steps.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Overhead {
+    /// Fixed Converse rates, requests per second.
+    pub rates: Vec<f64>,
+    pub step_secs: f64,
+    /// ConverseStream rate for the time-to-first-token comparison.
+    pub stream_rate: f64,
+    /// Closed-loop callers for the max-throughput step.
+    pub max_clients: u32,
+    /// Concurrent open streams for the memory measurement (each stalls for the simulator's
+    /// `stall_ms`, so it stays open).
+    pub open_streams: u32,
+}
+
+/// What `--quick` changes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Quick {
+    pub duration_secs: f64,
+    pub drain_secs: f64,
+    /// Multiplies arrival rates and client counts.
+    pub load_scale: f64,
+}
+
+impl Default for Quick {
+    fn default() -> Self {
+        Quick {
+            duration_secs: 3.0,
+            drain_secs: 5.0,
+            load_scale: 1.0,
+        }
+    }
+}
+
+impl Scenario {
+    /// Reads and checks a scenario file; with `quick`, shrinks it.
+    pub fn load(path: &Path, quick: bool) -> anyhow::Result<Scenario> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+        let mut s: Scenario =
+            toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
+        s.check()?;
+        if quick {
+            s.shrink();
+        }
+        s.simulator_config()?;
+        Ok(s)
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        if self.groups.is_empty() == self.overhead.is_none() {
+            bail!("{}: give either [[groups]] or [overhead]", self.name);
+        }
+        for g in &self.groups {
+            if g.shapes.is_empty() || g.shapes.iter().all(|s| s.weight <= 0.0) {
+                bail!(
+                    "{}: group {} needs a shape with weight > 0",
+                    self.name,
+                    g.team
+                );
+            }
+            let m = g.mix;
+            if m.converse + m.converse_stream + m.invoke <= 0.0 {
+                bail!("{}: group {} needs a mix weight > 0", self.name, g.team);
+            }
+        }
+        Ok(())
+    }
+
+    /// `--quick`: a few seconds, a fast simulator, scaled load.
+    fn shrink(&mut self) {
+        let q = self.quick.clone();
+        self.duration_secs = q.duration_secs;
+        self.warmup_secs = 0.0;
+        self.drain_secs = q.drain_secs;
+        let ttft = self.sim_u64("time_to_first_token_ms", 200).min(20);
+        self.simulator
+            .insert("time_to_first_token_ms".into(), (ttft as i64).into());
+        let tps = self.sim_f64("tokens_per_second", 150.0);
+        if tps != 0.0 {
+            self.simulator
+                .insert("tokens_per_second".into(), tps.max(5000.0).into());
+        }
+        self.simulator.insert("stall_ms".into(), 1000.into());
+        for g in &mut self.groups {
+            g.arrival = match g.arrival.clone() {
+                Arrival::Poisson {
+                    start_per_min,
+                    end_per_min,
+                    ..
+                } => Arrival::Poisson {
+                    start_per_min: start_per_min * q.load_scale,
+                    end_per_min: end_per_min * q.load_scale,
+                    ramp_secs: None,
+                },
+                Arrival::Closed { clients } => Arrival::Closed {
+                    clients: ((clients as f64 * q.load_scale).ceil() as u32).max(1),
+                },
+            };
+        }
+        if let Some(o) = &mut self.overhead {
+            o.rates = vec![50.0];
+            o.step_secs = 1.0;
+            o.stream_rate = 50.0;
+            o.max_clients = 8;
+            o.open_streams = 50;
+        }
+    }
+
+    fn sim_u64(&self, key: &str, default: u64) -> u64 {
+        self.simulator
+            .get(key)
+            .and_then(|v| v.as_integer())
+            .map_or(default, |v| v.max(0) as u64)
+    }
+
+    fn sim_f64(&self, key: &str, default: f64) -> f64 {
+        let v = self.simulator.get(key);
+        v.and_then(|v| v.as_float().or(v.as_integer().map(|i| i as f64)))
+            .unwrap_or(default)
+    }
+
+    /// The simulator's settings: the `[simulator]` table plus the quota and seed.
+    pub fn simulator_config(&self) -> anyhow::Result<SimulatorConfig> {
+        let mut t = self.simulator.clone();
+        t.insert(
+            "default_tokens_per_minute".into(),
+            (self.quota_tpm as i64).into(),
+        );
+        t.insert("seed".into(), (self.seed as i64).into());
+        let c: SimulatorConfig = toml::Value::Table(t)
+            .try_into()
+            .with_context(|| format!("{}: [simulator]", self.name))?;
+        c.validate()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", self.name))?;
+        Ok(c)
+    }
+
+    /// The proxy's configuration file, in front of `upstream`.
+    pub fn proxy_config(&self, upstream: std::net::SocketAddr) -> String {
+        let p = &self.pool;
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
+             endpoint = \"http://{upstream}\"\n\n[ledger]\nbackend = \"memory\"\n\n\
+             [log]\nlevel = \"warn\"\n\n[[pools]]\nname = \"pool\"\nmodels = [\"{}\"]\n\
+             tokens_per_minute = {}\nmax_concurrency = {}\noutput_burndown = {}\n\
+             default_max_tokens = {}\nheadroom = {}\n",
+            self.model,
+            self.quota_tpm,
+            p.max_concurrency,
+            self.burndown,
+            p.default_max_tokens,
+            p.headroom
+        )
+    }
+}

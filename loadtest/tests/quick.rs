@@ -1,0 +1,102 @@
+//! CI smoke test: `loadgen all --quick` runs every scenario on both sides (direct to the
+//! simulator, and through a tokengate child process) and writes reports with the expected
+//! fields. Structure only, no timing; the one property checked is that the upstream (almost)
+//! never throttles through the proxy.
+//!
+//! Needs the `tokengate` binary beside `loadgen` (`cargo build --workspace` puts it there).
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn scenario_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios")
+}
+
+fn check_side(name: &str, side: &Value) {
+    let all = &side["all"];
+    for key in [
+        "requests",
+        "completed",
+        "failed",
+        "retries",
+        "goodput_tpm",
+        "goodput_fraction",
+    ] {
+        assert!(all[key].is_number(), "{name}: {key} missing in {all}");
+    }
+    assert!(
+        all["requests"].as_u64().unwrap() > 0,
+        "{name}: no calls were made"
+    );
+    assert!(
+        side["upstream"]["requests"].as_u64().unwrap() > 0,
+        "{name}: nothing reached upstream"
+    );
+    assert!(
+        side["upstream"]["throttled"].is_u64(),
+        "{name}: upstream throttles missing"
+    );
+}
+
+#[test]
+fn every_scenario_runs_quick_on_both_sides() {
+    let out = std::env::temp_dir().join(format!("loadgen-quick-{}", std::process::id()));
+    let status = Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args(["all", "--quick", "--out"])
+        .arg(&out)
+        .arg(scenario_dir())
+        .env("RUST_BACKTRACE", "0")
+        .status()
+        .expect("loadgen runs");
+    assert!(status.success(), "loadgen all --quick failed");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(scenario_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_str().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let scenario: toml::Table = toml::from_str(&text).unwrap();
+        let report_name = scenario["name"].as_str().unwrap();
+        let report: Value = serde_json::from_slice(
+            &std::fs::read(out.join(format!("{report_name}.json"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(report["quick"], true, "{name}");
+        if let Some(o) = report["overhead"].as_object() {
+            let steps = o["steps"].as_array().unwrap();
+            assert!(steps.len() >= 3, "{name}: steps {steps:?}");
+            for st in steps {
+                assert!(
+                    st["direct"]["completed"].as_u64().unwrap() > 0,
+                    "{name}: {st}"
+                );
+                assert!(
+                    st["proxy"]["completed"].as_u64().unwrap() > 0,
+                    "{name}: {st}"
+                );
+            }
+            assert!(o["proxy_memory_open_streams"]["rss_kib"].as_u64().unwrap() > 0);
+        } else {
+            check_side(name, &report["direct"]);
+            check_side(name, &report["proxy"]);
+            // The target is zero; see RESULTS.md: under a storm the proxy lets an occasional
+            // request through that the simulator throttles (about 1 in 100 in quick runs), so this
+            // smoke test bounds it rather than making CI flaky on a known, reported gap.
+            let up = &report["proxy"]["upstream"];
+            let throttled = up["throttled"].as_u64().unwrap();
+            let requests = up["requests"].as_u64().unwrap();
+            assert!(
+                throttled * 20 <= requests,
+                "{name}: {throttled} of {requests} upstream calls throttled through the proxy"
+            );
+            assert!(out.join(format!("{report_name}-tokens.png")).exists());
+            assert!(out.join(format!("{report_name}.proxy.jsonl")).exists());
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 5, "five scenarios");
+    let _ = std::fs::remove_dir_all(&out);
+}
