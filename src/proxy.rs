@@ -65,7 +65,8 @@ async fn forward(
         Err(e) => return e.into_response(),
     };
     let mut admitted = match verdict {
-        Verdict::Admitted(mut a) => {
+        Verdict::Admitted(a) => {
+            let mut a = *a;
             if let Some(r) = record.take() {
                 a.attach_access(r);
             }

@@ -43,8 +43,9 @@ pub const X_TOKENGATE_POOL: &str = "x-tokengate-pool";
 /// What admission decided for a request that may go upstream.
 #[derive(Debug)]
 pub enum Verdict {
-    /// Counted against a pool; settle through the guard.
-    Admitted(Admitted),
+    /// Counted against a pool; settle through the guard. (Boxed: the guard is large and a
+    /// verdict is moved around before the request is forwarded.)
+    Admitted(Box<Admitted>),
     /// Forwarded without a reservation: not a quota-consuming call, or an unknown model under
     /// `unknown_models = "pass"`.
     Uncounted,
@@ -335,14 +336,14 @@ impl Admission {
             .admitted
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.count(&pool.name, operation, "admitted");
-        Verdict::Admitted(Admitted::new(
+        Verdict::Admitted(Box::new(Admitted::new(
             pool,
             self.ledger.clone(),
             self.metrics.clone(),
             reservation,
             operation,
             estimate,
-        ))
+        )))
     }
 
     fn ledger_unavailable(

@@ -134,7 +134,7 @@ impl Metrics {
             },
             ledger_fallbacks: {
                 let c = IntCounter::new("tokengate_ledger_fallback_total", "Times the shared ledger was unreachable and admission fell back to the local share.")?;
-                registry.register(Box::new(c.clone()))?;
+                r.register("tokengate_ledger_fallback_total", Kind::Counter, Box::new(c.clone()))?;
                 c
             },
             ledger_mode: r.int_gauge("tokengate_ledger_mode", "1 for the mode the ledger serves in: memory, shared, local_share, unavailable.", &["mode"])?,
