@@ -245,30 +245,16 @@ impl Slot {
 // === Hooks ===
 
 /// A request of `pool` settled with `usage`: the length histograms and the advice slot.
-pub(crate) fn on_usage(
-    pool: &Pool,
-    metrics: &Metrics,
-    slot: SlotIndex,
-    max_tokens: u64,
-    usage: &Usage,
-) {
-    let name = &*pool.name;
+pub(crate) fn on_usage(pool: &Pool, slot: SlotIndex, max_tokens: u64, usage: &Usage) {
     let prompt = usage
         .input_tokens
         .saturating_add(usage.cache_read_input_tokens)
         .saturating_add(usage.cache_write_input_tokens);
-    metrics
-        .input_tokens_per_request
-        .with_label_values(&[name])
-        .observe(prompt as f64);
-    metrics
-        .output_tokens_per_request
-        .with_label_values(&[name])
+    let pm = &pool.metrics;
+    pm.input_tokens_per_request.observe(prompt as f64);
+    pm.output_tokens_per_request
         .observe(usage.output_tokens as f64);
-    metrics
-        .requested_max_tokens
-        .with_label_values(&[name])
-        .observe(max_tokens as f64);
+    pm.requested_max_tokens.observe(max_tokens as f64);
     pool.advice.record(slot, max_tokens, usage.output_tokens);
 }
 

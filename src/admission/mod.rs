@@ -81,7 +81,7 @@ impl Admission {
         ledger: Arc<dyn Ledger>,
         metrics: Arc<Metrics>,
     ) -> Admission {
-        let table = PoolTable::new(pools, &config);
+        let table = PoolTable::new(pools, &config, &metrics);
         for pool in table.pools() {
             let name = &*pool.name;
             metrics
@@ -306,9 +306,8 @@ impl Admission {
         tokens: u64,
     ) -> Result<Decision, LedgerError> {
         let limits = pool.limits();
-        self.metrics
+        pool.metrics
             .effective_tokens_per_minute
-            .with_label_values(&[&pool.name])
             .set(limits.tokens_per_minute as f64);
         let started = std::time::Instant::now();
         let decision = self
@@ -335,7 +334,7 @@ impl Admission {
         pool.counters
             .admitted
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.count(&pool.name, operation, "admitted");
+        pool.metrics.operation(operation).admitted.inc();
         Verdict::Admitted(Box::new(Admitted::new(
             pool,
             self.ledger.clone(),

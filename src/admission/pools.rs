@@ -14,6 +14,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::{advice::PoolAdvice, queue::AdmissionQueue};
+use crate::metrics::{Metrics, PoolMetrics};
 use crate::{
     bedrock::{ModelRef, model_id::application_profile_id},
     config::{AdmissionConfig, PoolConfig},
@@ -43,6 +44,8 @@ const AIMD_HOLD: Duration = Duration::from_secs(2);
 pub struct Pool {
     pub config: PoolConfig,
     pub name: Arc<str>,
+    /// This pool's metric series, resolved once.
+    pub metrics: PoolMetrics,
     /// Where requests that do not fit wait (disabled when `max_wait` is zero).
     pub queue: Arc<AdmissionQueue>,
     /// Output lengths against maxTokens, per model ([`super::advice`]).
@@ -102,9 +105,10 @@ pub struct LearnedView {
 }
 
 impl Pool {
-    pub fn new(config: PoolConfig) -> Pool {
+    pub fn new(config: PoolConfig, metrics: &Metrics) -> Pool {
         Pool {
             name: Arc::from(config.name.as_str()),
+            metrics: PoolMetrics::new(metrics, &config.name),
             queue: Arc::new(AdmissionQueue::new(config.max_wait, config.max_queue)),
             advice: PoolAdvice::new(&config.models),
             config,
@@ -246,7 +250,7 @@ pub struct PoolTable {
 }
 
 impl PoolTable {
-    pub fn new(pools: &[PoolConfig], admission: &AdmissionConfig) -> PoolTable {
+    pub fn new(pools: &[PoolConfig], admission: &AdmissionConfig, metrics: &Metrics) -> PoolTable {
         let mut by_model = HashMap::new();
         let pools: Vec<Arc<Pool>> = pools
             .iter()
@@ -255,7 +259,7 @@ impl PoolTable {
                 for m in &p.models {
                     by_model.insert(m.clone(), i);
                 }
-                Arc::new(Pool::new(p.clone()))
+                Arc::new(Pool::new(p.clone(), metrics))
             })
             .collect();
         let profiles = admission

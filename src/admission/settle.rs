@@ -43,6 +43,19 @@ pub enum Rule {
 }
 
 impl Rule {
+    pub const ALL: [Rule; 5] = [
+        Rule::Usage,
+        Rule::NotCharged,
+        Rule::NoUsage,
+        Rule::Timeout,
+        Rule::Abandoned,
+    ];
+
+    /// The position of this rule in [`Rule::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             Rule::Usage => "usage",
@@ -99,16 +112,10 @@ impl Admitted {
         operation: Operation,
         estimate: Estimate,
     ) -> Admitted {
-        let name = &pool.name;
-        metrics
-            .reserved_tokens
-            .with_label_values(&[name])
-            .add(reservation.tokens() as i64);
-        metrics.inflight_requests.with_label_values(&[name]).inc();
-        metrics
-            .reserved_tokens_total
-            .with_label_values(&[name])
-            .inc_by(reservation.tokens());
+        let pm = &pool.metrics;
+        pm.reserved_tokens.add(reservation.tokens() as i64);
+        pm.inflight_requests.inc();
+        pm.reserved_tokens_total.inc_by(reservation.tokens());
         Admitted {
             pool,
             ledger,
@@ -142,9 +149,10 @@ impl Admitted {
     pub fn first_byte(&mut self) {
         if !self.first_byte_seen {
             self.first_byte_seen = true;
-            self.metrics
-                .time_to_first_byte_seconds
-                .with_label_values(&[&*self.pool.name, self.operation.name()])
+            self.pool
+                .metrics
+                .operation(self.operation)
+                .time_to_first_byte
                 .observe(self.started.elapsed().as_secs_f64());
         }
     }
@@ -154,9 +162,10 @@ impl Admitted {
         if self.first_token.is_none() {
             let now = Instant::now();
             self.first_token = Some(now);
-            self.metrics
-                .time_to_first_token_seconds
-                .with_label_values(&[&*self.pool.name, self.operation.name()])
+            self.pool
+                .metrics
+                .operation(self.operation)
+                .time_to_first_token
                 .observe(now.duration_since(self.started).as_secs_f64());
         }
     }
@@ -194,23 +203,13 @@ impl Admitted {
             return;
         };
         let charge = usage.charge(self.pool.config.output_burndown);
-        let name = &*self.pool.name;
-        let m = &self.metrics;
-        m.input_tokens
-            .with_label_values(&[name])
-            .inc_by(usage.input_tokens);
-        m.output_tokens
-            .with_label_values(&[name])
-            .inc_by(usage.output_tokens);
-        m.cache_read_tokens
-            .with_label_values(&[name])
-            .inc_by(usage.cache_read_input_tokens);
-        m.cache_write_tokens
-            .with_label_values(&[name])
-            .inc_by(usage.cache_write_input_tokens);
+        let pm = &self.pool.metrics;
+        pm.input_tokens.inc_by(usage.input_tokens);
+        pm.output_tokens.inc_by(usage.output_tokens);
+        pm.cache_read_tokens.inc_by(usage.cache_read_input_tokens);
+        pm.cache_write_tokens.inc_by(usage.cache_write_input_tokens);
         if charge > 0 {
-            m.over_reservation_ratio
-                .with_label_values(&[name])
+            pm.over_reservation_ratio
                 .observe(reserved as f64 / charge as f64);
         }
         let actual_input =
@@ -222,12 +221,9 @@ impl Admitted {
             charge,
             self.started.elapsed(),
         );
-        m.calibration_ratio
-            .with_label_values(&[name])
-            .set(self.pool.calibration_ratio());
+        pm.calibration_ratio.set(self.pool.calibration_ratio());
         super::advice::on_usage(
             &self.pool,
-            m,
             self.advice_slot,
             self.estimate.max_tokens,
             usage,
@@ -262,15 +258,13 @@ impl Admitted {
             return;
         };
         let name = &*self.pool.name;
-        let m = &self.metrics;
-        m.reserved_tokens
-            .with_label_values(&[name])
-            .sub(reservation.tokens() as i64);
-        m.inflight_requests.with_label_values(&[name]).dec();
-        m.settlements.with_label_values(&[name, rule.label()]).inc();
-        m.charged_tokens.with_label_values(&[name]).inc_by(charge);
-        m.request_duration_seconds
-            .with_label_values(&[name, self.operation.name()])
+        let pm = &self.pool.metrics;
+        pm.reserved_tokens.sub(reservation.tokens() as i64);
+        pm.inflight_requests.dec();
+        pm.settlement(rule).inc();
+        pm.charged_tokens.inc_by(charge);
+        pm.operation(self.operation)
+            .request_duration
             .observe(self.started.elapsed().as_secs_f64());
         if let Some(record) = self.access.take() {
             record.finish_settled(&Settlement {

@@ -38,6 +38,11 @@ impl Operation {
         Operation::ListAsyncInvokes,
     ];
 
+    /// The position of this operation in [`Operation::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The operation's name as AWS spells it (and as metrics label it).
     pub fn name(self) -> &'static str {
         match self {

@@ -7,6 +7,10 @@
 
 use std::{cell::RefCell, sync::Arc};
 
+pub mod pool;
+
+pub use pool::{OperationMetrics, PoolMetrics};
+
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGaugeVec, Opts, Registry, TextEncoder,

@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 
 pub mod fleet;
-pub mod scrape;
 pub mod redis_server;
+pub mod scrape;
 
 use std::{net::SocketAddr, time::Duration};
 
