@@ -52,6 +52,9 @@ pub struct PoolSettings {
     pub default_max_tokens: u64,
     #[serde(default)]
     pub headroom: f64,
+    /// The admission queue's wait (the proxy's default when absent; 0 turns queueing off).
+    #[serde(default)]
+    pub max_wait_ms: Option<u64>,
 }
 
 /// A client group: one application (one SDK client) with its own arrivals and request shapes.
@@ -265,13 +268,15 @@ impl Scenario {
              endpoint = \"http://{upstream}\"\n\n[ledger]\nbackend = \"memory\"\n\n\
              [log]\nlevel = \"warn\"\n\n[[pools]]\nname = \"pool\"\nmodels = [\"{}\"]\n\
              tokens_per_minute = {}\nmax_concurrency = {}\noutput_burndown = {}\n\
-             default_max_tokens = {}\nheadroom = {}\n",
+             default_max_tokens = {}\nheadroom = {}\n{}",
             self.model,
             self.quota_tpm,
             p.max_concurrency,
             self.burndown,
             p.default_max_tokens,
-            p.headroom
+            p.headroom,
+            p.max_wait_ms
+                .map_or(String::new(), |ms| format!("max_wait_ms = {ms}\n")),
         )
     }
 }
