@@ -271,10 +271,15 @@ fn rss_kib() -> u64 {
 #[ignore = "a measurement for loadtest/RESULTS.md"]
 async fn queue_memory() {
     const N: usize = 20_000;
+    // 1,000 slots, all held: the projection (a typical duration per 1,000 requests ahead) stays
+    // within max_wait for all N, so only memory is measured.
     let adm = admission(
-        "tokens_per_minute = 1000000\nmax_concurrency = 1\nmax_wait_ms = 30000\nmax_queue = 100000\n",
+        "tokens_per_minute = 1000000000\nmax_concurrency = 1000\nmax_wait_ms = 30000\nmax_queue = 100000\n",
     );
-    let mut held = admit(&adm, 100).await.expect("holds the only slot");
+    let mut held = Vec::new();
+    for _ in 0..1_000 {
+        held.push(admit(&adm, 100).await.expect("holds a slot"));
+    }
     let before = rss_kib();
     let waiting: Vec<_> = (0..N)
         .map(|_| {
@@ -282,9 +287,13 @@ async fn queue_memory() {
             tokio::spawn(async move { admit(&adm, 100).await.map(|mut a| a.settle_not_charged()) })
         })
         .collect();
-    while adm.pools()[0].queue.depth().0 < N {
+    for _ in 0..100_000 {
+        if adm.pools()[0].queue.depth().0 == N {
+            break;
+        }
         tokio::task::yield_now().await;
     }
+    assert_eq!(adm.pools()[0].queue.depth().0, N, "all queued");
     let after = rss_kib();
     println!(
         "{N} queued requests: RSS +{} KiB, {} bytes per queued request (body {} bytes)",
@@ -292,7 +301,9 @@ async fn queue_memory() {
         (after - before) * 1024 / N as u64,
         body(100).len()
     );
-    held.settle_not_charged();
+    for mut h in held {
+        h.settle_not_charged();
+    }
     for w in waiting {
         let _ = w.await;
     }

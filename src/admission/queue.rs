@@ -359,7 +359,11 @@ impl AdmissionQueue {
         loop {
             let head = {
                 let mut state = self.lock();
-                state.prune();
+                // Callers that left are removed by their tickets; only a head whose caller is
+                // gone (and not yet removed) needs skipping here. No full scan per admission.
+                while let Some(gone) = state.head().filter(|w| w.tx.is_closed()).map(|w| w.id) {
+                    state.remove(gone);
+                }
                 state.head().map(|w| (w.id, w.tokens, w.bypassed))
             };
             let (id, tokens, bypassed) = head?;
