@@ -306,8 +306,8 @@ fn settle_in_background(
 ) {
     let backend = ledger.backend();
     let started = std::time::Instant::now();
-    let fut = async move { ledger.settle(reservation, charge).await };
-    let report = move |result: Result<(), crate::ledger::LedgerError>| {
+    now_or_spawn(async move {
+        let result = ledger.settle(reservation, charge).await;
         // Capacity came back: queued requests may fit now.
         queue.wake();
         metrics
@@ -317,16 +317,21 @@ fn settle_in_background(
             metrics.ledger_errors.with_label_values(&[backend]).inc();
             tracing::error!(error = %e, "settlement failed");
         }
-    };
-    let mut fut = Box::pin(fut);
-    match (&mut fut).now_or_never() {
-        Some(result) => report(result),
-        None => match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(async move { report(fut.await) });
-            }
-            Err(_) => tracing::error!("settlement outside a runtime could not complete"),
-        },
+    });
+}
+
+/// Runs `work` to completion now if it never waits (the memory ledger), else on a task.
+/// Settlement happens from `Drop` and `poll_frame`, which cannot wait.
+fn now_or_spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
+    let mut work = Box::pin(work);
+    if (&mut work).now_or_never().is_some() {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => {
+            handle.spawn(work);
+        }
+        Err(_) => tracing::error!("settlement outside a runtime could not complete"),
     }
 }
 
@@ -338,18 +343,9 @@ pub fn upstream_throttle_wait(pool: &Pool) -> Duration {
 
 /// Releases a reservation that was never used (its caller left before taking it), uncharged.
 pub fn release_unused(ledger: Arc<dyn Ledger>, reservation: Reservation) {
-    let mut fut = Box::pin(async move { ledger.settle(reservation, 0).await });
-    match (&mut fut).now_or_never() {
-        Some(Err(e)) => tracing::error!(error = %e, "releasing an unused reservation failed"),
-        Some(Ok(())) => {}
-        None => {
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(async move {
-                    if let Err(e) = fut.await {
-                        tracing::error!(error = %e, "releasing an unused reservation failed");
-                    }
-                });
-            }
+    now_or_spawn(async move {
+        if let Err(e) = ledger.settle(reservation, 0).await {
+            tracing::error!(error = %e, "releasing an unused reservation failed");
         }
-    }
+    });
 }
