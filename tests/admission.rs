@@ -71,17 +71,7 @@ async fn rejections_carry_bedrock_shape_and_jittered_hints() {
         "hints must be spread, got {} distinct: {hints:?}",
         hints.len()
     );
-    assert_eq!(
-        stack
-            .sim
-            .simulator
-            .stats()
-            .buckets
-            .values()
-            .map(|b| b.throttled)
-            .sum::<u64>(),
-        0
-    );
+    assert_eq!(stack.sim.simulator.stats().throttled(), 0);
     stack.assert_ledger_zero().await;
 }
 
@@ -237,14 +227,7 @@ async fn every_response_kind_settles_on_its_usage() {
         .collect();
     assert_eq!(settled(&stack.proxy, "sonnet4-us", "usage"), 4, "{rules:?}");
     // The proxy charged exactly what the simulator (Bedrock's arithmetic) charged.
-    let sim_charged: u64 = stack
-        .sim
-        .simulator
-        .stats()
-        .buckets
-        .values()
-        .map(|b| b.tokens_charged)
-        .sum();
+    let sim_charged: u64 = stack.sim.simulator.stats().tokens_charged();
     let proxy_charged = stack
         .proxy
         .state

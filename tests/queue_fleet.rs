@@ -60,13 +60,7 @@ impl Outcome {
 /// Charged tokens of completed calls over the quota made available during the run (the full
 /// bucket at the start plus refill).
 fn goodput(sim: &tokengate::simulator::SimulatorHandle, elapsed: Duration) -> f64 {
-    let charged: u64 = sim
-        .simulator
-        .stats()
-        .buckets
-        .values()
-        .map(|b| b.tokens_charged)
-        .sum();
+    let charged: u64 = sim.simulator.stats().tokens_charged();
     charged as f64 / (QUOTA as f64 * (1.0 + elapsed.as_secs_f64() / 60.0))
 }
 
@@ -74,14 +68,7 @@ async fn through_proxy(label: &'static str, max_wait_ms: u64) -> Outcome {
     let stack = Stack::start(&sim(), &pool(max_wait_ms), "").await;
     let result = fleet::run(stack.proxy.addr, CLIENTS, RUN, &MIX).await;
     stack.assert_ledger_zero().await;
-    let throttled = stack
-        .sim
-        .simulator
-        .stats()
-        .buckets
-        .values()
-        .map(|b| b.throttled)
-        .sum();
+    let throttled = stack.sim.simulator.stats().throttled();
     let goodput = goodput(&stack.sim, result.elapsed);
     Outcome {
         label,
@@ -94,13 +81,7 @@ async fn through_proxy(label: &'static str, max_wait_ms: u64) -> Outcome {
 async fn direct() -> Outcome {
     let sim = start_simulator(&sim()).await;
     let result = fleet::run(sim.addr, CLIENTS, RUN, &MIX).await;
-    let throttled = sim
-        .simulator
-        .stats()
-        .buckets
-        .values()
-        .map(|b| b.throttled)
-        .sum();
+    let throttled = sim.simulator.stats().throttled();
     let goodput = goodput(&sim, result.elapsed);
     Outcome {
         label: "direct to the simulator",

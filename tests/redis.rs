@@ -192,14 +192,7 @@ async fn three_replicas_share_one_quota() {
     for _ in 0..3 {
         replicas.push(start_proxy(proxy_config(sim.addr, &pool, &ledger)).await);
     }
-    let mix = fleet::Mix {
-        model: SONNET_US,
-        long_share: 0.25,
-        short_max_tokens: 400,
-        short_output: 150..300,
-        long_max_tokens: 4000,
-        long_output: 1500..3500,
-    };
+    let mix = fleet::SONNET_MIXED;
     let start = Instant::now();
     let runs: Vec<_> = replicas
         .iter()
@@ -216,8 +209,8 @@ async fn three_replicas_share_one_quota() {
     }
     let elapsed = start.elapsed();
     let stats = sim.simulator.stats();
-    let charged: u64 = stats.buckets.values().map(|b| b.tokens_charged).sum();
-    let throttled: u64 = stats.buckets.values().map(|b| b.throttled).sum();
+    let charged: u64 = stats.tokens_charged();
+    let throttled: u64 = stats.throttled();
     let utilisation = charged as f64 / (QUOTA as f64 * (1.0 + elapsed.as_secs_f64() / 60.0));
     let rejected: Vec<u64> = replicas.iter().map(rejections).collect();
     println!(

@@ -19,14 +19,7 @@ const CLIENTS: u64 = 32;
 const RUN: Duration = Duration::from_secs(30);
 
 fn charged(stack: &Stack) -> u64 {
-    stack
-        .sim
-        .simulator
-        .stats()
-        .buckets
-        .values()
-        .map(|b| b.tokens_charged)
-        .sum()
+    stack.sim.simulator.stats().tokens_charged()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,21 +30,14 @@ async fn saturating_sdk_clients_never_see_upstream_throttles() {
     // No admission queue: this is the reject-with-a-hint baseline (the queue has its own test).
     let pool = format!("{}max_wait_ms = 0\n", sonnet_pool(QUOTA, 64));
     let stack = Arc::new(Stack::start(&sim, &pool, "").await);
-    let mix = fleet::Mix {
-        model: SONNET_US,
-        long_share: 0.25,
-        short_max_tokens: 400,
-        short_output: 150..300,
-        long_max_tokens: 4000,
-        long_output: 1500..3500,
-    };
+    let mix = fleet::SONNET_MIXED;
     let start = Instant::now();
     let result = fleet::run(stack.proxy.addr, CLIENTS, RUN, &mix).await;
     let elapsed = start.elapsed();
     let available = QUOTA as f64 * (1.0 + elapsed.as_secs_f64() / 60.0);
     let utilisation = charged(&stack) as f64 / available;
     let stats = stack.sim.simulator.stats();
-    let throttled: u64 = stats.buckets.values().map(|b| b.throttled).sum();
+    let throttled: u64 = stats.throttled();
     let rejected: u64 = stack
         .proxy
         .state

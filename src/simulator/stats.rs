@@ -16,6 +16,18 @@ pub struct SimStats {
     pub operations: BTreeMap<String, u64>,
 }
 
+impl SimStats {
+    /// Requests throttled, over every bucket.
+    pub fn throttled(&self) -> u64 {
+        self.buckets.values().map(|b| b.throttled).sum()
+    }
+
+    /// Tokens charged at settlement, over every bucket.
+    pub fn tokens_charged(&self) -> u64 {
+        self.buckets.values().map(|b| b.tokens_charged).sum()
+    }
+}
+
 /// One quota bucket.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct BucketStats {

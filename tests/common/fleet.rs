@@ -27,6 +27,17 @@ pub struct Mix {
     pub long_output: std::ops::Range<u32>,
 }
 
+/// Claude Sonnet 4 through the `us.` profile: a quarter long summaries (maxTokens 4000), the
+/// rest short answers (maxTokens 400).
+pub const SONNET_MIXED: Mix = Mix {
+    model: super::SONNET_US,
+    long_share: 0.25,
+    short_max_tokens: 400,
+    short_output: 150..300,
+    long_max_tokens: 4000,
+    long_output: 1500..3500,
+};
+
 #[derive(Debug, Default)]
 pub struct FleetResult {
     pub completed: u64,
