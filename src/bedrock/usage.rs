@@ -465,17 +465,25 @@ struct ChunkPayload {
 /// Text bytes in a Converse `delta` (or an Anthropic / Nova model-native delta).
 fn delta_text_len(delta: Option<&Value>) -> u64 {
     let Some(delta) = delta else { return 0 };
-    [
-        "/text",
-        "/partial_json",
-        "/thinking",
-        "/toolUse/input",
-        "/reasoningContent/text",
-    ]
-    .iter()
-    .filter_map(|p| delta.pointer(p).and_then(Value::as_str))
-    .map(|s| s.len() as u64)
-    .sum()
+    text_len_at(
+        delta,
+        &[
+            "/text",
+            "/partial_json",
+            "/thinking",
+            "/toolUse/input",
+            "/reasoningContent/text",
+        ],
+    )
+}
+
+/// Bytes of the strings found at `pointers` in `value`.
+fn text_len_at(value: &Value, pointers: &[&str]) -> u64 {
+    pointers
+        .iter()
+        .filter_map(|p| value.pointer(p).and_then(Value::as_str))
+        .map(|s| s.len() as u64)
+        .sum()
 }
 
 /// Nova model-native stream events that carry no output text.
@@ -520,17 +528,16 @@ fn native_delta_len(event: &Value) -> u64 {
 
 /// OpenAI-style `choices[]`: streamed `delta.content` (and reasoning), or whole `text`/`message`.
 fn choice_text_len(choice: &Value) -> u64 {
-    [
-        "/delta/content",
-        "/delta/reasoning_content",
-        "/delta/reasoning",
-        "/text",
-        "/message/content",
-    ]
-    .iter()
-    .filter_map(|p| choice.pointer(p).and_then(Value::as_str))
-    .map(|s| s.len() as u64)
-    .sum()
+    text_len_at(
+        choice,
+        &[
+            "/delta/content",
+            "/delta/reasoning_content",
+            "/delta/reasoning",
+            "/text",
+            "/message/content",
+        ],
+    )
 }
 
 /// Fallback for unknown shapes: the bytes of every string value (JSON syntax left out).
