@@ -51,6 +51,7 @@ fn reserve_settle(ledger: &MemoryLedger, pool: &str) {
         pool,
         limits: LIMITS,
         tokens: 1_000,
+        share: None,
     };
     let decision = ledger.reserve(black_box(&request)).now_or_never();
     match decision {
@@ -151,7 +152,14 @@ fn admission(c: &mut Criterion) {
     let config = config();
     let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
     let (_registry, metrics) = Metrics::standalone();
-    let admission = Admission::new(&config.pools, config.admission, ledger, Arc::new(metrics));
+    let admission = Admission::new(
+        &config.pools,
+        &config.routes,
+        config.admission,
+        ledger,
+        Arc::new(metrics),
+    );
+    let caller = admission.first_route_caller();
     let body = converse_body();
     // A prompt-cached call: every input token is reported (so calibration learns from it) but
     // only 4 + 2 x 5 = 14 are charged. A realistic uncached charge (about 700 tokens) at this rate
@@ -167,7 +175,7 @@ fn admission(c: &mut Criterion) {
     group.bench_function("admit_settle_converse", |b| {
         b.iter(|| {
             let verdict = admission
-                .admit(Operation::Converse, Some(MODEL), black_box(&body))
+                .admit(Operation::Converse, Some(MODEL), black_box(&body), &caller)
                 .now_or_never();
             match verdict {
                 Some(Ok(Verdict::Admitted(mut admitted))) => admitted.settle_usage(&usage),

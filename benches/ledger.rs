@@ -119,6 +119,7 @@ async fn pair(ledger: &dyn Ledger, pool: &str) -> (Duration, Duration) {
         pool,
         limits: LIMITS,
         tokens: 1_000,
+        share: None,
     };
     let started = Instant::now();
     let decision = ledger.reserve(&request).await;

@@ -16,6 +16,7 @@
 //! |---|---|
 //! | `request_id` | the `x-amzn-RequestId` the client received: upstream's, or the one tokengate put on its own answer |
 //! | `pool` | the pool, absent outside any pool |
+//! | `route` | the caller's application route, once identified |
 //! | `operation` | `Converse`, `ConverseStream`, `InvokeModel`, ...; absent for an unknown path |
 //! | `model` | the modelId as the caller sent it (decoded) |
 //! | `decision` | `admitted`, `queued_then_admitted`, `rejected` (429), `invalid` (4xx), `unavailable` (503: ledger or shutdown), `passthrough` (forwarded uncounted) |
@@ -86,6 +87,7 @@ pub struct AccessRecord {
     arrived: Instant,
     operation: Option<&'static str>,
     model: Option<String>,
+    route: Option<std::sync::Arc<str>>,
     decision: Option<Decision>,
     status: Option<u16>,
     request_id: Option<http::HeaderValue>,
@@ -98,6 +100,7 @@ impl AccessRecord {
             arrived: Instant::now(),
             operation: None,
             model: None,
+            route: None,
             decision: None,
             status: None,
             request_id: None,
@@ -107,6 +110,11 @@ impl AccessRecord {
     pub fn target(&mut self, operation: &'static str, model: Option<&str>) {
         self.operation = Some(operation);
         self.model = model.map(str::to_string);
+    }
+
+    /// The route the caller identified as.
+    pub fn route(&mut self, route: &std::sync::Arc<str>) {
+        self.route = Some(route.clone());
     }
 
     pub fn decide(&mut self, decision: Decision) {
@@ -139,6 +147,7 @@ impl AccessRecord {
             target: TARGET,
             request_id = self.request_id(),
             pool,
+            route = self.route.as_deref(),
             operation = self.operation,
             model = self.model.as_deref(),
             decision = decision.label(),
@@ -158,6 +167,7 @@ impl AccessRecord {
             target: TARGET,
             request_id = self.request_id(),
             pool = s.pool,
+            route = self.route.as_deref(),
             operation = self.operation,
             model = self.model.as_deref(),
             decision = decision.label(),

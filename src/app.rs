@@ -33,6 +33,7 @@ use crate::{admission::Admission, metrics::Metrics, upstream::Upstream};
 #[derive(Debug)]
 pub struct AppState {
     pub admission: Arc<Admission>,
+    pub auth: Arc<crate::auth::Authenticator>,
     pub upstream: Arc<Upstream>,
     pub metrics: Arc<Metrics>,
     pub registry: Registry,

@@ -143,15 +143,22 @@ impl Gateway {
         let admission = Arc::new(
             Admission::new(
                 &config.pools,
+                &config.routes,
                 config.admission.clone(),
                 ledger,
                 metrics.clone(),
             )
             .with_input_counter(upstream.clone()),
         );
+        let auth = Arc::new(crate::auth::Authenticator::new(
+            &config.auth,
+            &config.routes,
+            metrics.clone(),
+        ));
         let ready = Arc::new(AtomicBool::new(false));
         let state = Arc::new(AppState {
             admission,
+            auth,
             upstream,
             metrics,
             registry,

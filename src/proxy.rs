@@ -12,7 +12,7 @@ use http::{HeaderValue, header};
 
 use crate::{
     access_log::{AccessRecord, Decision},
-    admission::{Admitted, Verdict, X_TOKENGATE_POOL},
+    admission::{Admitted, Caller, Verdict, X_TOKENGATE_POOL, routes::sdk_attempt},
     app::AppState,
     bedrock::{
         BedrockError, ErrorCode, Operation, Target, TargetError, UsageObserver, eventstream,
@@ -52,21 +52,50 @@ async fn forward(
         )
         .into_response();
     }
+    let head_identity = state.auth.identify_head(&parts);
+    if let Some(Err(e)) = head_identity {
+        return e.into_response();
+    }
     let body = match axum::body::to_bytes(body, state.max_body_bytes).await {
         Ok(b) => b,
         Err(e) => return body_error(&e, state.max_body_bytes).into_response(),
     };
+    let route_name = match head_identity {
+        Some(identity) => identity,
+        None => state.auth.identify_signed(&parts, &body),
+    };
+    let caller = match route_name.map(|name| state.admission.routes().get(&name).cloned()) {
+        Ok(Some(route)) => Caller {
+            route,
+            attempt: sdk_attempt(&parts.headers),
+        },
+        Ok(None) => {
+            return BedrockError::new(
+                ErrorCode::AccessDenied,
+                "tokengate has no route for this caller",
+            )
+            .into_response();
+        }
+        Err(e) => return e.into_response(),
+    };
+    if let Some(r) = record.as_mut() {
+        r.route(&caller.route.name);
+    }
     let verdict = match state
         .admission
-        .admit(target.operation, target.model_id.as_deref(), &body)
+        .admit(target.operation, target.model_id.as_deref(), &body, &caller)
         .await
     {
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
+    let mut body = body;
     let mut admitted = match verdict {
         Verdict::Admitted(a) => {
             let mut a = *a;
+            if let Some(rewritten) = a.take_rewritten_body() {
+                body = rewritten;
+            }
             if let Some(r) = record.take() {
                 a.attach_access(r);
             }

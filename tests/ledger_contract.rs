@@ -12,6 +12,9 @@
 //! - **rejection facts**: the binding limit, the projected refill wait, the in-flight figures;
 //! - **limits travel with each call**: shrinking a bucket clamps its level, raising one does not
 //!   credit a burst, raising `max_concurrency` admits more;
+//! - **route shares**: a route within its guarantee is admitted when borrowers are not; an idle
+//!   route's guarantee is lent; a route's `max_share` binds with its own refill; retries use the
+//!   retry reserve within their recovery budget and first attempts never do;
 //! - no reservation is ever dropped unsettled (`unsettled_drops() == 0` after every case).
 //!
 //! The Redis backend runs against a private `redis-server` per case (see
@@ -34,7 +37,7 @@ use std::{
 use tokengate::{
     ledger::{
         Clock, Decision, Ledger, Limit, Limits, MemoryLedger, PoolSnapshot, RedisLedger,
-        RedisOptions, Rejection, Reservation, ReserveRequest,
+        RedisOptions, Rejection, Reservation, ReserveRequest, RouteShare, ShareRequest,
     },
     metrics::Metrics,
 };
@@ -74,6 +77,10 @@ macro_rules! contract_suite {
             limits_shrink_clamps_level,
             limits_raise_credits_no_burst,
             limits_raise_concurrency,
+            shares_guarantee_is_protected_from_borrowers,
+            shares_idle_guarantees_are_lent,
+            shares_ceiling_binds_with_its_own_refill,
+            shares_retries_use_the_reserve_within_the_budget,
         );
     };
     (@cases $backend:ident => $factory:expr; $($(#[$attr:meta])* $case:ident),* $(,)?) => {
@@ -149,6 +156,7 @@ async fn reserve(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -
             pool,
             limits,
             tokens,
+            share: None,
         })
         .await
         .expect("ledger reachable")
@@ -639,4 +647,173 @@ async fn limits_raise_concurrency(ledger: Arc<dyn Ledger>) {
         settle(&*ledger, r, 60).await;
     }
     assert_idle(&snapshot(&*ledger, &pool, two).await);
+}
+
+// === route shares ===
+
+fn route(name: &str, priority: i32, min_share: f64, max_share: Option<f64>) -> RouteShare {
+    RouteShare {
+        route: Arc::from(name),
+        priority,
+        min_share,
+        max_share,
+        recovery_share: 0.0,
+    }
+}
+
+/// No retry reserve, no priority margin, routes active for a minute after they ask.
+fn share_request(routes: &[RouteShare], caller: usize) -> ShareRequest<'_> {
+    ShareRequest {
+        routes,
+        caller,
+        retry: false,
+        retry_reserve: 0.0,
+        priority_margin: 0.0,
+        idle: Duration::from_secs(60),
+    }
+}
+
+async fn reserve_as(
+    ledger: &dyn Ledger,
+    pool: &str,
+    tokens: u64,
+    share: ShareRequest<'_>,
+) -> Decision {
+    ledger
+        .reserve(&ReserveRequest {
+            pool,
+            limits: limits(TPM, None, 100),
+            tokens,
+            share: Some(share),
+        })
+        .await
+        .expect("ledger reachable")
+}
+
+async fn admit_as(
+    ledger: &dyn Ledger,
+    pool: &str,
+    tokens: u64,
+    share: ShareRequest<'_>,
+) -> Reservation {
+    match reserve_as(ledger, pool, tokens, share).await {
+        Decision::Admitted(r) => r,
+        Decision::Rejected(r) => panic!("expected {tokens} tokens admitted, got {r:?}"),
+    }
+}
+
+async fn reject_as(
+    ledger: &dyn Ledger,
+    pool: &str,
+    tokens: u64,
+    share: ShareRequest<'_>,
+) -> Rejection {
+    match reserve_as(ledger, pool, tokens, share).await {
+        Decision::Rejected(r) => r,
+        Decision::Admitted(r) => {
+            let id = r.id();
+            ledger.settle(r, 0).await.expect("settle");
+            panic!("expected {tokens} tokens rejected, but reservation {id} was admitted")
+        }
+    }
+}
+
+/// Triage (guaranteed half the pool) has asked; backlog borrows only what leaves triage's unused
+/// guarantee free, and triage is admitted into what backlog could not take.
+async fn shares_guarantee_is_protected_from_borrowers(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("shares-guarantee");
+    let routes = [
+        route("triage", 10, 0.5, None),
+        route("backlog", 0, 0.0, None),
+    ];
+    let (triage, backlog) = (share_request(&routes, 0), share_request(&routes, 1));
+    let first = admit_as(&*ledger, &pool, 10, triage).await;
+    assert_eq!(
+        first.share().map(|h| h.guaranteed),
+        Some(10),
+        "taken from the guarantee"
+    );
+    settle(&*ledger, first, 10).await;
+    // Bucket 590, triage's unused guarantee 290: backlog may take 590 - 290 = 300.
+    let borrowed = admit_as(&*ledger, &pool, 250, backlog).await;
+    assert_eq!(borrowed.share().map(|h| h.guaranteed), Some(0));
+    let refused = reject_as(&*ledger, &pool, 100, backlog).await;
+    assert_eq!(refused.limit, Limit::Tokens);
+    assert!(
+        refused.token_deficit >= 40,
+        "must leave triage's guarantee: {refused:?}"
+    );
+    let owner = admit_as(&*ledger, &pool, 290, triage).await;
+    settle(&*ledger, owner, 290).await;
+    settle(&*ledger, borrowed, 250).await;
+    assert_idle(&snapshot(&*ledger, &pool, limits(TPM, None, 100)).await);
+}
+
+/// A route that has not asked within `idle` lends its whole guarantee.
+async fn shares_idle_guarantees_are_lent(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("shares-idle");
+    let routes = [
+        route("triage", 10, 0.5, None),
+        route("backlog", 0, 0.0, None),
+    ];
+    let mut triage = share_request(&routes, 0);
+    let mut backlog = share_request(&routes, 1);
+    triage.idle = Duration::ZERO;
+    backlog.idle = Duration::ZERO;
+    let first = admit_as(&*ledger, &pool, 10, triage).await;
+    settle(&*ledger, first, 10).await;
+    let all = admit_as(&*ledger, &pool, 580, backlog).await;
+    settle(&*ledger, all, 580).await;
+}
+
+/// `max_share` 0.25 of 600: 150 tokens per minute at most, refilling at 2.5 per second.
+async fn shares_ceiling_binds_with_its_own_refill(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("shares-ceiling");
+    let routes = [
+        route("batch", 0, 0.0, Some(0.25)),
+        route("app", 0, 0.0, None),
+    ];
+    let batch = share_request(&routes, 0);
+    let held = admit_as(&*ledger, &pool, 100, batch).await;
+    let refused = reject_as(&*ledger, &pool, 100, batch).await;
+    assert_eq!(refused.limit, Limit::Share);
+    assert!((49..=50).contains(&refused.token_deficit), "{refused:?}");
+    let wait = refused.refill_wait.expect("the ceiling refills");
+    assert!(
+        (Duration::from_secs(19)..=Duration::from_secs(20)).contains(&wait),
+        "50 tokens at 2.5 per second: {wait:?}"
+    );
+    // The pool itself still has room for other routes.
+    let other = admit_as(&*ledger, &pool, 300, share_request(&routes, 1)).await;
+    settle(&*ledger, other, 0).await;
+    settle(&*ledger, held, 0).await;
+    let again = admit_as(&*ledger, &pool, 140, batch).await;
+    settle(&*ledger, again, 0).await;
+}
+
+/// A reserve of 0.2 (120 tokens) that first attempts leave alone, and a recovery budget of 0.1
+/// (60 tokens per minute) for the route's retries.
+async fn shares_retries_use_the_reserve_within_the_budget(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("shares-retry");
+    let mut routes = [route("app", 0, 0.0, None)];
+    routes[0].recovery_share = 0.1;
+    let mut first = share_request(&routes, 0);
+    first.retry_reserve = 0.2;
+    let mut retry = first;
+    retry.retry = true;
+    assert_eq!(
+        reject_as(&*ledger, &pool, 500, first).await.limit,
+        Limit::Tokens
+    );
+    let bulk = admit_as(&*ledger, &pool, 480, first).await;
+    assert_eq!(bulk.share().map(|h| h.recovered), Some(false));
+    // 120 left: only the reserve. A first attempt cannot have it; a retry can.
+    reject_as(&*ledger, &pool, 10, first).await;
+    let recovering = admit_as(&*ledger, &pool, 50, retry).await;
+    assert_eq!(recovering.share().map(|h| h.recovered), Some(true));
+    // The budget has 10 left: the next retry of 50 waits like a first attempt.
+    reject_as(&*ledger, &pool, 50, retry).await;
+    settle(&*ledger, recovering, 50).await;
+    settle(&*ledger, bulk, 480).await;
+    assert_idle(&snapshot(&*ledger, &pool, limits(TPM, None, 100)).await);
 }

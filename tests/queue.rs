@@ -27,6 +27,7 @@ fn admission(pool: &str) -> Arc<Admission> {
     let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
     Arc::new(Admission::new(
         &config.pools,
+        &config.routes,
         config.admission,
         ledger,
         Arc::new(metrics),
@@ -42,7 +43,12 @@ fn body(max_tokens: u64) -> Bytes {
 
 async fn admit(adm: &Admission, max_tokens: u64) -> Result<Admitted, BedrockError> {
     match adm
-        .admit(Operation::Converse, Some("m.x"), &body(max_tokens))
+        .admit(
+            Operation::Converse,
+            Some("m.x"),
+            &body(max_tokens),
+            &adm.first_route_caller(),
+        )
         .await?
     {
         Verdict::Admitted(a) => Ok(*a),

@@ -33,7 +33,8 @@ pub struct PoolHistory {
 pub fn projected_wait(rejection: &Rejection, history: PoolHistory, max_hint: Duration) -> Duration {
     let refill = rejection.refill_wait.unwrap_or(max_hint);
     match rejection.limit {
-        Limit::Requests => refill,
+        // A route's ceiling refills like a bucket; its in-flight refunds are not tracked apart.
+        Limit::Requests | Limit::Share => refill,
         Limit::Concurrency => {
             // With n requests in flight finishing at random, the next one ends after about
             // typical / n.

@@ -16,6 +16,7 @@ pub mod estimate;
 pub mod hint;
 pub mod pools;
 pub mod queue;
+pub mod routes;
 pub mod settle;
 mod waiting;
 
@@ -27,14 +28,20 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::{
-    bedrock::{BedrockError, ErrorCode, ModelRef, Operation, max_tokens::requested_max_tokens},
-    config::{AdmissionConfig, InputEstimate, PoolConfig, UnknownModels},
+    bedrock::{
+        BedrockError, ErrorCode, ModelRef, Operation,
+        max_tokens::{clamp_max_tokens, requested_max_tokens},
+    },
+    config::{
+        AdmissionConfig, InputEstimate, MaxTokensPolicy, PoolConfig, RouteConfig, UnknownModels,
+    },
     ledger::{
         Decision, Ledger, LedgerError, Limit, PoolSnapshot, Rejection, Reservation, ReserveRequest,
     },
     metrics::{Metrics, NO_POOL},
 };
 pub use pools::{Pool, PoolTable};
+pub use routes::{Caller, Route, RouteTable};
 pub use settle::{Admitted, Estimate, Rule};
 
 pub const X_TOKENGATE_REASON: &str = "x-tokengate-reason";
@@ -55,6 +62,7 @@ pub enum Verdict {
 #[derive(Debug)]
 pub struct Admission {
     table: PoolTable,
+    routes: RouteTable,
     ledger: Arc<dyn Ledger>,
     metrics: Arc<Metrics>,
     config: AdmissionConfig,
@@ -75,13 +83,16 @@ pub trait InputCounter: Send + Sync + std::fmt::Debug {
 }
 
 impl Admission {
+    /// `routes` holds at least one route (a config without `[[routes]]` has the implicit one).
     pub fn new(
         pools: &[PoolConfig],
+        routes: &[RouteConfig],
         config: AdmissionConfig,
         ledger: Arc<dyn Ledger>,
         metrics: Arc<Metrics>,
     ) -> Admission {
-        let table = PoolTable::new(pools, &config, &metrics);
+        let table = PoolTable::new(pools, routes, &config, &metrics);
+        let routes = RouteTable::new(routes);
         for pool in table.pools() {
             let name = &*pool.name;
             metrics
@@ -111,7 +122,7 @@ impl Admission {
             ] {
                 counter.with_label_values(&[name]).reset();
             }
-            for reason in ["tokens", "requests", "concurrency", "never_fits"] {
+            for reason in ["tokens", "requests", "concurrency", "share", "never_fits"] {
                 metrics
                     .rejections
                     .with_label_values(&[name, reason])
@@ -121,6 +132,7 @@ impl Admission {
         }
         Admission {
             table,
+            routes,
             ledger,
             metrics,
             config,
@@ -142,12 +154,26 @@ impl Admission {
         self.table.pools()
     }
 
-    /// Decides a request. `body` is the whole request body.
+    pub fn routes(&self) -> &RouteTable {
+        &self.routes
+    }
+
+    /// A first attempt from the first configured route (the default route of a config without
+    /// `[[routes]]`): for benchmarks and tests that do not care who calls.
+    pub fn first_route_caller(&self) -> Caller {
+        Caller {
+            route: self.routes.routes()[0].clone(),
+            attempt: 1,
+        }
+    }
+
+    /// Decides a request from `caller`. `body` is the whole request body.
     pub async fn admit(
         &self,
         operation: Operation,
         model_id: Option<&str>,
         body: &Bytes,
+        caller: &Caller,
     ) -> Result<Verdict, BedrockError> {
         let (Some(model_id), true) = (model_id, operation.consumes_quota()) else {
             self.count(NO_POOL, operation, "passthrough");
@@ -169,9 +195,27 @@ impl Admission {
                 }
             };
         };
-        let (mut estimate, json) = self
-            .estimate(&pool, operation, &model, body)
-            .inspect_err(|_| self.count(&pool.name, operation, "invalid"))?;
+        let route = &caller.route;
+        let shadow = pool.config.shadow || route.config.shadow;
+        let configured = self.table.configured_model(&model);
+        if !route.allows(configured) {
+            self.count(&pool.name, operation, "not_allowed");
+            self.count_route(&pool, route, "not_allowed");
+            let error = BedrockError::new(
+                ErrorCode::AccessDenied,
+                format!(
+                    "route {:?} is not allowed to call model {model_id:?}: add it to the route's models list in the tokengate config",
+                    route.name
+                ),
+            );
+            return self.enforce_or_shadow(shadow, &pool, route, "not_allowed", error);
+        }
+        let (mut estimate, json) =
+            self.estimate(&pool, operation, &model, body)
+                .inspect_err(|_| {
+                    self.count(&pool.name, operation, "invalid");
+                    self.count_route(&pool, route, "invalid");
+                })?;
         if let (InputEstimate::CountTokens, Some(counter)) =
             (pool.config.input_estimate, &self.counter)
         {
@@ -189,12 +233,146 @@ impl Admission {
                 }
             }
         }
-        let slot = pool.advice.slot(self.table.configured_model(&model));
-        let mut verdict = self.reserve(pool, operation, estimate).await?;
+        drop(json);
+        let rewritten =
+            match self.apply_ceiling(&pool, route, operation, &model, body, &mut estimate) {
+                Ok(rewritten) => rewritten,
+                Err(error) => {
+                    self.count(&pool.name, operation, "invalid");
+                    self.count_route(&pool, route, "invalid");
+                    return self.enforce_or_shadow(
+                        shadow,
+                        &pool,
+                        route,
+                        "max_tokens_ceiling",
+                        error,
+                    );
+                }
+            };
+        let slot = pool.advice.slot(configured);
+        let mut verdict = if shadow {
+            self.reserve_shadow(pool.clone(), operation, estimate, caller)
+                .await?
+        } else {
+            self.reserve(pool.clone(), operation, estimate, caller)
+                .await?
+        };
         if let Verdict::Admitted(a) = &mut verdict {
             a.set_advice_slot(slot);
+            a.set_route(pool.shares.metrics(&route.name).cloned());
+            if let Some(body) = rewritten {
+                a.set_rewritten_body(body);
+            }
         }
         Ok(verdict)
+    }
+
+    /// An error for a rule the request broke: returned, or in shadow mode counted and waived.
+    fn enforce_or_shadow(
+        &self,
+        shadow: bool,
+        pool: &Pool,
+        route: &Route,
+        reason: &str,
+        error: BedrockError,
+    ) -> Result<Verdict, BedrockError> {
+        if !shadow {
+            return Err(error);
+        }
+        self.count_shadow(pool, route, reason);
+        Ok(Verdict::Uncounted)
+    }
+
+    fn count_shadow(&self, pool: &Pool, route: &Route, reason: &str) {
+        self.metrics
+            .shadow_rejections
+            .with_label_values(&[&pool.name, &route.name, reason])
+            .inc();
+        self.count_route(pool, route, "shadow_rejected");
+    }
+
+    fn count_route(&self, pool: &Pool, route: &Route, outcome: &str) {
+        self.metrics
+            .route_requests
+            .with_label_values(&[&pool.name, &route.name, outcome])
+            .inc();
+    }
+
+    /// The route's `max_tokens_ceiling`: a request above it is rejected, or clamped (its body
+    /// rewritten, returned). A request that does not say uses the pool's `default_max_tokens`,
+    /// as everywhere else; when that is above the ceiling, clamping writes the ceiling in.
+    fn apply_ceiling(
+        &self,
+        pool: &Pool,
+        route: &Route,
+        operation: Operation,
+        model: &ModelRef,
+        body: &Bytes,
+        estimate: &mut Estimate,
+    ) -> Result<Option<Bytes>, BedrockError> {
+        let Some(ceiling) = route.config.max_tokens_ceiling else {
+            return Ok(None);
+        };
+        if estimate.max_tokens <= ceiling {
+            return Ok(None);
+        }
+        if route.config.max_tokens_policy == MaxTokensPolicy::Reject {
+            return Err(BedrockError::validation(format!(
+                "maxTokens {} is above the ceiling of {ceiling} that tokengate route {:?} allows; set maxTokens to at most {ceiling}",
+                estimate.max_tokens, route.name
+            )));
+        }
+        let mut json: Value = serde_json::from_slice(body).map_err(|e| {
+            BedrockError::validation(format!("the request body is not valid JSON ({e})"))
+        })?;
+        clamp_max_tokens(operation, model.provider(), &mut json, ceiling).map_err(|e| {
+            BedrockError::validation(format!(
+                "maxTokens cannot be limited to the route's ceiling of {ceiling}: {e}"
+            ))
+        })?;
+        let rewritten = serde_json::to_vec(&json).map_err(|e| {
+            BedrockError::validation(format!("the request body cannot be rewritten: {e}"))
+        })?;
+        estimate.max_tokens = ceiling;
+        self.metrics
+            .max_tokens_clamped
+            .with_label_values(&[&pool.name, &route.name])
+            .inc();
+        Ok(Some(Bytes::from(rewritten)))
+    }
+
+    /// Shadow mode: decide at once (no queueing) and take the reservation when it fits, so the
+    /// ledger sees the real load; when it does not, count what enforcement would have done and
+    /// forward uncounted.
+    async fn reserve_shadow(
+        &self,
+        pool: Arc<Pool>,
+        operation: Operation,
+        estimate: Estimate,
+        caller: &Caller,
+    ) -> Result<Verdict, BedrockError> {
+        let route = &caller.route;
+        if estimate.reservation() > pool.config.usable_tokens_per_minute() {
+            self.count_shadow(&pool, route, "never_fits");
+            return Ok(Verdict::Uncounted);
+        }
+        match self
+            .try_reserve(&pool, estimate.reservation(), caller)
+            .await
+        {
+            Ok(Decision::Admitted(reservation)) => {
+                Ok(self.admitted(pool, reservation, operation, estimate))
+            }
+            Ok(Decision::Rejected(rejection)) => {
+                self.count_shadow(&pool, route, rejection.limit.label());
+                Ok(Verdict::Uncounted)
+            }
+            Err(e) => {
+                tracing::warn!(pool = %pool.name, error = %e, "ledger unavailable in shadow mode; forwarding");
+                self.count_shadow(&pool, route, "ledger_error");
+                Ok(Verdict::Uncounted)
+            }
+        }
     }
 
     fn estimate(
@@ -233,16 +411,18 @@ impl Admission {
         pool: Arc<Pool>,
         operation: Operation,
         estimate: Estimate,
+        caller: &Caller,
     ) -> Result<Verdict, BedrockError> {
         let tokens = estimate.reservation();
         self.check_can_ever_fit(&pool, operation, &estimate)?;
+        let route_metrics = pool.shares.metrics(&caller.route.name).cloned();
         // While requests wait in this pool, newcomers queue behind them instead of taking the
         // capacity freed for them.
         let queue_busy = pool.queue.enabled() && pool.queue.depth().0 > 0;
         let rejection = if queue_busy {
             None
         } else {
-            match self.try_reserve(&pool, tokens).await {
+            match self.try_reserve(&pool, tokens, caller).await {
                 Ok(Decision::Admitted(reservation)) => {
                     return Ok(self.admitted(pool, reservation, operation, estimate));
                 }
@@ -252,7 +432,10 @@ impl Admission {
         };
         let outcome = match (&rejection, pool.queue.enabled()) {
             (Some(rejection), false) => Err(self.rejection(&pool, rejection, tokens)),
-            _ => self.wait_in_queue(&pool, tokens, rejection.as_ref()).await,
+            _ => {
+                self.wait_in_queue(&pool, tokens, rejection.as_ref(), caller)
+                    .await
+            }
         };
         match outcome {
             Ok(reservation) => {
@@ -264,6 +447,9 @@ impl Admission {
             }
             Err(e) => {
                 self.count(&pool.name, operation, "rejected");
+                if let Some(m) = route_metrics {
+                    m.rejected.inc();
+                }
                 Err(e)
             }
         }
@@ -304,6 +490,7 @@ impl Admission {
         &self,
         pool: &Pool,
         tokens: u64,
+        caller: &Caller,
     ) -> Result<Decision, LedgerError> {
         let limits = pool.limits();
         pool.metrics
@@ -316,6 +503,7 @@ impl Admission {
                 pool: &pool.name,
                 limits,
                 tokens,
+                share: pool.shares.request(&caller.route.name, caller.is_retry()),
             })
             .await;
         self.metrics
@@ -390,6 +578,9 @@ impl Admission {
             Limit::Concurrency => format!(
                 "Too many concurrent requests: pool {name:?} has all {} slots in use; retry after the hinted delay",
                 rejection.in_flight_requests
+            ),
+            Limit::Share => format!(
+                "Too many tokens for this route: it has used its max_share of pool {name:?}; retry after the hinted delay"
             ),
         };
         self.retryable(ErrorCode::Throttling, pool, wait, message)

@@ -13,11 +13,11 @@ use std::{
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::{advice::PoolAdvice, queue::AdmissionQueue};
+use super::{advice::PoolAdvice, queue::AdmissionQueue, routes::PoolShares};
 use crate::metrics::{Metrics, PoolMetrics};
 use crate::{
     bedrock::{ModelRef, model_id::application_profile_id},
-    config::{AdmissionConfig, PoolConfig},
+    config::{AdmissionConfig, PoolConfig, RouteConfig},
     ledger::{Limit, Limits},
 };
 
@@ -50,6 +50,8 @@ pub struct Pool {
     pub queue: Arc<AdmissionQueue>,
     /// Output lengths against maxTokens, per model ([`super::advice`]).
     pub advice: PoolAdvice,
+    /// The routes' shares of this pool.
+    pub shares: PoolShares,
     feedback: Mutex<Feedback>,
     learned: Mutex<Learned>,
     pub(crate) counters: Counters,
@@ -80,6 +82,7 @@ pub(crate) struct Counters {
     pub rejected_tokens: AtomicU64,
     pub rejected_requests: AtomicU64,
     pub rejected_concurrency: AtomicU64,
+    pub rejected_share: AtomicU64,
     pub never_fits: AtomicU64,
     pub upstream_throttles: AtomicU64,
 }
@@ -90,6 +93,7 @@ impl Counters {
             Limit::Tokens => &self.rejected_tokens,
             Limit::Requests => &self.rejected_requests,
             Limit::Concurrency => &self.rejected_concurrency,
+            Limit::Share => &self.rejected_share,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -105,12 +109,18 @@ pub struct LearnedView {
 }
 
 impl Pool {
-    pub fn new(config: PoolConfig, metrics: &Metrics) -> Pool {
+    pub fn new(
+        config: PoolConfig,
+        routes: &[RouteConfig],
+        admission: &AdmissionConfig,
+        metrics: &Metrics,
+    ) -> Pool {
         Pool {
             name: Arc::from(config.name.as_str()),
             metrics: PoolMetrics::new(metrics, &config.name),
             queue: Arc::new(AdmissionQueue::new(config.max_wait, config.max_queue)),
             advice: PoolAdvice::new(&config.models),
+            shares: PoolShares::new(&config, routes, admission, metrics),
             config,
             feedback: Mutex::new(Feedback {
                 factor: 1.0,
@@ -250,7 +260,12 @@ pub struct PoolTable {
 }
 
 impl PoolTable {
-    pub fn new(pools: &[PoolConfig], admission: &AdmissionConfig, metrics: &Metrics) -> PoolTable {
+    pub fn new(
+        pools: &[PoolConfig],
+        routes: &[RouteConfig],
+        admission: &AdmissionConfig,
+        metrics: &Metrics,
+    ) -> PoolTable {
         let mut by_model = HashMap::new();
         let pools: Vec<Arc<Pool>> = pools
             .iter()
@@ -259,7 +274,7 @@ impl PoolTable {
                 for m in &p.models {
                     by_model.insert(m.clone(), i);
                 }
-                Arc::new(Pool::new(p.clone(), metrics))
+                Arc::new(Pool::new(p.clone(), routes, admission, metrics))
             })
             .collect();
         let profiles = admission

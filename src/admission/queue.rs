@@ -43,7 +43,7 @@ use tokio::{
     time::Instant,
 };
 
-use crate::ledger::{Decision, Ledger, Limit, Reservation, ReserveRequest};
+use crate::ledger::{Decision, Ledger, Limit, Reservation, ReserveRequest, RouteDemand};
 
 /// How many smaller waiters may pass a head that does not fit, before it blocks the queue.
 pub const MAX_BYPASS: u32 = 4;
@@ -52,11 +52,12 @@ const BYPASS_SCAN: usize = 32;
 /// Retry delay after a ledger error.
 const LEDGER_RETRY: Duration = Duration::from_millis(100);
 
-/// Who is waiting, for ordering.
+/// Who is waiting, for ordering, and the route demand the ledger checks for it.
 #[derive(Debug, Clone)]
 pub struct WaiterClass {
     pub priority: i32,
     pub route: Arc<str>,
+    pub demand: Option<RouteDemand>,
 }
 
 impl Default for WaiterClass {
@@ -64,6 +65,7 @@ impl Default for WaiterClass {
         WaiterClass {
             priority: 0,
             route: Arc::from("default"),
+            demand: None,
         }
     }
 }
@@ -72,6 +74,7 @@ impl Default for WaiterClass {
 struct Waiter {
     id: u64,
     tokens: u64,
+    demand: Option<RouteDemand>,
     enqueued: Instant,
     bypassed: u32,
     tx: oneshot::Sender<Reservation>,
@@ -295,6 +298,7 @@ impl AdmissionQueue {
                 Waiter {
                     id,
                     tokens,
+                    demand: class.demand.clone(),
                     enqueued: Instant::now(),
                     bypassed: 0,
                     tx,
@@ -364,15 +368,18 @@ impl AdmissionQueue {
                 while let Some(gone) = state.head().filter(|w| w.tx.is_closed()).map(|w| w.id) {
                     state.remove(gone);
                 }
-                state.head().map(|w| (w.id, w.tokens, w.bypassed))
+                state
+                    .head()
+                    .map(|w| (w.id, w.tokens, w.bypassed, w.demand.clone()))
             };
-            let (id, tokens, bypassed) = head?;
+            let (id, tokens, bypassed, demand) = head?;
             let limits = limits();
             match ledger
                 .reserve(&ReserveRequest {
                     pool,
                     limits,
                     tokens,
+                    share: demand.as_ref().map(RouteDemand::request),
                 })
                 .await
             {
@@ -380,15 +387,24 @@ impl AdmissionQueue {
                 Ok(Decision::Rejected(rejection)) => {
                     self.set_last_limit(rejection.limit);
                     let free = tokens.saturating_sub(rejection.token_deficit);
-                    if rejection.limit == Limit::Tokens
-                        && bypassed < MAX_BYPASS
-                        && self.bypass(id, free, ledger, pool, limits).await
-                    {
+                    // A head held back by its own route's ceiling does not hold back the other
+                    // routes: they may pass it without limit. One held back by the pool's
+                    // bucket lets at most MAX_BYPASS smaller waiters pass.
+                    let passed = match rejection.limit {
+                        Limit::Share => {
+                            self.bypass(id, u64::MAX, false, ledger, pool, limits).await
+                        }
+                        Limit::Tokens if bypassed < MAX_BYPASS => {
+                            self.bypass(id, free, true, ledger, pool, limits).await
+                        }
+                        _ => false,
+                    };
+                    if passed {
                         continue;
                     }
                     return match rejection.limit {
                         Limit::Concurrency => None,
-                        Limit::Tokens | Limit::Requests => Some(
+                        Limit::Tokens | Limit::Requests | Limit::Share => Some(
                             Instant::now()
                                 + rejection
                                     .refill_wait
@@ -405,11 +421,13 @@ impl AdmissionQueue {
         }
     }
 
-    /// Lets one smaller waiter that fits in `free` tokens pass the head. Returns whether one did.
+    /// Lets one smaller waiter that fits in `free` tokens pass the head (counted against the
+    /// head's bypass allowance if `count`). Returns whether one did.
     async fn bypass(
         &self,
         head: u64,
         free: u64,
+        count: bool,
         ledger: &dyn Ledger,
         pool: &str,
         limits: crate::ledger::Limits,
@@ -421,9 +439,9 @@ impl AdmissionQueue {
                 .skip(1)
                 .take(BYPASS_SCAN)
                 .find(|w| w.tokens <= free && !w.tx.is_closed())
-                .map(|w| (w.id, w.tokens))
+                .map(|w| (w.id, w.tokens, w.demand.clone()))
         };
-        let Some((id, tokens)) = candidate else {
+        let Some((id, tokens, demand)) = candidate else {
             return false;
         };
         match ledger
@@ -431,11 +449,12 @@ impl AdmissionQueue {
                 pool,
                 limits,
                 tokens,
+                share: demand.as_ref().map(RouteDemand::request),
             })
             .await
         {
             Ok(Decision::Admitted(reservation)) => {
-                {
+                if count {
                     let mut state = self.lock();
                     for level in state.levels.values_mut() {
                         for w in level.routes.values_mut().flatten() {

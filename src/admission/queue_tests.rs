@@ -10,6 +10,7 @@ fn class(priority: i32, route: &str) -> WaiterClass {
     WaiterClass {
         priority,
         route: Arc::from(route),
+        demand: None,
     }
 }
 
@@ -26,6 +27,7 @@ fn waiter(
         Waiter {
             id,
             tokens,
+            demand: None,
             enqueued: Instant::now(),
             bypassed: 0,
             tx,
@@ -88,6 +90,7 @@ async fn drained(ledger: &MemoryLedger) -> Vec<Reservation> {
                 pool: "p",
                 limits: LIMITS,
                 tokens,
+                share: None,
             })
             .await
         {

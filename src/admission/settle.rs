@@ -29,7 +29,7 @@ use crate::{
     access_log::{AccessRecord, Decision, Settlement},
     bedrock::{Operation, Usage},
     ledger::{Ledger, Reservation},
-    metrics::Metrics,
+    metrics::{Metrics, RouteMetrics},
 };
 
 /// How a request's reservation was priced; the `rule` label of `tokengate_settlements_total`.
@@ -101,6 +101,10 @@ pub struct Admitted {
     usage: Option<Usage>,
     /// Boxed: the guard travels in `Result`s on the request path and should stay small.
     access: Option<Box<AccessRecord>>,
+    /// The caller's route series in this pool.
+    route: Option<Box<RouteMetrics>>,
+    /// The body to forward instead of the caller's (maxTokens lowered to the route's ceiling).
+    rewritten_body: Option<bytes::Bytes>,
 }
 
 impl Admitted {
@@ -130,7 +134,31 @@ impl Admitted {
             queued: false,
             usage: None,
             access: None,
+            route: None,
+            rewritten_body: None,
         }
+    }
+
+    /// Counts the request in its route's series until it settles.
+    pub(crate) fn set_route(&mut self, route: Option<RouteMetrics>) {
+        let (Some(route), Some(reservation)) = (route, self.reservation.as_ref()) else {
+            return;
+        };
+        route.admitted.inc();
+        route.reserved_tokens.add(reservation.tokens() as i64);
+        if reservation.share().is_some_and(|s| s.recovered) {
+            route.recovery_admissions.inc();
+        }
+        self.route = Some(Box::new(route));
+    }
+
+    pub(crate) fn set_rewritten_body(&mut self, body: bytes::Bytes) {
+        self.rewritten_body = Some(body);
+    }
+
+    /// The body to forward in place of the caller's, if admission rewrote it.
+    pub fn take_rewritten_body(&mut self) -> Option<bytes::Bytes> {
+        self.rewritten_body.take()
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -263,6 +291,10 @@ impl Admitted {
         pm.inflight_requests.dec();
         pm.settlement(rule).inc();
         pm.charged_tokens.inc_by(charge);
+        if let Some(route) = &self.route {
+            route.reserved_tokens.sub(reservation.tokens() as i64);
+            route.charged_tokens.inc_by(charge);
+        }
         pm.operation(self.operation)
             .request_duration
             .observe(self.started.elapsed().as_secs_f64());

@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 use tokio::time::Instant;
 
 use super::{
-    Admission, Pool, X_TOKENGATE_REASON,
+    Admission, Caller, Pool, X_TOKENGATE_REASON,
     queue::{QueueOutcome, WaitError, WaiterClass},
 };
 use crate::{
@@ -38,6 +38,7 @@ impl Admission {
         pool: &Arc<Pool>,
         tokens: u64,
         rejection: Option<&Rejection>,
+        caller: &Caller,
     ) -> Result<Reservation, BedrockError> {
         let queue = &pool.queue;
         if let Some(r) = rejection {
@@ -53,8 +54,12 @@ impl Admission {
                 "its projected wait is longer than the pool's max_wait",
             ));
         }
-        let Some(ticket) = queue.enqueue(&WaiterClass::default(), tokens, self.ledger.clone())
-        else {
+        let class = WaiterClass {
+            priority: caller.route.config.priority,
+            route: caller.route.name.clone(),
+            demand: pool.shares.demand(&caller.route.name, caller.is_retry()),
+        };
+        let Some(ticket) = queue.enqueue(&class, tokens, self.ledger.clone()) else {
             let reason = if queue.is_closed() {
                 "tokengate is shutting down"
             } else {
@@ -243,5 +248,6 @@ fn limit_noun(limit: Limit) -> &'static str {
         Limit::Tokens => "tokens",
         Limit::Requests => "requests",
         Limit::Concurrency => "concurrent requests",
+        Limit::Share => "tokens of its route's max_share",
     }
 }

@@ -78,6 +78,69 @@ pub fn requested_max_tokens(
     Ok(None)
 }
 
+/// Lowers the request's maximum output tokens to `ceiling` in place: the field that decides (see
+/// the rules above) when it is above the ceiling, or the family's first field when the body does
+/// not say (Bedrock would otherwise use the model's maximum). Returns whether the body changed;
+/// `Err` when the body's family is unknown and no field is present, so there is no field to set.
+pub fn clamp_max_tokens(
+    operation: Operation,
+    provider: Option<&str>,
+    body: &mut Value,
+    ceiling: u64,
+) -> Result<bool, MaxTokensError> {
+    let fields = match operation {
+        Operation::Converse | Operation::ConverseStream => CONVERSE_FIELDS,
+        Operation::InvokeModel | Operation::InvokeModelWithResponseStream => {
+            native_fields(provider, body)
+        }
+        _ => return Ok(false),
+    };
+    let present = fields
+        .iter()
+        .find(|f| !matches!(lookup(body, f), None | Some(Value::Null)));
+    let field = match present {
+        Some(field) => {
+            let current = lookup(body, field)
+                .map(|v| validate(field, v))
+                .transpose()?;
+            if current.is_some_and(|n| n <= ceiling) {
+                return Ok(false);
+            }
+            *field
+        }
+        None if std::ptr::eq(fields, UNKNOWN_FIELDS) => {
+            return Err(MaxTokensError {
+                field: "maxTokens".to_string(),
+                problem: "is absent and this model family's field is unknown; set it explicitly"
+                    .to_string(),
+            });
+        }
+        None => fields[0],
+    };
+    let mut target = body;
+    let mut parts = field.split('.').peekable();
+    while let Some(key) = parts.next() {
+        let Value::Object(map) = target else {
+            return Err(MaxTokensError {
+                field: field.to_string(),
+                problem: "cannot be set: its parent is not an object".to_string(),
+            });
+        };
+        if parts.peek().is_none() {
+            map.insert(key.to_string(), Value::from(ceiling));
+            return Ok(true);
+        }
+        let next = map
+            .entry(key.to_string())
+            .or_insert_with(|| Value::Object(serde_json::Map::new()));
+        if next.is_null() {
+            *next = Value::Object(serde_json::Map::new());
+        }
+        target = next;
+    }
+    Ok(false)
+}
+
 /// Where a model-native body of this provider keeps its maximum output tokens.
 fn native_fields(provider: Option<&str>, body: &Value) -> &'static [&'static str] {
     match provider {
@@ -396,5 +459,43 @@ mod tests {
         assert!(message(invoke("meta", json!({"max_gen_len": "64"}))).starts_with("max_gen_len "));
         let long = "x".repeat(100);
         assert!(message(invoke("mistral", json!({"max_tokens": long}))).ends_with("xxx..."));
+    }
+
+    #[test]
+    fn clamp_lowers_or_inserts_the_deciding_field() {
+        let mut converse =
+            serde_json::json!({"messages": [], "inferenceConfig": {"maxTokens": 4000}});
+        assert_eq!(
+            clamp_max_tokens(Operation::Converse, None, &mut converse, 1000),
+            Ok(true)
+        );
+        assert_eq!(converse["inferenceConfig"]["maxTokens"], 1000);
+        let mut small = serde_json::json!({"inferenceConfig": {"maxTokens": 10}});
+        assert_eq!(
+            clamp_max_tokens(Operation::Converse, None, &mut small, 1000),
+            Ok(false)
+        );
+        let mut absent = serde_json::json!({"messages": []});
+        assert_eq!(
+            clamp_max_tokens(Operation::ConverseStream, None, &mut absent, 500),
+            Ok(true)
+        );
+        assert_eq!(absent["inferenceConfig"]["maxTokens"], 500);
+        let mut claude = serde_json::json!({"anthropic_version": "bedrock-2023-05-31"});
+        assert_eq!(
+            clamp_max_tokens(Operation::InvokeModel, Some("anthropic"), &mut claude, 300),
+            Ok(true)
+        );
+        assert_eq!(claude["max_tokens"], 300);
+        let mut titan = serde_json::json!({"inputText": "hi", "textGenerationConfig": null});
+        assert_eq!(
+            clamp_max_tokens(Operation::InvokeModel, Some("amazon"), &mut titan, 300),
+            Ok(true)
+        );
+        assert_eq!(titan["textGenerationConfig"]["maxTokenCount"], 300);
+        let mut unknown = serde_json::json!({"prompt": "hi"});
+        assert!(clamp_max_tokens(Operation::InvokeModel, Some("acme"), &mut unknown, 300).is_err());
+        let mut bad = serde_json::json!({"inferenceConfig": 3});
+        assert!(clamp_max_tokens(Operation::Converse, None, &mut bad, 300).is_err());
     }
 }

@@ -4,6 +4,7 @@
 //! `tokengate check-config FILE` is enough to fix a file.
 
 pub mod raw;
+pub mod routes;
 
 use std::{
     collections::BTreeMap,
@@ -16,6 +17,7 @@ use http::Uri;
 
 use crate::simulator::SimulatorConfig;
 use raw::{RawConfig, RawPool};
+pub use routes::{AuthConfig, AuthMode, MaxTokensPolicy, RouteConfig, Secret, ShareConfig};
 
 /// A configuration error: the key at fault and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -44,6 +46,9 @@ pub struct Config {
     pub admission: AdmissionConfig,
     pub log: LogConfig,
     pub pools: Vec<PoolConfig>,
+    pub auth: AuthConfig,
+    /// At least one: a config without `[[routes]]` has the implicit default route.
+    pub routes: Vec<RouteConfig>,
     pub simulator: SimulatorConfig,
 }
 
@@ -131,6 +136,11 @@ pub struct AdmissionConfig {
     /// Upper bound of the `x-amz-retry-after` hint. SDKs honour hints up to about their own
     /// backoff + 5 s (boto3, JS) or 20 s (Rust).
     pub max_retry_hint: Duration,
+    /// A route that has asked nothing for this long (and has nothing in flight) lends its
+    /// guaranteed share to the others.
+    pub share_idle: Duration,
+    /// Fraction of a pool a borrowing route leaves free for active routes of higher priority.
+    pub priority_margin: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,6 +181,10 @@ pub struct PoolConfig {
     pub max_wait: Duration,
     /// Most requests waiting in this pool's queue at once.
     pub max_queue: usize,
+    /// Fraction of the bucket first attempts leave for SDK retries.
+    pub retry_reserve: f64,
+    /// Decide and count, but forward everything.
+    pub shadow: bool,
 }
 
 impl PoolConfig {
@@ -186,6 +200,22 @@ const DEFAULT_MAX_BODY: u64 = 26 * 1024 * 1024;
 const DEFAULT_MAX_WAIT_MS: u64 = 2_000;
 const MAX_WAIT_LIMIT_MS: u64 = 30_000;
 const DEFAULT_MAX_QUEUE: usize = 1_000;
+/// How long a quiet route keeps its guarantee protected: a few seconds covers the gaps between
+/// one caller's requests without holding idle capacity back for long.
+const DEFAULT_SHARE_IDLE_MS: u64 = 5_000;
+const DEFAULT_PRIORITY_MARGIN: f64 = 0.1;
+
+/// A fraction in `[0, max)`.
+fn fraction(key: &str, value: f64, max: f64) -> Result<f64, ConfigError> {
+    if (0.0..max).contains(&value) {
+        Ok(value)
+    } else {
+        Err(invalid(
+            key,
+            format!("must be a fraction in [0, {max}), e.g. 0.05"),
+        ))
+    }
+}
 
 impl Config {
     /// Reads and validates a config file.
@@ -251,6 +281,16 @@ impl Config {
                 "admission.max_retry_hint_ms",
                 raw.admission.max_retry_hint_ms.unwrap_or(5000),
             )?),
+            share_idle: Duration::from_millis(
+                raw.admission.share_idle_ms.unwrap_or(DEFAULT_SHARE_IDLE_MS),
+            ),
+            priority_margin: fraction(
+                "admission.priority_margin",
+                raw.admission
+                    .priority_margin
+                    .unwrap_or(DEFAULT_PRIORITY_MARGIN),
+                0.5,
+            )?,
         };
         let log = LogConfig {
             format: match raw.log.format.as_deref().unwrap_or("text") {
@@ -278,6 +318,14 @@ impl Config {
                 ));
             }
         }
+        let (auth, routes) = routes::validate(
+            raw.auth,
+            raw.routes,
+            &pools,
+            &admission.application_profiles,
+            server.tls.is_some(),
+            &|var| std::env::var(var).ok(),
+        )?;
         Ok(Config {
             server,
             upstream,
@@ -285,6 +333,8 @@ impl Config {
             admission,
             log,
             pools,
+            auth,
+            routes,
             simulator: raw.simulator.unwrap_or_default(),
         })
     }
@@ -531,6 +581,7 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
             "must be greater than zero when max_wait_ms is (set max_wait_ms = 0 to disable queueing)",
         ));
     }
+    let retry_reserve = fraction(&key("retry_reserve"), raw.retry_reserve.unwrap_or(0.0), 0.5)?;
     let pool = PoolConfig {
         name: raw.name.clone(),
         models: raw.models,
@@ -544,6 +595,8 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
         input_estimate,
         max_wait: Duration::from_millis(max_wait_ms),
         max_queue,
+        retry_reserve,
+        shadow: raw.shadow.unwrap_or(false),
     };
     if default_max_tokens >= pool.usable_tokens_per_minute() {
         return Err(invalid(

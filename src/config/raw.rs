@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+pub use super::routes::{RawAuth, RawRoute, RawShare};
 use crate::simulator::SimulatorConfig;
 
 #[derive(Debug, Deserialize)]
@@ -20,6 +21,10 @@ pub struct RawConfig {
     pub log: RawLog,
     #[serde(default)]
     pub pools: Vec<RawPool>,
+    #[serde(default)]
+    pub auth: RawAuth,
+    #[serde(default)]
+    pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub simulator: Option<SimulatorConfig>,
 }
@@ -62,6 +67,8 @@ pub struct RawAdmission {
     #[serde(default)]
     pub application_profiles: BTreeMap<String, String>,
     pub max_retry_hint_ms: Option<u64>,
+    pub share_idle_ms: Option<u64>,
+    pub priority_margin: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -86,4 +93,6 @@ pub struct RawPool {
     pub input_estimate: Option<String>,
     pub max_wait_ms: Option<u64>,
     pub max_queue: Option<usize>,
+    pub retry_reserve: Option<f64>,
+    pub shadow: Option<bool>,
 }

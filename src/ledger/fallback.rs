@@ -97,6 +97,8 @@ impl FallbackLedger {
             pool: request.pool,
             limits: self.local_share(&request.limits),
             tokens: request.tokens,
+            // Shares are fractions of the limits: they scale with the local share.
+            share: request.share,
         };
         self.local.reserve(&local).await
     }

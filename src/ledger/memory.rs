@@ -14,7 +14,9 @@ use dashmap::DashMap;
 
 use super::{
     Clock, Decision, Ledger, LedgerError, Limit, Limits, PoolSnapshot, Rejection, Reservation,
-    ReserveRequest, bucket::TokenBucket,
+    ReserveRequest, ShareHold, ShareRequest,
+    bucket::TokenBucket,
+    shares::{Need, Plan, RouteStates},
 };
 
 #[derive(Debug)]
@@ -24,6 +26,7 @@ struct PoolState {
     max_concurrency: u32,
     in_flight: u32,
     reserved_tokens: u64,
+    routes: RouteStates,
 }
 
 impl PoolState {
@@ -36,6 +39,7 @@ impl PoolState {
             max_concurrency: limits.max_concurrency,
             in_flight: 0,
             reserved_tokens: 0,
+            routes: RouteStates::default(),
         }
     }
 
@@ -57,7 +61,49 @@ impl PoolState {
         self.max_concurrency = limits.max_concurrency;
     }
 
-    fn reserve(&mut self, tokens: u64) -> Result<(), Rejection> {
+    /// Checks every limit for `tokens` (and the caller's share, if any) and takes them all, or
+    /// nothing.
+    fn reserve(
+        &mut self,
+        tokens: u64,
+        share: Option<&ShareRequest<'_>>,
+        now: u64,
+    ) -> Result<Option<ShareHold>, Rejection> {
+        let plan = match share {
+            None => None,
+            Some(request) => {
+                let tpm = self.tokens.capacity();
+                self.routes.sync(request, tpm, now);
+                match self
+                    .routes
+                    .need(request, tokens, self.tokens.level(), tpm, now)
+                {
+                    Ok(need) => Some((request, need)),
+                    Err(over) => {
+                        return Err(Rejection {
+                            limit: Limit::Share,
+                            refill_wait: over.wait,
+                            token_deficit: over.deficit,
+                            in_flight_tokens: self.reserved_tokens,
+                            in_flight_requests: self.in_flight,
+                        });
+                    }
+                }
+            }
+        };
+        let need = plan.map_or(tokens, |(_, need)| need.tokens);
+        self.check(need)?;
+        self.take(tokens);
+        Ok(plan.map(|(request, Need { hold, .. })| self.take_share(request, tokens, hold)))
+    }
+
+    fn take_share(&mut self, request: &ShareRequest<'_>, tokens: u64, plan: Plan) -> ShareHold {
+        self.routes.take(request, tokens, plan)
+    }
+
+    /// Whether the token bucket holds `tokens` (a request's own plus what it must leave), a
+    /// request fits the request bucket and a permit is free.
+    fn check(&self, tokens: u64) -> Result<(), Rejection> {
         let reject = |limit, refill_wait, token_deficit| Rejection {
             limit,
             refill_wait,
@@ -90,13 +136,16 @@ impl PoolState {
                 0,
             ));
         }
+        Ok(())
+    }
+
+    fn take(&mut self, tokens: u64) {
         self.tokens.take(tokens);
         if let Some(b) = &mut self.requests {
             b.take(1);
         }
         self.in_flight += 1;
         self.reserved_tokens += tokens;
-        Ok(())
     }
 }
 
@@ -146,13 +195,17 @@ impl Ledger for MemoryLedger {
         let now = self.clock.now_ns();
         let mut state = lock(&state);
         state.sync(&request.limits, now);
-        Ok(match state.reserve(request.tokens) {
-            Ok(()) => {
-                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                Decision::Admitted(Reservation::new(key, request.tokens, id, "memory"))
-            }
-            Err(rejection) => Decision::Rejected(rejection),
-        })
+        Ok(
+            match state.reserve(request.tokens, request.share.as_ref(), now) {
+                Ok(hold) => {
+                    let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                    Decision::Admitted(
+                        Reservation::new(key, request.tokens, id, "memory").with_share(hold),
+                    )
+                }
+                Err(rejection) => Decision::Rejected(rejection),
+            },
+        )
     }
 
     async fn settle(
@@ -160,7 +213,7 @@ impl Ledger for MemoryLedger {
         reservation: Reservation,
         charged_tokens: u64,
     ) -> Result<(), LedgerError> {
-        let (pool, reserved, _id) = reservation.disarm();
+        let (pool, reserved, _id, hold) = reservation.disarm_with_share();
         let Some(state) = self.pools.get(&pool).map(|e| e.value().clone()) else {
             return Err(LedgerError {
                 backend: "memory",
@@ -176,6 +229,9 @@ impl Ledger for MemoryLedger {
             .adjust(delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64);
         state.in_flight = state.in_flight.saturating_sub(1);
         state.reserved_tokens = state.reserved_tokens.saturating_sub(reserved);
+        if let Some(hold) = &hold {
+            state.routes.settle(hold, reserved, charged_tokens, now);
+        }
         Ok(())
     }
 

@@ -20,6 +20,7 @@ pub mod clock;
 pub mod fallback;
 pub mod memory;
 pub mod redis;
+pub mod shares;
 
 use std::{
     fmt,
@@ -37,6 +38,7 @@ pub use clock::Clock;
 pub use fallback::FallbackLedger;
 pub use memory::MemoryLedger;
 pub use redis::{RedisLedger, RedisOptions};
+pub use shares::{RouteDemand, RouteShare, ShareHold, ShareRequest};
 
 /// The limits of one pool, as admission currently applies them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +56,9 @@ pub struct ReserveRequest<'a> {
     pub limits: Limits,
     /// Tokens to reserve: `input + maxTokens`, as Bedrock deducts at request start.
     pub tokens: u64,
+    /// The calling route and the shares of every route in the pool; `None` checks the pool's
+    /// limits alone.
+    pub share: Option<ShareRequest<'a>>,
 }
 
 /// Which limit turned a request away.
@@ -63,6 +68,8 @@ pub enum Limit {
     Tokens,
     Requests,
     Concurrency,
+    /// The calling route's `max_share` of the pool.
+    Share,
 }
 
 impl Limit {
@@ -72,6 +79,7 @@ impl Limit {
             Limit::Tokens => "tokens",
             Limit::Requests => "requests",
             Limit::Concurrency => "concurrency",
+            Limit::Share => "share",
         }
     }
 }
@@ -112,6 +120,7 @@ pub struct Reservation {
     tokens: u64,
     id: u64,
     backend: &'static str,
+    share: Option<ShareHold>,
     settled: bool,
 }
 
@@ -122,8 +131,20 @@ impl Reservation {
             tokens,
             id,
             backend,
+            share: None,
             settled: false,
         }
+    }
+
+    /// Records what the reservation took from its route's share buckets.
+    pub(crate) fn with_share(mut self, share: Option<ShareHold>) -> Self {
+        self.share = share;
+        self
+    }
+
+    /// What it took from its route's share buckets, if it was taken for a route.
+    pub fn share(&self) -> Option<&ShareHold> {
+        self.share.as_ref()
     }
 
     /// The backend that issued it (`memory`, `redis`): a reservation is settled where it was taken.
@@ -150,6 +171,13 @@ impl Reservation {
         self.settled = true;
         (self.pool.clone(), self.tokens, self.id)
     }
+
+    /// [`Reservation::disarm`], with the route hold.
+    pub(crate) fn disarm_with_share(mut self) -> (Arc<str>, u64, u64, Option<ShareHold>) {
+        let share = self.share.take();
+        let (pool, tokens, id) = self.disarm();
+        (pool, tokens, id, share)
+    }
 }
 
 impl fmt::Debug for Reservation {
@@ -159,6 +187,7 @@ impl fmt::Debug for Reservation {
             .field("tokens", &self.tokens)
             .field("id", &self.id)
             .field("backend", &self.backend)
+            .field("share", &self.share)
             .finish()
     }
 }

@@ -77,7 +77,7 @@ use tokio::task::AbortHandle;
 
 use super::{
     Decision, Ledger, LedgerError, LedgerMode, Limit, Limits, PoolSnapshot, Rejection, Reservation,
-    ReserveRequest,
+    ReserveRequest, ShareHold, shares::share_tokens,
 };
 use crate::metrics::Metrics;
 
@@ -262,6 +262,31 @@ fn check_limits(pool: &str, limits: &Limits) -> Result<(), LedgerError> {
     }
 }
 
+/// The admit script's route-share arguments (see admit.lua): `0` without shares.
+fn share_args(invocation: &mut ScriptInvocation<'_>, request: &ReserveRequest<'_>) {
+    let Some(share) = &request.share else {
+        invocation.arg(0);
+        return;
+    };
+    let tpm = request.limits.tokens_per_minute;
+    invocation
+        .arg(share.routes.len())
+        .arg(share.caller + 1)
+        .arg(u8::from(share.retry))
+        .arg(share_tokens(share.retry_reserve, tpm))
+        .arg(share_tokens(share.priority_margin, tpm))
+        .arg(u64::try_from(share.idle.as_millis()).unwrap_or(u64::MAX));
+    for route in share.routes {
+        let (guaranteed, ceiling, recovery) = route.capacities(tpm);
+        invocation
+            .arg(&*route.route)
+            .arg(route.priority)
+            .arg(guaranteed)
+            .arg(ceiling.map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX)))
+            .arg(recovery);
+    }
+}
+
 fn rpm_arg(limits: &Limits) -> i64 {
     limits
         .requests_per_minute
@@ -401,6 +426,7 @@ impl Ledger for RedisLedger {
             .arg(rpm_arg(limits))
             .arg(limits.max_concurrency)
             .arg(u64::try_from(inner.lease.as_millis()).unwrap_or(u64::MAX));
+        share_args(&mut invocation, request);
         let reply: Vec<i64> = inner.run(&invocation, "admit", request.pool).await?;
         let purged = reply.get(1).copied().unwrap_or(0);
         if purged > 0 {
@@ -411,21 +437,24 @@ impl Ledger for RedisLedger {
             );
         }
         match reply.as_slice() {
-            [1, _] => {
+            [1, _, guaranteed, recovered] => {
                 let pool: Arc<str> = Arc::from(request.pool);
                 inner.held.insert(id, (pool.clone(), request.tokens));
-                Ok(Decision::Admitted(Reservation::new(
-                    pool,
-                    request.tokens,
-                    id,
-                    BACKEND,
-                )))
+                let hold = request.share.as_ref().map(|share| ShareHold {
+                    route: share.caller().route.clone(),
+                    guaranteed: count(*guaranteed),
+                    recovered: *recovered == 1,
+                });
+                Ok(Decision::Admitted(
+                    Reservation::new(pool, request.tokens, id, BACKEND).with_share(hold),
+                ))
             }
             [0, _, limit, wait, deficit, reserved, in_flight] => {
                 let limit = match limit {
                     1 => Limit::Tokens,
                     2 => Limit::Requests,
                     3 => Limit::Concurrency,
+                    4 => Limit::Share,
                     _ => return Err(unexpected("admit", &reply)),
                 };
                 Ok(Decision::Rejected(Rejection {
@@ -446,7 +475,7 @@ impl Ledger for RedisLedger {
         charged_tokens: u64,
     ) -> Result<(), LedgerError> {
         let inner = &self.inner;
-        let (pool, reserved, id) = reservation.disarm();
+        let (pool, reserved, id, hold) = reservation.disarm_with_share();
         // Whatever happens next, this replica stops renewing it: a settle that fails leaves a
         // lease that expires.
         inner.held.remove(&id);
@@ -458,6 +487,12 @@ impl Ledger for RedisLedger {
             .arg(member(id, reserved))
             .arg(reserved)
             .arg(charged_tokens.min(MAX_CHARGE));
+        if let Some(hold) = &hold {
+            invocation
+                .arg(&*hold.route)
+                .arg(hold.guaranteed)
+                .arg(u8::from(hold.recovered));
+        }
         let reply: Vec<i64> = inner.run(&invocation, "settle", &pool).await?;
         match reply.as_slice() {
             [1, _] => Ok(()),

@@ -9,7 +9,7 @@ use std::{cell::RefCell, sync::Arc};
 
 pub mod pool;
 
-pub use pool::{OperationMetrics, PoolMetrics};
+pub use pool::{OperationMetrics, PoolMetrics, RouteMetrics};
 
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
@@ -67,6 +67,19 @@ pub struct Metrics {
     pub requested_max_tokens_p99: IntGaugeVec,
     pub suggested_max_tokens: IntGaugeVec,
     pub max_tokens_unused_ratio: GaugeVec,
+    // === Routes and callers (see `admission::routes`, `auth`) ===
+    /// Requests by pool, route and outcome: admitted, rejected, not_allowed, invalid, shadow_rejected.
+    pub route_requests: IntCounterVec,
+    pub route_reserved_tokens: IntGaugeVec,
+    pub route_charged_tokens: IntCounterVec,
+    /// Retries admitted into the pool's retry reserve, by route.
+    pub recovery_admissions: IntCounterVec,
+    /// Requests shadow mode forwarded that enforcement would have turned away, by reason.
+    pub shadow_rejections: IntCounterVec,
+    /// Requests whose maxTokens was lowered to the route's ceiling.
+    pub max_tokens_clamped: IntCounterVec,
+    /// Requests that failed identification, by reason (never said to the caller).
+    pub auth_failures: IntCounterVec,
     /// Every metric registered, for [`Metrics::families`].
     families: Arc<[Family]>,
 }
@@ -159,6 +172,13 @@ impl Metrics {
             requested_max_tokens_p99: r.int_gauge("tokengate_requested_max_tokens_p99", "p99 maxTokens reserved per request since start, by pool and configured model (maxTokens advice).", &["pool", "model"])?,
             suggested_max_tokens: r.int_gauge("tokengate_suggested_max_tokens", "Suggested maxTokens: p99 output x 1.2 rounded up to 64, once 20 requests were seen (maxTokens advice).", &["pool", "model"])?,
             max_tokens_unused_ratio: r.gauge("tokengate_max_tokens_unused_ratio", "Share of reserved maxTokens that output did not use since start: 1 - sum(output) / sum(maxTokens).", &["pool", "model"])?,
+            route_requests: r.counter("tokengate_route_requests_total", "Requests by pool, route and outcome: admitted, rejected, not_allowed, invalid, shadow_rejected.", &["pool", "route", "outcome"])?,
+            route_reserved_tokens: r.int_gauge("tokengate_route_reserved_tokens", "Tokens reserved by the route's requests in flight.", &["pool", "route"])?,
+            route_charged_tokens: r.counter("tokengate_route_charged_tokens_total", "Quota tokens charged to the route at settlement.", &["pool", "route"])?,
+            recovery_admissions: r.counter("tokengate_recovery_admissions_total", "SDK retries admitted into the pool's retry reserve (the route's recovery budget).", &["pool", "route"])?,
+            shadow_rejections: r.counter("tokengate_shadow_rejections_total", "Requests forwarded in shadow mode that enforcement would have turned away, by reason.", &["pool", "route", "reason"])?,
+            max_tokens_clamped: r.counter("tokengate_max_tokens_clamped_total", "Requests whose maxTokens was lowered to the route's max_tokens_ceiling.", &["pool", "route"])?,
+            auth_failures: r.counter("tokengate_auth_failures_total", "Requests that failed identification, by auth mode and reason.", &["mode", "reason"])?,
             families: r.families.take().into(),
         })
         .inspect(Metrics::init_global_series)

@@ -20,6 +20,59 @@ pub struct OperationMetrics {
     pub time_to_first_token: Histogram,
 }
 
+/// The `reason` labels of `tokengate_shadow_rejections_total`.
+pub const SHADOW_REASONS: [&str; 8] = [
+    "tokens",
+    "requests",
+    "concurrency",
+    "share",
+    "never_fits",
+    "not_allowed",
+    "max_tokens_ceiling",
+    "ledger_error",
+];
+
+/// Series of one route in one pool.
+#[derive(Debug, Clone)]
+pub struct RouteMetrics {
+    pub admitted: IntCounter,
+    pub rejected: IntCounter,
+    pub reserved_tokens: IntGauge,
+    pub charged_tokens: IntCounter,
+    pub recovery_admissions: IntCounter,
+}
+
+impl RouteMetrics {
+    /// Resolves (and creates at zero) the route's series in `pool`.
+    pub fn new(m: &Metrics, pool: &str, route: &str) -> RouteMetrics {
+        let two = [pool, route];
+        for outcome in ["not_allowed", "invalid", "shadow_rejected"] {
+            m.route_requests
+                .with_label_values(&[pool, route, outcome])
+                .reset();
+        }
+        m.max_tokens_clamped.with_label_values(&two).reset();
+        for reason in SHADOW_REASONS {
+            m.shadow_rejections
+                .with_label_values(&[pool, route, reason])
+                .reset();
+        }
+        let reserved_tokens = m.route_reserved_tokens.with_label_values(&two);
+        reserved_tokens.set(0);
+        RouteMetrics {
+            admitted: m
+                .route_requests
+                .with_label_values(&[pool, route, "admitted"]),
+            rejected: m
+                .route_requests
+                .with_label_values(&[pool, route, "rejected"]),
+            reserved_tokens,
+            charged_tokens: m.route_charged_tokens.with_label_values(&two),
+            recovery_admissions: m.recovery_admissions.with_label_values(&two),
+        }
+    }
+}
+
 /// Series of one pool.
 #[derive(Debug, Clone)]
 pub struct PoolMetrics {

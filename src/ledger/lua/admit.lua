@@ -1,7 +1,11 @@
--- tokengate ledger v1: admit. ARGV: member, tokens, tpm, rpm (-1: none), max_concurrency, lease_ms.
--- Takes tokens, one request and one permit (a lease), all or nothing.
--- Returns {1, purged} when admitted, or
--- {0, purged, limit (1 tokens, 2 requests, 3 concurrency), wait_ms (-1: never), deficit, reserved, in_flight}.
+-- tokengate ledger v1: admit. ARGV: member, tokens, tpm, rpm (-1: none), max_concurrency, lease_ms,
+-- then the route shares: n (0: none), and when n > 0: caller (1-based), retry (0/1),
+-- retry_reserve, priority_margin (tokens), idle_ms, and per route: name, priority, guaranteed,
+-- ceiling (-1: none), recovery (tokens per minute).
+-- Takes tokens, one request and one permit (a lease), and the caller's share, all or nothing.
+-- Returns {1, purged, guaranteed, recovered} when admitted, or
+-- {0, purged, limit (1 tokens, 2 requests, 3 concurrency, 4 share), wait_ms (-1: never), deficit,
+-- reserved, in_flight}.
 local member, tokens = ARGV[1], tonumber(ARGV[2])
 local tpm, rpm, max_concurrency, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
@@ -10,19 +14,74 @@ local purged = purge(s, now)
 local in_flight = redis.call('ZCARD', LEASES)
 local t, r = s.tokens, s.requests
 
-local token_fit = tokens * U <= t.level
+-- The caller's share: what the bucket must hold (need) and what the route takes.
+local n = tonumber(ARGV[7] or '0')
+local need = tokens
+local me, rs, hold_g, recovered = nil, nil, 0, 0
+if n > 0 then
+  local caller, retry = tonumber(ARGV[8]), ARGV[9] == '1'
+  local reserve, margin, idle_ms = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+  local routes = {}
+  for i = 1, n do
+    local b = 12 + (i - 1) * 5
+    routes[i] = {
+      name = ARGV[b + 1], priority = tonumber(ARGV[b + 2]), g = tonumber(ARGV[b + 3]),
+      c = tonumber(ARGV[b + 4]), v = tonumber(ARGV[b + 5]),
+    }
+  end
+  me = routes[caller]
+  rs = route_load(me.name, me.g, me.c, me.v, now)
+  rs.seen = now
+  if rs.c and tokens * U > rs.c.level then
+    local wait = wait_for(rs.c, tokens)
+    local deficit = math.max(0, tokens - whole(rs.c))
+    route_save(me.name, rs)
+    save(s, now)
+    return { 0, purged, 4, wait, deficit, s.reserved, in_flight }
+  end
+  hold_g = math.min(math.max(whole(rs.g), 0), tokens)
+  local protected = 0
+  if hold_g < tokens then
+    local outranked = false
+    for i = 1, n do
+      if i ~= caller then
+        local other = route_get(routes[i].name, now)
+        if other and active(other, now, idle_ms) then
+          protected = protected + math.max(whole(other.g), 0)
+          if routes[i].priority > me.priority then
+            outranked = true
+          end
+        end
+      end
+    end
+    if outranked then
+      protected = protected + margin
+    end
+  end
+  need = tokens + protected + reserve
+  if retry and reserve > 0 and need * U > t.level and tokens * U <= rs.v.level
+    and (tokens + protected) * U <= t.level then
+    need = tokens + protected
+    recovered = 1
+  end
+end
+
+local token_fit = need * U <= t.level
 local request_fit = (not r) or U <= r.level
 if not token_fit or not request_fit then
-  local token_wait = wait_for(t, tokens)
+  local token_wait = wait_for(t, need)
   local request_wait = -1
   if r then
     request_wait = wait_for(r, 1)
   end
-  local deficit = math.max(0, tokens - whole(t))
+  local deficit = math.max(0, need - whole(t))
   -- The limit with the longer wait binds; refill never satisfying counts as longest. Refill is a
   -- known wait and a free permit is not, so a short bucket binds even when permits are gone too.
   local tokens_bind = (not token_fit)
     and (request_fit or token_wait < 0 or (request_wait >= 0 and token_wait >= request_wait))
+  if rs then
+    route_save(me.name, rs)
+  end
   save(s, now)
   if tokens_bind then
     return { 0, purged, 1, token_wait, deficit, s.reserved, in_flight }
@@ -30,6 +89,9 @@ if not token_fit or not request_fit then
   return { 0, purged, 2, request_wait, deficit, s.reserved, in_flight }
 end
 if in_flight >= max_concurrency then
+  if rs then
+    route_save(me.name, rs)
+  end
   save(s, now)
   return { 0, purged, 3, 0, 0, s.reserved, in_flight }
 end
@@ -37,7 +99,17 @@ t.level = t.level - tokens * U
 if r then
   r.level = r.level - U
 end
+if rs then
+  rs.g.level = rs.g.level - hold_g * U
+  if rs.c then
+    rs.c.level = rs.c.level - tokens * U
+  end
+  if recovered == 1 then
+    rs.v.level = rs.v.level - tokens * U
+  end
+  route_save(me.name, rs)
+end
 s.reserved = s.reserved + tokens
 redis.call('ZADD', LEASES, now + lease_ms, member)
 save(s, now)
-return { 1, purged }
+return { 1, purged, hold_g, recovered }

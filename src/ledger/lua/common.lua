@@ -167,3 +167,72 @@ local function save(s, now)
   extend(STATE, ttl)
   extend(LEASES, ttl)
 end
+
+-- Route shares (see src/ledger/shares.rs for the rules). A route's buckets in a pool live in the
+-- state hash, field 'r:<route>' = "gl gc gt cl cc ct vl vc vt seen": guarantee, ceiling (cc = -1:
+-- none) and recovery buckets, and when the route last asked or settled (ms; 0: never).
+
+local function sync(b, cap, now)
+  if b.cap ~= cap then
+    set_capacity(b, cap, now)
+  end
+  refill(b, now)
+end
+
+-- A route's stored buckets refilled to now, or nil.
+local function route_get(name, now)
+  local raw = redis.call('HGET', STATE, 'r:' .. name)
+  if not raw then
+    return nil
+  end
+  local f = {}
+  for x in string.gmatch(raw, '%S+') do
+    f[#f + 1] = tonumber(x)
+  end
+  local r = {
+    g = { level = f[1], cap = f[2], ts = f[3] },
+    v = { level = f[7], cap = f[8], ts = f[9] },
+    seen = f[10],
+  }
+  refill(r.g, now)
+  refill(r.v, now)
+  if f[5] >= 0 then
+    r.c = { level = f[4], cap = f[5], ts = f[6] }
+    refill(r.c, now)
+  end
+  return r
+end
+
+-- A route's buckets under the capacities of this call (ceiling < 0: none), created full.
+local function route_load(name, g, c, v, now)
+  local r = route_get(name, now)
+  if not r then
+    r = { g = bucket_new(g, now), v = bucket_new(v, now), seen = 0 }
+    if c >= 0 then
+      r.c = bucket_new(c, now)
+    end
+    return r
+  end
+  sync(r.g, g, now)
+  sync(r.v, v, now)
+  if c < 0 then
+    r.c = nil
+  elseif r.c then
+    sync(r.c, c, now)
+  else
+    r.c = bucket_new(c, now)
+  end
+  return r
+end
+
+local function route_save(name, r)
+  local c = r.c or { level = 0, cap = -1, ts = 0 }
+  redis.call('HSET', STATE, 'r:' .. name, table.concat({
+    int(r.g.level), int(r.g.cap), int(r.g.ts), int(c.level), int(c.cap), int(c.ts),
+    int(r.v.level), int(r.v.cap), int(r.v.ts), int(r.seen),
+  }, ' '))
+end
+
+local function active(r, now, idle_ms)
+  return r.seen > 0 and now - r.seen < idle_ms
+end

@@ -1,6 +1,8 @@
--- tokengate ledger v1: settle. ARGV: member, reserved, charged.
+-- tokengate ledger v1: settle. ARGV: member, reserved, charged, and for a reservation taken for a
+-- route: route, guaranteed (tokens taken from its guarantee), recovered (0/1).
 -- Credits back reserved - charged (or debits the excess) and ends the lease. A lease that already
--- expired was charged in full when it was purged: only a charge above the reservation is debited.
+-- expired was charged in full when it was purged: only a charge above the reservation is debited,
+-- and the route's buckets keep what they lent.
 -- Returns {held (1 if the lease was live), purged}.
 local member, reserved, charged = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
@@ -19,5 +21,24 @@ else
   delta = math.min(0, delta)
 end
 t.level = math.min(t.level + delta * U, t.cap * U)
+local route = ARGV[4]
+if route then
+  local rs = route_get(route, now)
+  if rs then
+    if held == 1 then
+      local guaranteed = tonumber(ARGV[5])
+      local credit = guaranteed - math.min(charged, guaranteed)
+      rs.g.level = math.min(rs.g.level + credit * U, rs.g.cap * U)
+      if rs.c then
+        rs.c.level = math.min(rs.c.level + delta * U, rs.c.cap * U)
+      end
+      if ARGV[6] == '1' then
+        rs.v.level = math.min(rs.v.level + delta * U, rs.v.cap * U)
+      end
+    end
+    rs.seen = math.max(rs.seen, now)
+    route_save(route, rs)
+  end
+end
 save(s, now)
 return { held, purged }
