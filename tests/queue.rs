@@ -131,10 +131,13 @@ async fn a_wait_projected_beyond_max_wait_is_rejected_at_once() {
     );
 
     // One that fits within max_wait waits and gets in when refill covers it, never before.
+    // Refill started when the transit hold of the first reservation (taken from the full
+    // bucket) ended.
     let mut ok = admit(&adm, 100).await.expect("queued, then admitted");
     let waited = start.elapsed();
     let missing = ok.estimate().reservation() - left;
-    let refill = Duration::from_millis(missing * 10);
+    let refill = Duration::from_millis(missing * 10)
+        + Duration::from_nanos(tokengate::ledger::memory::UPSTREAM_TRANSIT_NS);
     assert!(
         waited >= refill && waited <= refill + Duration::from_millis(5),
         "{waited:?} for {missing} missing tokens"

@@ -91,6 +91,7 @@ mod tests {
         n: u32,
     ) -> Rejection {
         Rejection {
+            held_for_others: false,
             limit,
             refill_wait: Some(Duration::from_millis(refill_ms)),
             token_deficit: deficit,

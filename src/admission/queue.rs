@@ -74,6 +74,7 @@ impl Default for WaiterClass {
 struct Waiter {
     id: u64,
     tokens: u64,
+    route: Arc<str>,
     demand: Option<RouteDemand>,
     enqueued: Instant,
     bypassed: u32,
@@ -298,6 +299,7 @@ impl AdmissionQueue {
                 Waiter {
                     id,
                     tokens,
+                    route: class.route.clone(),
                     demand: class.demand.clone(),
                     enqueued: Instant::now(),
                     bypassed: 0,
@@ -368,11 +370,17 @@ impl AdmissionQueue {
                 while let Some(gone) = state.head().filter(|w| w.tx.is_closed()).map(|w| w.id) {
                     state.remove(gone);
                 }
-                state
-                    .head()
-                    .map(|w| (w.id, w.tokens, w.bypassed, w.demand.clone()))
+                state.head().map(|w| {
+                    (
+                        w.id,
+                        w.tokens,
+                        w.bypassed,
+                        w.demand.clone(),
+                        w.route.clone(),
+                    )
+                })
             };
-            let (id, tokens, bypassed, demand) = head?;
+            let (id, tokens, bypassed, demand, route) = head?;
             let limits = limits();
             match ledger
                 .reserve(&ReserveRequest {
@@ -387,15 +395,23 @@ impl AdmissionQueue {
                 Ok(Decision::Rejected(rejection)) => {
                     self.set_last_limit(rejection.limit);
                     let free = tokens.saturating_sub(rejection.token_deficit);
-                    // A head held back by its own route's ceiling does not hold back the other
-                    // routes: they may pass it without limit. One held back by the pool's
-                    // bucket lets at most MAX_BYPASS smaller waiters pass.
+                    // A head held back by its own route (its ceiling, or what it must leave for
+                    // other routes' guarantees) does not hold back the other routes: their
+                    // waiters may pass it without limit. One held back by the pool's bucket lets
+                    // at most MAX_BYPASS smaller waiters pass.
+                    let other_route = |w: &Waiter| w.route != route;
                     let passed = match rejection.limit {
                         Limit::Share => {
-                            self.bypass(id, u64::MAX, false, ledger, pool, limits).await
+                            self.bypass(id, &other_route, false, ledger, pool, limits)
+                                .await
+                        }
+                        Limit::Tokens if rejection.held_for_others => {
+                            self.bypass(id, &other_route, false, ledger, pool, limits)
+                                .await
                         }
                         Limit::Tokens if bypassed < MAX_BYPASS => {
-                            self.bypass(id, free, true, ledger, pool, limits).await
+                            let smaller = |w: &Waiter| w.tokens <= free;
+                            self.bypass(id, &smaller, true, ledger, pool, limits).await
                         }
                         _ => false,
                     };
@@ -421,12 +437,12 @@ impl AdmissionQueue {
         }
     }
 
-    /// Lets one smaller waiter that fits in `free` tokens pass the head (counted against the
-    /// head's bypass allowance if `count`). Returns whether one did.
+    /// Lets the first waiter behind the head that `eligible` accepts try to pass it (counted
+    /// against the head's bypass allowance if `count`). Returns whether one did.
     async fn bypass(
         &self,
         head: u64,
-        free: u64,
+        eligible: &(dyn Fn(&Waiter) -> bool + Sync),
         count: bool,
         ledger: &dyn Ledger,
         pool: &str,
@@ -438,7 +454,7 @@ impl AdmissionQueue {
                 .in_order()
                 .skip(1)
                 .take(BYPASS_SCAN)
-                .find(|w| w.tokens <= free && !w.tx.is_closed())
+                .find(|w| eligible(w) && !w.tx.is_closed())
                 .map(|w| (w.id, w.tokens, w.demand.clone()))
         };
         let Some((id, tokens, demand)) = candidate else {

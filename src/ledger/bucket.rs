@@ -90,6 +90,20 @@ impl TokenBucket {
         self.level -= i128::from(tokens) * SCALE;
     }
 
+    /// [`Self::take`] for a reservation that upstream will only see `transit_ns` from now: when
+    /// the bucket was full, refill is held back until then.
+    ///
+    /// Upstream's own bucket, full too, stays capped (refilling nothing) until the request reaches
+    /// it; a ledger that started refilling at once would run ahead of upstream by that transit
+    /// time after every idle spell, and admit what upstream then throttles.
+    pub fn take_in_transit(&mut self, tokens: u64, now_ns: u64, transit_ns: u64) {
+        let full = self.level >= i128::from(self.capacity) * SCALE;
+        self.take(tokens);
+        if full {
+            self.updated_ns = self.updated_ns.max(now_ns.saturating_add(transit_ns));
+        }
+    }
+
     /// Credits back (`delta > 0`) or debits more (`delta < 0`) at settlement; never above capacity.
     pub fn adjust(&mut self, delta: i64) {
         let full = i128::from(self.capacity) * SCALE;

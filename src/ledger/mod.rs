@@ -97,6 +97,9 @@ pub struct Rejection {
     /// Tokens reserved by requests in flight, which settlement will partly return.
     pub in_flight_tokens: u64,
     pub in_flight_requests: u32,
+    /// The bucket held the request's own tokens, but not what a borrowing route must leave for
+    /// other routes' guarantees: those routes' requests may still fit.
+    pub held_for_others: bool,
 }
 
 /// The outcome of [`Ledger::reserve`].

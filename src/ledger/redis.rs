@@ -449,7 +449,16 @@ impl Ledger for RedisLedger {
                     Reservation::new(pool, request.tokens, id, BACKEND).with_share(hold),
                 ))
             }
-            [0, _, limit, wait, deficit, reserved, in_flight] => {
+            [
+                0,
+                _,
+                limit,
+                wait,
+                deficit,
+                reserved,
+                in_flight,
+                held_for_others,
+            ] => {
                 let limit = match limit {
                     1 => Limit::Tokens,
                     2 => Limit::Requests,
@@ -463,6 +472,7 @@ impl Ledger for RedisLedger {
                     token_deficit: count(*deficit),
                     in_flight_tokens: count(*reserved),
                     in_flight_requests: u32::try_from(*in_flight).unwrap_or(u32::MAX),
+                    held_for_others: *held_for_others == 1,
                 }))
             }
             _ => Err(unexpected("admit", &reply)),

@@ -166,6 +166,8 @@ fn sync_bucket(bucket: &mut TokenBucket, capacity: u64, now: u64) {
 pub(crate) struct Need {
     /// Tokens the pool's bucket must hold (the request's own plus what it must leave).
     pub tokens: u64,
+    /// Of those, what it must leave for other routes (their guarantees, the priority margin).
+    pub protected: u64,
     pub hold: Plan,
 }
 
@@ -246,6 +248,7 @@ impl RouteStates {
             && recovery_fits
             && fits(tokens.saturating_add(protected));
         Ok(Need {
+            protected,
             tokens: if recovered {
                 tokens.saturating_add(protected)
             } else {

@@ -22,6 +22,11 @@ impl SimStats {
         self.buckets.values().map(|b| b.throttled).sum()
     }
 
+    /// Calls received, every operation.
+    pub fn calls(&self) -> u64 {
+        self.operations.values().sum()
+    }
+
     /// Tokens charged at settlement, over every bucket.
     pub fn tokens_charged(&self) -> u64 {
         self.buckets.values().map(|b| b.tokens_charged).sum()

@@ -129,6 +129,43 @@ pub fn sdk_client(addr: SocketAddr, attempts: u32) -> Client {
     Client::from_conf(config)
 }
 
+/// An SDK client for `addr` that sends `Authorization: Bearer <token>` (no AWS credentials), as
+/// `AWS_BEARER_TOKEN_BEDROCK` configures it.
+pub fn bearer_client(addr: SocketAddr, token: &str) -> Client {
+    let config = aws_sdk_bedrockruntime::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(format!("http://{addr}"))
+        .region(Region::new("us-east-1"))
+        .bearer_token(aws_sdk_bedrockruntime::config::Token::new(token, None))
+        .retry_config(RetryConfig::disabled())
+        .build();
+    Client::from_conf(config)
+}
+
+/// An SDK client for `addr` signing with the key pair `key_id` / `secret`.
+pub fn keyed_client(addr: SocketAddr, key_id: &str, secret: &str) -> Client {
+    let config = aws_sdk_bedrockruntime::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(format!("http://{addr}"))
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(key_id, secret, None, None, "tests"))
+        .retry_config(RetryConfig::disabled())
+        .build();
+    Client::from_conf(config)
+}
+
+/// The proxy's `/metrics`, parsed.
+pub async fn scrape(addr: SocketAddr) -> scrape::Scrape {
+    let response = raw_request(addr, "GET", "/metrics", "", false).await;
+    scrape::Scrape::parse(std::str::from_utf8(&response.body).expect("utf-8"))
+}
+
+/// Hex SHA-256 of a bearer key, as `bearer_token_sha256` holds it.
+pub fn sha256_hex(key: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(key.as_bytes()))
+}
+
 pub fn user_message(text: &str) -> Message {
     Message::builder()
         .role(ConversationRole::User)
@@ -207,17 +244,31 @@ pub async fn raw_request(
     body: impl Into<bytes::Bytes>,
     h2: bool,
 ) -> RawResponse {
+    raw_request_with(addr, method, path, body, h2, &[]).await
+}
+
+/// [`raw_request`] with extra request headers.
+pub async fn raw_request_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: impl Into<bytes::Bytes>,
+    h2: bool,
+    headers: &[(&str, &str)],
+) -> RawResponse {
     use http_body_util::{BodyExt, Full};
     use hyper_util::{client::legacy::Client, rt::TokioExecutor};
     let client = Client::builder(TokioExecutor::new())
         .http2_only(h2)
         .build_http::<Full<bytes::Bytes>>();
-    let request = http::Request::builder()
+    let mut request = http::Request::builder()
         .method(method)
         .uri(format!("http://{addr}{path}"))
-        .header("content-type", "application/json")
-        .body(Full::new(body.into()))
-        .expect("request");
+        .header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(Full::new(body.into())).expect("request");
     let response = client.request(request).await.expect("response");
     let (parts, body) = response.into_parts();
     let body = body.collect().await.expect("body").to_bytes();

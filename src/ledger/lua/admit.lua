@@ -5,7 +5,8 @@
 -- Takes tokens, one request and one permit (a lease), and the caller's share, all or nothing.
 -- Returns {1, purged, guaranteed, recovered} when admitted, or
 -- {0, purged, limit (1 tokens, 2 requests, 3 concurrency, 4 share), wait_ms (-1: never), deficit,
--- reserved, in_flight}.
+-- reserved, in_flight, held_for_others (1: the bucket held the request but not what it must leave
+-- for other routes)}.
 local member, tokens = ARGV[1], tonumber(ARGV[2])
 local tpm, rpm, max_concurrency, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
@@ -17,6 +18,7 @@ local t, r = s.tokens, s.requests
 -- The caller's share: what the bucket must hold (need) and what the route takes.
 local n = tonumber(ARGV[7] or '0')
 local need = tokens
+local protected = 0
 local me, rs, hold_g, recovered = nil, nil, 0, 0
 if n > 0 then
   local caller, retry = tonumber(ARGV[8]), ARGV[9] == '1'
@@ -37,10 +39,9 @@ if n > 0 then
     local deficit = math.max(0, tokens - whole(rs.c))
     route_save(me.name, rs)
     save(s, now)
-    return { 0, purged, 4, wait, deficit, s.reserved, in_flight }
+    return { 0, purged, 4, wait, deficit, s.reserved, in_flight, 0 }
   end
   hold_g = math.min(math.max(whole(rs.g), 0), tokens)
-  local protected = 0
   if hold_g < tokens then
     local outranked = false
     for i = 1, n do
@@ -84,16 +85,25 @@ if not token_fit or not request_fit then
   end
   save(s, now)
   if tokens_bind then
-    return { 0, purged, 1, token_wait, deficit, s.reserved, in_flight }
+    local held_for_others = 0
+    if protected > 0 and (need - protected) * U <= t.level then
+      held_for_others = 1
+    end
+    return { 0, purged, 1, token_wait, deficit, s.reserved, in_flight, held_for_others }
   end
-  return { 0, purged, 2, request_wait, deficit, s.reserved, in_flight }
+  return { 0, purged, 2, request_wait, deficit, s.reserved, in_flight, 0 }
 end
 if in_flight >= max_concurrency then
   if rs then
     route_save(me.name, rs)
   end
   save(s, now)
-  return { 0, purged, 3, 0, 0, s.reserved, in_flight }
+  return { 0, purged, 3, 0, 0, s.reserved, in_flight, 0 }
+end
+-- From a full bucket, refill waits for the request to reach upstream (see
+-- TokenBucket::take_in_transit): upstream's bucket stays capped until then.
+if t.level >= t.cap * U then
+  t.ts = math.max(t.ts, now + TRANSIT_MS)
 end
 t.level = t.level - tokens * U
 if r then

@@ -13,6 +13,8 @@
 -- number of requests in flight.
 
 local U = 60000
+-- src/ledger/memory.rs UPSTREAM_TRANSIT_NS, in milliseconds.
+local TRANSIT_MS = 100
 local PURGE_BATCH = 256
 local STATE, LEASES = KEYS[1], KEYS[2]
 

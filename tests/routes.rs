@@ -1,0 +1,437 @@
+//! Application routes and caller identity through the proxy, with aws-sdk-bedrockruntime:
+//! bearer and SigV4 keys identify the route, route rules (models, maxTokens ceiling) hold, a
+//! retry draws on the recovery budget, shadow mode forwards what it would reject, and a
+//! high-priority route keeps its guaranteed share of a saturated pool while lending it when idle.
+
+mod common;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use aws_sdk_bedrockruntime::Client;
+use common::*;
+use tokio::time::Instant;
+
+const TRIAGE_KEY: &str = "tg-triage-0123456789";
+const BACKLOG_KEY: &str = "tg-backlog-0123456789";
+
+fn haiku_pool(tokens_per_minute: u64, max_wait_ms: u64, extra: &str) -> String {
+    format!(
+        "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = {tokens_per_minute}\n\
+         max_concurrency = 64\noutput_burndown = 1\ndefault_max_tokens = 500\nmax_wait_ms = {max_wait_ms}\n{extra}\n"
+    )
+}
+
+/// Bearer mode with two routes; `triage` gets `triage_extra` (e.g. shares), and the pools follow.
+fn bearer_routes(triage_extra: &str, backlog_extra: &str) -> String {
+    format!(
+        "[auth]\nmode = \"bearer\"\nallow_plaintext_bearer = true\n\n\
+         [[routes]]\nname = \"triage\"\npriority = 10\nbearer_token_sha256 = \"{}\"\n{triage_extra}\n\n\
+         [[routes]]\nname = \"backlog\"\nbearer_token_sha256 = \"{}\"\n{backlog_extra}\n",
+        sha256_hex(TRIAGE_KEY),
+        sha256_hex(BACKLOG_KEY)
+    )
+}
+
+const INSTANT_SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\n";
+
+async fn converse(client: &Client, prompt: &str, max: i32) -> Result<i32, String> {
+    client
+        .converse()
+        .model_id(HAIKU)
+        .messages(user_message(prompt))
+        .inference_config(max_tokens(max))
+        .send()
+        .await
+        .map(|out| out.usage().map_or(0, |u| u.output_tokens()))
+        .map_err(|e| {
+            use aws_sdk_bedrockruntime::error::ProvideErrorMetadata;
+            let e = e.into_service_error();
+            format!("{}: {}", e.code().unwrap_or("?"), e.message().unwrap_or(""))
+        })
+}
+
+fn route_requests(m: &scrape::Scrape, route: &str, outcome: &str) -> f64 {
+    m.get(
+        "tokengate_route_requests_total",
+        &[("pool", "haiku"), ("route", route), ("outcome", outcome)],
+    )
+}
+
+#[tokio::test]
+async fn bearer_keys_identify_the_route_for_the_rust_sdk() {
+    let extra = bearer_routes("", "");
+    let stack = Stack::start(INSTANT_SIM, &haiku_pool(1_000_000, 0, ""), &extra).await;
+    let addr = stack.proxy.addr;
+    converse(&bearer_client(addr, TRIAGE_KEY), "hello", 50)
+        .await
+        .expect("triage key admitted");
+    for _ in 0..2 {
+        converse(&bearer_client(addr, BACKLOG_KEY), "hello", 50)
+            .await
+            .expect("backlog key admitted");
+    }
+    let wrong = converse(&bearer_client(addr, "tg-not-issued"), "hello", 50).await;
+    assert!(
+        wrong
+            .as_ref()
+            .is_err_and(|e| e.starts_with("AccessDeniedException")),
+        "{wrong:?}"
+    );
+    // SigV4 credentials in bearer mode carry no bearer key.
+    let signed = converse(&stack.client(), "hello", 50).await;
+    assert!(
+        signed
+            .as_ref()
+            .is_err_and(|e| e.starts_with("AccessDeniedException")),
+        "{signed:?}"
+    );
+    let m = scrape(addr).await;
+    assert_eq!(route_requests(&m, "triage", "admitted"), 1.0);
+    assert_eq!(route_requests(&m, "backlog", "admitted"), 2.0);
+    m.expect(
+        "tokengate_auth_failures_total",
+        &[("mode", "bearer"), ("reason", "bad_token")],
+        1.0,
+    );
+    m.expect(
+        "tokengate_auth_failures_total",
+        &[("mode", "bearer"), ("reason", "malformed")],
+        1.0,
+    );
+    // Nothing that failed identification reached upstream.
+    assert_eq!(stack.sim.simulator.stats().calls(), 3);
+    stack.assert_ledger_zero().await;
+}
+
+#[tokio::test]
+async fn sigv4_keys_issued_per_route_are_verified() {
+    let extra = "[auth]\nmode = \"sigv4\"\n\n\
+        [[routes]]\nname = \"triage\"\naccess_key_id = \"AKIATRIAGE0000000001\"\nsecret_access_key = \"triage-secret\"\n\n\
+        [[routes]]\nname = \"backlog\"\naccess_key_id = \"AKIABACKLOG000000001\"\nsecret_access_key = \"backlog-secret\"\n";
+    let stack = Stack::start(INSTANT_SIM, &haiku_pool(1_000_000, 0, ""), extra).await;
+    let addr = stack.proxy.addr;
+    converse(
+        &keyed_client(addr, "AKIATRIAGE0000000001", "triage-secret"),
+        "hello",
+        50,
+    )
+    .await
+    .expect("triage's own signature verifies");
+    let wrong_secret = converse(
+        &keyed_client(addr, "AKIATRIAGE0000000001", "backlog-secret"),
+        "hello",
+        50,
+    )
+    .await;
+    assert!(
+        wrong_secret
+            .as_ref()
+            .is_err_and(|e| e.starts_with("AccessDeniedException")),
+        "{wrong_secret:?}"
+    );
+    let unknown = converse(
+        &keyed_client(addr, "AKIANOTISSUED0000001", "x"),
+        "hello",
+        50,
+    )
+    .await;
+    assert!(
+        unknown
+            .as_ref()
+            .is_err_and(|e| e.starts_with("UnrecognizedClientException")),
+        "{unknown:?}"
+    );
+    let m = scrape(addr).await;
+    assert_eq!(route_requests(&m, "triage", "admitted"), 1.0);
+    m.expect(
+        "tokengate_auth_failures_total",
+        &[("mode", "sigv4"), ("reason", "signature")],
+        1.0,
+    );
+    m.expect(
+        "tokengate_auth_failures_total",
+        &[("mode", "sigv4"), ("reason", "unknown_key")],
+        1.0,
+    );
+    assert_eq!(stack.sim.simulator.stats().calls(), 1);
+    stack.assert_ledger_zero().await;
+}
+
+#[tokio::test]
+async fn route_rules_allow_list_and_max_tokens_ceiling() {
+    let extra = bearer_routes(
+        &format!("models = [\"{HAIKU}\"]\nmax_tokens_ceiling = 100\nmax_tokens_policy = \"clamp\""),
+        &format!(
+            "models = [\"{SONNET_US}\"]\nmax_tokens_ceiling = 100\nmax_tokens_policy = \"reject\""
+        ),
+    );
+    let pools = format!(
+        "{}{}",
+        haiku_pool(1_000_000, 0, ""),
+        sonnet_pool(1_000_000, 64)
+    );
+    let stack = Stack::start(INSTANT_SIM, &pools, &extra).await;
+    let addr = stack.proxy.addr;
+    let triage = bearer_client(addr, TRIAGE_KEY);
+    // Clamped: the forwarded body asks for 100, so upstream generates at most 100.
+    let output = converse(&triage, "[sim:output=400] write at length", 1000)
+        .await
+        .expect("clamped and admitted");
+    assert_eq!(output, 100);
+    // Not on triage's allow-list.
+    let denied = triage
+        .converse()
+        .model_id(SONNET_US)
+        .messages(user_message("hello"))
+        .send()
+        .await
+        .expect_err("sonnet is not allowed for triage");
+    let denied = denied.into_service_error();
+    assert!(denied.is_access_denied_exception(), "{denied:?}");
+    // Backlog rejects above its ceiling instead, and says what to send.
+    let rejected = bearer_client(addr, BACKLOG_KEY)
+        .converse()
+        .model_id(SONNET_US)
+        .messages(user_message("hello"))
+        .inference_config(max_tokens(1000))
+        .send()
+        .await
+        .expect_err("above backlog's ceiling");
+    let rejected = rejected.into_service_error();
+    assert!(rejected.is_validation_exception(), "{rejected:?}");
+    assert!(rejected.to_string().contains("at most 100"), "{rejected}");
+    let m = scrape(addr).await;
+    m.expect(
+        "tokengate_max_tokens_clamped_total",
+        &[("pool", "haiku"), ("route", "triage")],
+        1.0,
+    );
+    assert_eq!(
+        m.get(
+            "tokengate_route_requests_total",
+            &[
+                ("pool", "sonnet4-us"),
+                ("route", "triage"),
+                ("outcome", "not_allowed")
+            ]
+        ),
+        1.0
+    );
+    assert_eq!(stack.sim.simulator.stats().calls(), 1);
+    stack.assert_ledger_zero().await;
+}
+
+/// Fills the pool with first attempts until one is turned away; then an SDK retry
+/// (`amz-sdk-request: attempt=2`) is admitted from the retry reserve while first attempts stay
+/// out, until the route's recovery budget is spent.
+#[tokio::test]
+async fn retries_draw_on_the_recovery_budget_and_first_attempts_cannot() {
+    // 60,000 per minute, a reserve of 0.2 (12,000) and a budget of 0.1 (6,000) per minute.
+    let pool = haiku_pool(60_000, 0, "retry_reserve = 0.2");
+    let extra = "[[routes]]\nname = \"app\"\nrecovery_budget = 0.1\n";
+    let stack = Stack::start(INSTANT_SIM, &pool, extra).await;
+    let addr = stack.proxy.addr;
+    let path = model_path(HAIKU, "converse");
+    // Each reserves about 4,000 + a small input estimate; each is charged about 4,000.
+    let body = converse_body("[sim:output=4000] go", Some(4000));
+    let first = |attempt: &'static str| {
+        let path = path.clone();
+        let body = body.clone();
+        async move {
+            raw_request_with(
+                addr,
+                "POST",
+                &path,
+                body,
+                false,
+                &[("amz-sdk-request", attempt)],
+            )
+            .await
+        }
+    };
+    let mut admitted = 0;
+    loop {
+        let r = first("attempt=1; max=3").await;
+        if r.status == 429 {
+            break;
+        }
+        assert_eq!(r.status, 200, "{}", r.message());
+        admitted += 1;
+        assert!(admitted < 20, "the pool never filled");
+    }
+    // 48,000 of 60,000 is what first attempts may use: 11 requests of about 4,020.
+    assert_eq!(admitted, 11);
+    let retry = first("attempt=2; max=3").await;
+    assert_eq!(
+        retry.status,
+        200,
+        "a retry uses the reserve: {}",
+        retry.message()
+    );
+    assert_eq!(
+        first("attempt=1; max=3").await.status,
+        429,
+        "first attempts cannot"
+    );
+    // The budget (6,000) holds one more retry of 4,000? No: 2,000 are left of it.
+    let second = first("attempt=3; max=3").await;
+    assert_eq!(second.status, 429, "the route's recovery budget is spent");
+    let m = scrape(addr).await;
+    m.expect(
+        "tokengate_recovery_admissions_total",
+        &[("pool", "haiku"), ("route", "app")],
+        1.0,
+    );
+    assert_eq!(stack.sim.simulator.stats().throttled(), 0);
+    stack.assert_ledger_zero().await;
+}
+
+/// Shadow mode forwards every request and counts the ones it would have turned away.
+#[tokio::test]
+async fn shadow_mode_forwards_everything_and_counts_what_it_would_reject() {
+    let pool = haiku_pool(10_000, 0, "shadow = true");
+    let stack = Stack::start(INSTANT_SIM, &pool, "").await;
+    let client = stack.client();
+    let mut ok = 0;
+    for _ in 0..8 {
+        converse(&client, "[sim:output=2000] go", 2000)
+            .await
+            .expect("shadow mode forwards");
+        ok += 1;
+    }
+    assert_eq!(ok, 8);
+    let m = scrape(stack.proxy.addr).await;
+    let would_reject = m.get(
+        "tokengate_shadow_rejections_total",
+        &[
+            ("pool", "haiku"),
+            ("route", "default"),
+            ("reason", "tokens"),
+        ],
+    );
+    // 10,000 tokens hold four reservations of about 2,010 (the rest refill meanwhile at most a
+    // little): at least three of the eight would have been turned away.
+    assert!(
+        (3.0..=4.0).contains(&would_reject),
+        "would have rejected {would_reject}"
+    );
+    assert_eq!(
+        route_requests(&m, "default", "shadow_rejected"),
+        would_reject
+    );
+    assert_eq!(stack.sim.simulator.stats().calls(), 8);
+    stack.assert_ledger_zero().await;
+}
+
+/// Tokens charged per route so far.
+async fn charged(addr: std::net::SocketAddr) -> (f64, f64) {
+    let m = scrape(addr).await;
+    let get = |route| {
+        m.get(
+            "tokengate_route_charged_tokens_total",
+            &[("pool", "haiku"), ("route", route)],
+        )
+    };
+    (get("triage"), get("backlog"))
+}
+
+/// Keeps `clients` callers of one route busy while `run` is set.
+fn saturate(addr: std::net::SocketAddr, key: &'static str, clients: usize, run: Arc<AtomicBool>) {
+    for _ in 0..clients {
+        let run = run.clone();
+        tokio::spawn(async move {
+            let client = bearer_client(addr, key);
+            while run.load(Ordering::Relaxed) {
+                if converse(&client, "[sim:output=200] summarise the ticket", 200)
+                    .await
+                    .is_err()
+                {
+                    // Turned away after the queue wait: come back shortly.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        });
+    }
+}
+
+/// Triage (priority 10, `min_share` 0.6) and backlog share one saturated pool: triage gets at
+/// least its share; when triage goes quiet backlog takes the idle capacity; when triage comes
+/// back it regains its share within a few seconds. Upstream (quota equal to the pool's) never
+/// throttles.
+#[tokio::test]
+async fn a_guaranteed_route_keeps_its_share_lends_it_when_idle_and_regains_it() {
+    const TPM: u64 = 120_000;
+    let sim = format!("{INSTANT_SIM}default_tokens_per_minute = {TPM}\n");
+    let extra = format!(
+        "[admission]\nshare_idle_ms = 2000\n\n{}",
+        bearer_routes("[routes.shares]\nhaiku = { min = 0.6 }", "")
+    );
+    let stack = Stack::start(&sim, &haiku_pool(TPM, 1500, ""), &extra).await;
+    let addr = stack.proxy.addr;
+    let per_sec = TPM as f64 / 60.0;
+
+    // Phase 1: both saturate. The first seconds drain the full bucket; measure after.
+    let triage_on = Arc::new(AtomicBool::new(true));
+    let backlog_on = Arc::new(AtomicBool::new(true));
+    saturate(addr, TRIAGE_KEY, 8, triage_on.clone());
+    saturate(addr, BACKLOG_KEY, 8, backlog_on.clone());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (t0, b0) = charged(addr).await;
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (t1, b1) = charged(addr).await;
+    let both = (t1 - t0) + (b1 - b0);
+    let triage_share = (t1 - t0) / both;
+    assert!(
+        triage_share >= 0.6,
+        "triage got {triage_share:.2} of {both} tokens while both saturated"
+    );
+    assert!(
+        both >= 0.8 * per_sec * start.elapsed().as_secs_f64(),
+        "the pool stays busy: {both} tokens in {:?}",
+        start.elapsed()
+    );
+
+    // Phase 2: triage goes quiet; after its idle window backlog takes the whole pool.
+    triage_on.store(false, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (t2, b2) = charged(addr).await;
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (t3, b3) = charged(addr).await;
+    let elapsed = start.elapsed().as_secs_f64();
+    assert_eq!(t3, t2, "triage is quiet");
+    let backlog_rate = (b3 - b2) / elapsed;
+    assert!(
+        backlog_rate >= 0.8 * per_sec,
+        "backlog uses the idle capacity: {backlog_rate:.0} tokens/s of {per_sec:.0}"
+    );
+
+    // Phase 3: triage returns and regains its share within a few seconds.
+    triage_on.store(true, Ordering::Relaxed);
+    saturate(addr, TRIAGE_KEY, 8, triage_on.clone());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (t4, b4) = charged(addr).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (t5, b5) = charged(addr).await;
+    let regained = (t5 - t4) / ((t5 - t4) + (b5 - b4));
+    assert!(
+        regained >= 0.6,
+        "triage regained only {regained:.2} of the pool after returning"
+    );
+
+    triage_on.store(false, Ordering::Relaxed);
+    backlog_on.store(false, Ordering::Relaxed);
+    assert_eq!(
+        stack.sim.simulator.stats().throttled(),
+        0,
+        "upstream never throttles"
+    );
+    stack.assert_ledger_zero().await;
+}
