@@ -49,6 +49,8 @@ pub struct RawUpstream {
 pub struct RawLedger {
     pub backend: Option<String>,
     pub url: Option<String>,
+    /// The name of an environment variable holding the URL (for a password kept in a secret).
+    pub url_env: Option<String>,
     pub timeout_ms: Option<u64>,
     pub lease_secs: Option<u64>,
     pub on_error: Option<String>,
