@@ -177,6 +177,41 @@ fn check_config_accepts_shipped_configs_and_names_the_bad_key() {
     );
 }
 
+/// `tokengate healthcheck` (the image's HEALTHCHECK) exits 0 while `/readyz` answers 200, and 1
+/// once nothing listens.
+#[tokio::test]
+async fn the_healthcheck_command_probes_readiness() {
+    let stack = Stack::start(FAST_SIM, &sonnet_pool(200_000, 8), "").await;
+    let url = format!("http://{}/readyz", stack.proxy.addr);
+    let probe = |url: String| {
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_tokengate"))
+                .args(["healthcheck", "--url", &url, "--timeout-secs", "5"])
+                .output()
+                .expect("runs")
+        })
+    };
+    let ok = probe(url.clone()).await.expect("join");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&ok.stdout).trim(),
+        format!("{url}: 200")
+    );
+
+    stack.proxy.shutdown().await.expect("shutdown");
+    let down = probe(url).await.expect("join");
+    assert_eq!(down.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&down.stderr).contains("cannot connect"),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+}
+
 #[derive(Debug)]
 struct NoCredentials;
 
