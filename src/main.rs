@@ -111,6 +111,9 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
     let gateway = Gateway::start(config, listener, GatewayOptions::default()).await?;
     // One machine-readable line on stdout, for scripts that start the proxy on port 0.
     println!("tokengate listening on http://{}", gateway.addr);
+    if let Some(admin) = gateway.admin_addr {
+        println!("admin listening on http://{admin}");
+    }
     if let Some(sim) = &gateway.simulator {
         println!("simulator listening on http://{}", sim.addr);
     }

@@ -50,6 +50,9 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
+    /// A second, plain-HTTP listener serving only the admin endpoints (health, readiness,
+    /// metrics, `/v1/pools`), so that the proxy itself can stay on loopback.
+    pub admin_listen: Option<SocketAddr>,
     pub tls: Option<TlsFiles>,
     /// Largest request body accepted (413-free: answered as a `ValidationException`).
     pub max_body_bytes: usize,
@@ -224,6 +227,18 @@ impl Config {
                     ),
                 )
             })?,
+            admin_listen: raw
+                .server
+                .admin_listen
+                .map(|a| {
+                    a.parse().map_err(|_| {
+                        invalid(
+                            "server.admin_listen",
+                            format!("{a:?} is not an address; write \"0.0.0.0:9090\""),
+                        )
+                    })
+                })
+                .transpose()?,
             tls: match (raw.server.tls_cert, raw.server.tls_key) {
                 (Some(cert), Some(key)) => Some(TlsFiles {
                     cert: cert.into(),

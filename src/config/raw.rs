@@ -28,6 +28,7 @@ pub struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub listen: String,
+    pub admin_listen: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
     pub max_body_bytes: Option<u64>,

@@ -78,6 +78,15 @@ fn each_invalid_setting_names_its_key() {
             "server.listen:",
         ),
         (
+            Box::new(|c| {
+                c.replace(
+                    "listen = \"127.0.0.1:8080\"",
+                    "listen = \"127.0.0.1:8080\"\nadmin_listen = \":9090\"",
+                )
+            }),
+            "server.admin_listen: \":9090\" is not an address",
+        ),
+        (
             Box::new(|c| c.replace("backend = \"memory\"", "backend = \"etcd\"")),
             "ledger.backend: \"etcd\" is not a backend",
         ),
