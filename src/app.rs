@@ -8,6 +8,9 @@
 //! | `GET /v1/pools` | live ledger state per pool, JSON |
 //! | anything else | the `bedrock-runtime` API, proxied ([`crate::proxy::handle`]) |
 //!
+//! With `server.admin_listen`, a second listener serves the admin endpoints alone
+//! ([`admin_router`]); anything else there is a 404, never proxied.
+//!
 //! No layers wrap the proxy path: admission is the load shedding (it answers at once, before any
 //! upstream work), bodies are bounded where they are read, and timeouts belong to the upstream
 //! call, because a generation can legitimately run for many minutes.
@@ -43,13 +46,22 @@ pub struct AppState {
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
+    admin_routes()
+        .fallback(crate::proxy::handle)
+        .with_state(state)
+}
+
+/// The admin endpoints only, for `server.admin_listen`.
+pub fn admin_router(state: Arc<AppState>) -> Router {
+    admin_routes().with_state(state)
+}
+
+fn admin_routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/pools", get(pools))
-        .fallback(crate::proxy::handle)
-        .with_state(state)
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {

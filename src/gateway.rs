@@ -2,7 +2,7 @@
 //! ledger, metrics, admission, the upstream client and the listener.
 //!
 //! Tests and `main` share this: the caller owns the listener (bind `127.0.0.1:0` in tests) and
-//! the shutdown.
+//! the shutdown. The admin listener (`server.admin_listen`), when configured, is bound here.
 
 use std::{
     io,
@@ -19,7 +19,7 @@ use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 
 use crate::{
     admission::Admission,
-    app::{AppState, router},
+    app::{AppState, admin_router, router},
     config::{Config, Endpoint, LedgerConfig, OnLedgerError, RedisLedgerConfig},
     ledger::{Clock, FallbackLedger, Ledger, MemoryLedger, RedisLedger, RedisOptions},
     metrics::Metrics,
@@ -45,6 +45,8 @@ pub enum StartError {
     Metrics(#[from] prometheus::Error),
     #[error("listener: {0}")]
     Listener(#[from] io::Error),
+    #[error("cannot listen on {addr} (server.admin_listen): {source}")]
+    AdminListener { addr: SocketAddr, source: io::Error },
 }
 
 /// Overrides for embedding and tests.
@@ -62,11 +64,47 @@ pub struct GatewayOptions {
 #[derive(Debug)]
 pub struct Gateway {
     pub addr: SocketAddr,
+    /// The admin listener's address, with `server.admin_listen`.
+    pub admin_addr: Option<SocketAddr>,
     pub state: Arc<AppState>,
     /// The in-process simulator, with `endpoint = "simulated"`.
     pub simulator: Option<SimulatorHandle>,
-    shutdown: Option<oneshot::Sender<()>>,
+    proxy: Served,
+    admin: Option<Served>,
+}
+
+/// One listener's serving task and the signal that stops it.
+#[derive(Debug)]
+struct Served {
+    stop: oneshot::Sender<()>,
     task: JoinHandle<io::Result<()>>,
+}
+
+impl Served {
+    fn spawn(
+        listener: TcpListener,
+        app: axum::Router,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        drain: std::time::Duration,
+    ) -> Served {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server::serve(
+            listener,
+            app,
+            tls,
+            async {
+                let _ = stopped.await;
+            },
+            drain,
+        ));
+        Served { stop, task }
+    }
+
+    /// Stops accepting and waits for the drain.
+    async fn stop(self) -> io::Result<()> {
+        let _ = self.stop.send(());
+        self.task.await.map_err(io::Error::other)?
+    }
 }
 
 impl Gateway {
@@ -166,29 +204,32 @@ impl Gateway {
             ready: ready.clone(),
         });
         let addr = listener.local_addr()?;
-        let (tx, rx) = oneshot::channel::<()>();
-        let app = router(state.clone());
-        let drain = config.server.drain;
-        let task = tokio::spawn(async move {
-            server::serve(
-                listener,
-                app,
-                tls,
-                async {
-                    let _ = rx.await;
-                },
-                drain,
-            )
-            .await
-        });
+        // Probes and scrapes over plain HTTP, whether or not the proxy listener has TLS.
+        let admin = match config.server.admin_listen {
+            Some(admin_addr) => {
+                let admin_listener = TcpListener::bind(admin_addr).await.map_err(|source| {
+                    StartError::AdminListener {
+                        addr: admin_addr,
+                        source,
+                    }
+                })?;
+                Some((admin_listener.local_addr()?, admin_listener))
+            }
+            None => None,
+        };
+        let admin_addr = admin.as_ref().map(|(a, _)| *a);
+        let admin = admin
+            .map(|(_, l)| Served::spawn(l, admin_router(state.clone()), None, config.server.drain));
+        let proxy = Served::spawn(listener, router(state.clone()), tls, config.server.drain);
         ready.store(true, Ordering::Release);
-        tracing::info!(%addr, pools = config.pools.len(), "tokengate listening");
+        tracing::info!(%addr, ?admin_addr, pools = config.pools.len(), "tokengate listening");
         Ok(Gateway {
             addr,
+            admin_addr,
             state,
             simulator,
-            shutdown: Some(tx),
-            task,
+            proxy,
+            admin,
         })
     }
 
@@ -197,15 +238,16 @@ impl Gateway {
     }
 
     /// Readiness goes false, the listener closes, in-flight requests finish (up to the drain
-    /// deadline), then the in-process simulator stops.
+    /// deadline), then the admin listener (which answered "not ready" throughout the drain) and
+    /// the in-process simulator stop.
     pub async fn shutdown(mut self) -> io::Result<()> {
         self.state.ready.store(false, Ordering::Release);
         // Queued requests are answered at once with a retryable error; admitted ones drain.
         self.state.admission.close_queues();
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
+        let result = self.proxy.stop().await;
+        if let Some(admin) = self.admin.take() {
+            admin.stop().await?;
         }
-        let result = (&mut self.task).await.map_err(io::Error::other)?;
         if let Some(sim) = self.simulator.take() {
             sim.shutdown().await;
         }

@@ -24,6 +24,7 @@
 //! | [`proxy`] | the life of a proxied request: admit, forward, meter |
 //! | [`gateway`] | assembling a running proxy from a config |
 //! | [`server`] | the listener: HTTP/1.1 and h2c on one port, optional TLS, graceful shutdown |
+//! | [`healthcheck`] | `tokengate healthcheck`: the container image's probe (no shell, no curl) |
 
 pub mod access_log;
 pub mod admission;
@@ -32,6 +33,7 @@ pub mod auth;
 pub mod bedrock;
 pub mod config;
 pub mod gateway;
+pub mod healthcheck;
 pub mod ledger;
 pub mod metrics;
 pub mod proxy;

@@ -1,12 +1,13 @@
-//! The `tokengate` command: `serve`, `simulate`, `check-config`.
+//! The `tokengate` command: `serve`, `simulate`, `check-config`, `healthcheck`.
 
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tokengate::{
     config::{Config, LogFormat},
     gateway::{Gateway, GatewayOptions},
+    healthcheck,
     simulator::{self, SimulatorConfig},
 };
 
@@ -38,6 +39,14 @@ enum Command {
     },
     /// Validate a config file; exits non-zero with a message naming the key.
     CheckConfig { file: PathBuf },
+    /// Probe a running proxy's readiness over plain HTTP: exit 0 on a 2xx answer, 1 otherwise
+    /// (the container image's HEALTHCHECK; the image has no shell or curl).
+    Healthcheck {
+        #[arg(long, default_value = healthcheck::DEFAULT_URL)]
+        url: String,
+        #[arg(long, default_value_t = 2)]
+        timeout_secs: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -51,6 +60,18 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("{}: {e}", file.display());
                 ExitCode::from(2)
+            }
+        };
+    }
+    if let Command::Healthcheck { url, timeout_secs } = &cli.command {
+        return match healthcheck::check(url, Duration::from_secs(*timeout_secs)) {
+            Ok(status) => {
+                println!("{url}: {status}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{url}: {e}");
+                ExitCode::FAILURE
             }
         };
     }
@@ -77,7 +98,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve { config } => serve(config).await,
         Command::Simulate { listen, config } => simulate(listen, config).await,
-        Command::CheckConfig { .. } => Ok(()),
+        Command::CheckConfig { .. } | Command::Healthcheck { .. } => Ok(()),
     }
 }
 
@@ -90,6 +111,9 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
     let gateway = Gateway::start(config, listener, GatewayOptions::default()).await?;
     // One machine-readable line on stdout, for scripts that start the proxy on port 0.
     println!("tokengate listening on http://{}", gateway.addr);
+    if let Some(admin) = gateway.admin_addr {
+        println!("admin listening on http://{admin}");
+    }
     if let Some(sim) = &gateway.simulator {
         println!("simulator listening on http://{}", sim.addr);
     }

@@ -15,7 +15,7 @@ use crate::{
     admission::{Admitted, Caller, Verdict, X_TOKENGATE_POOL, routes::sdk_attempt},
     app::AppState,
     bedrock::{
-        BedrockError, ErrorCode, Operation, Target, TargetError, UsageObserver, eventstream,
+        BedrockError, ErrorCode, Target, TargetError, UsageObserver, eventstream,
         usage::ResponseKind,
     },
     metrics::NO_POOL,
@@ -46,7 +46,7 @@ async fn forward(
     if let Some(r) = record.as_mut() {
         r.target(target.operation.name(), target.model_id.as_deref());
     }
-    if target.operation == Operation::InvokeModelWithBidirectionalStream {
+    if !target.operation.forwarded() {
         return BedrockError::validation(
             "tokengate does not forward InvokeModelWithBidirectionalStream yet; call bedrock-runtime directly for bidirectional streams",
         )

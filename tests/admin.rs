@@ -177,6 +177,82 @@ fn check_config_accepts_shipped_configs_and_names_the_bad_key() {
     );
 }
 
+/// With `server.admin_listen`, a second listener serves the admin endpoints and nothing else (a
+/// sidecar keeps the proxy on loopback and lets the kubelet and Prometheus reach only these); it
+/// answers "not ready" while the proxy drains and closes after it.
+#[tokio::test]
+async fn the_admin_listener_serves_admin_endpoints_only() {
+    let sim = start_simulator(FAST_SIM).await;
+    let mut config = proxy_config(sim.addr, &sonnet_pool(200_000, 8), "");
+    config.server.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    let stack = Stack {
+        sim,
+        proxy: start_proxy(config).await,
+    };
+    let admin = stack.proxy.admin_addr.expect("admin listener");
+    assert_ne!(admin, stack.proxy.addr);
+    for path in ["/healthz", "/readyz", "/metrics", "/v1/pools"] {
+        let r = raw_request(admin, "GET", path, "", false).await;
+        assert_eq!(r.status, 200, "{path}");
+    }
+    let model_call = raw_request(
+        admin,
+        "POST",
+        &model_path(SONNET_US, "converse"),
+        converse_body("hi", Some(10)),
+        false,
+    )
+    .await;
+    assert_eq!(model_call.status, 404, "the admin listener never proxies");
+    let proxied = raw_request(
+        stack.proxy.addr,
+        "POST",
+        &model_path(SONNET_US, "converse"),
+        converse_body("hi", Some(10)),
+        false,
+    )
+    .await;
+    assert_eq!(proxied.status, 200);
+    stack.assert_ledger_zero().await;
+    stack.proxy.shutdown().await.expect("shutdown");
+    assert!(tokio::net::TcpStream::connect(admin).await.is_err());
+}
+
+/// `tokengate healthcheck` (the image's HEALTHCHECK) exits 0 while `/readyz` answers 200, and 1
+/// once nothing listens.
+#[tokio::test]
+async fn the_healthcheck_command_probes_readiness() {
+    let stack = Stack::start(FAST_SIM, &sonnet_pool(200_000, 8), "").await;
+    let url = format!("http://{}/readyz", stack.proxy.addr);
+    let probe = |url: String| {
+        tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_tokengate"))
+                .args(["healthcheck", "--url", &url, "--timeout-secs", "5"])
+                .output()
+                .expect("runs")
+        })
+    };
+    let ok = probe(url.clone()).await.expect("join");
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&ok.stdout).trim(),
+        format!("{url}: 200")
+    );
+
+    stack.proxy.shutdown().await.expect("shutdown");
+    let down = probe(url).await.expect("join");
+    assert_eq!(down.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&down.stderr).contains("cannot connect"),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+}
+
 #[derive(Debug)]
 struct NoCredentials;
 

@@ -55,6 +55,9 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
+    /// A second, plain-HTTP listener serving only the admin endpoints (health, readiness,
+    /// metrics, `/v1/pools`), so that the proxy itself can stay on loopback.
+    pub admin_listen: Option<SocketAddr>,
     pub tls: Option<TlsFiles>,
     /// Largest request body accepted (413-free: answered as a `ValidationException`).
     pub max_body_bytes: usize,
@@ -99,7 +102,8 @@ pub enum LedgerConfig {
 /// `[ledger] backend = "redis"`: one quota shared by every replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisLedgerConfig {
-    /// `redis://host:6379`, `redis://user:password@host:6379/0`, `redis+unix:///path/redis.sock`.
+    /// `redis://host:6379`, `redis://user:password@host:6379/0`, `redis+unix:///path/redis.sock`:
+    /// `url` from the file, or the value of the environment variable named by `url_env`.
     pub url: String,
     /// The longest one ledger call may take (connecting included) before it counts as failed.
     pub timeout: Duration,
@@ -227,13 +231,22 @@ impl Config {
         Config::parse(&text)
     }
 
-    /// Parses and validates TOML text.
+    /// Parses and validates TOML text; `url_env` reads the process environment.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse_with_env(text, &process_env)
+    }
+
+    /// Parses and validates TOML text, looking environment variables up with `env`.
+    pub fn parse_with_env(text: &str, env: &Env) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
-        Config::from_raw(raw)
+        Config::from_raw_with_env(raw, env)
     }
 
     pub fn from_raw(raw: RawConfig) -> Result<Config, ConfigError> {
+        Config::from_raw_with_env(raw, &process_env)
+    }
+
+    pub fn from_raw_with_env(raw: RawConfig, env: &Env) -> Result<Config, ConfigError> {
         let server = ServerConfig {
             listen: raw.server.listen.parse().map_err(|_| {
                 invalid(
@@ -244,6 +257,18 @@ impl Config {
                     ),
                 )
             })?,
+            admin_listen: raw
+                .server
+                .admin_listen
+                .map(|a| {
+                    a.parse().map_err(|_| {
+                        invalid(
+                            "server.admin_listen",
+                            format!("{a:?} is not an address; write \"0.0.0.0:9090\""),
+                        )
+                    })
+                })
+                .transpose()?,
             tls: match (raw.server.tls_cert, raw.server.tls_key) {
                 (Some(cert), Some(key)) => Some(TlsFiles {
                     cert: cert.into(),
@@ -264,7 +289,7 @@ impl Config {
             drain: Duration::from_secs(raw.server.drain_secs.unwrap_or(30)),
         };
         let upstream = validate_upstream(raw.upstream)?;
-        let ledger = validate_ledger(raw.ledger)?;
+        let ledger = validate_ledger(raw.ledger, env)?;
         let admission = AdmissionConfig {
             unknown_models: match raw.admission.unknown_models.as_deref().unwrap_or("reject") {
                 "reject" => UnknownModels::Reject,
@@ -340,12 +365,20 @@ impl Config {
     }
 }
 
-fn validate_ledger(raw: raw::RawLedger) -> Result<LedgerConfig, ConfigError> {
+/// Looks up an environment variable: the process environment, or a stand-in in tests.
+pub type Env = dyn Fn(&str) -> Option<String>;
+
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+fn validate_ledger(raw: raw::RawLedger, env: &Env) -> Result<LedgerConfig, ConfigError> {
     let backend = raw.backend.as_deref().unwrap_or("memory");
     let url = match backend {
         "memory" => {
             let redis_only = [
                 ("ledger.url", raw.url.is_some()),
+                ("ledger.url_env", raw.url_env.is_some()),
                 ("ledger.timeout_ms", raw.timeout_ms.is_some()),
                 ("ledger.lease_secs", raw.lease_secs.is_some()),
                 ("ledger.on_error", raw.on_error.is_some()),
@@ -356,12 +389,7 @@ fn validate_ledger(raw: raw::RawLedger) -> Result<LedgerConfig, ConfigError> {
             }
             return Ok(LedgerConfig::Memory);
         }
-        "redis" => raw.url.ok_or_else(|| {
-            invalid(
-                "ledger.url",
-                "backend = \"redis\" needs url = \"redis://host:6379\"",
-            )
-        })?,
+        "redis" => redis_url(raw.url, raw.url_env.as_deref(), env)?,
         other => {
             return Err(invalid(
                 "ledger.backend",
@@ -378,8 +406,9 @@ fn validate_ledger(raw: raw::RawLedger) -> Result<LedgerConfig, ConfigError> {
         } else {
             ""
         };
+        // Never echo the URL: it may hold a password.
         return Err(invalid(
-            "ledger.url",
+            url_key(raw.url_env.as_deref()),
             format!("{hint}write redis://host:6379 or redis+unix:///path/to/redis.sock"),
         ));
     }
@@ -431,6 +460,37 @@ fn validate_ledger(raw: raw::RawLedger) -> Result<LedgerConfig, ConfigError> {
         lease,
         on_error,
     }))
+}
+
+/// `ledger.url`, or the value of the variable `ledger.url_env` names: one of the two.
+fn redis_url(url: Option<String>, url_env: Option<&str>, env: &Env) -> Result<String, ConfigError> {
+    match (url, url_env) {
+        (Some(url), None) => Ok(url),
+        (None, Some(name)) => {
+            if name.is_empty() {
+                return Err(invalid("ledger.url_env", "name an environment variable"));
+            }
+            env(name).filter(|v| !v.is_empty()).ok_or_else(|| {
+                invalid(
+                    "ledger.url_env",
+                    format!("the environment variable {name} is not set (or is empty); set it to redis://host:6379"),
+                )
+            })
+        }
+        (Some(_), Some(_)) => Err(invalid("ledger.url_env", "set url or url_env, not both")),
+        (None, None) => Err(invalid(
+            "ledger.url",
+            "backend = \"redis\" needs url = \"redis://host:6379\" (or url_env = \"VARIABLE\" naming an environment variable that holds it)",
+        )),
+    }
+}
+
+/// The key to blame for a bad Redis URL.
+fn url_key(url_env: Option<&str>) -> String {
+    match url_env {
+        Some(name) => format!("ledger.url_env ({name})"),
+        None => "ledger.url".to_string(),
+    }
 }
 
 fn positive(key: &str, v: u64) -> Result<u64, ConfigError> {

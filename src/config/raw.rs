@@ -33,6 +33,7 @@ pub struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub listen: String,
+    pub admin_listen: Option<String>,
     pub tls_cert: Option<String>,
     pub tls_key: Option<String>,
     pub max_body_bytes: Option<u64>,
@@ -54,6 +55,8 @@ pub struct RawUpstream {
 pub struct RawLedger {
     pub backend: Option<String>,
     pub url: Option<String>,
+    /// The name of an environment variable holding the URL (for a password kept in a secret).
+    pub url_env: Option<String>,
     pub timeout_ms: Option<u64>,
     pub lease_secs: Option<u64>,
     pub on_error: Option<String>,

@@ -78,6 +78,15 @@ fn each_invalid_setting_names_its_key() {
             "server.listen:",
         ),
         (
+            Box::new(|c| {
+                c.replace(
+                    "listen = \"127.0.0.1:8080\"",
+                    "listen = \"127.0.0.1:8080\"\nadmin_listen = \":9090\"",
+                )
+            }),
+            "server.admin_listen: \":9090\" is not an address",
+        ),
+        (
             Box::new(|c| c.replace("backend = \"memory\"", "backend = \"etcd\"")),
             "ledger.backend: \"etcd\" is not a backend",
         ),
@@ -202,4 +211,49 @@ fn every_shipped_config_parses() {
         }
     }
     assert!(checked >= 1);
+}
+
+#[test]
+fn the_redis_url_can_come_from_an_environment_variable() {
+    let text = MINIMAL.replace(
+        "backend = \"memory\"",
+        "backend = \"redis\"\nurl_env = \"TOKENGATE_REDIS_URL\"",
+    );
+    let env = |name: &str| {
+        (name == "TOKENGATE_REDIS_URL")
+            .then(|| "redis://:s3cret@redis.tokengate:6379/0".to_string())
+    };
+    match Config::parse_with_env(&text, &env).unwrap().ledger {
+        LedgerConfig::Redis(r) => assert_eq!(r.url, "redis://:s3cret@redis.tokengate:6379/0"),
+        other => panic!("{other:?}"),
+    }
+
+    let error = |text: &str, env: &Env| Config::parse_with_env(text, env).unwrap_err().to_string();
+    let unset = error(&text, &|_| None);
+    assert!(
+        unset
+            .starts_with("ledger.url_env: the environment variable TOKENGATE_REDIS_URL is not set"),
+        "{unset}"
+    );
+    assert_eq!(error(&text, &|_| Some(String::new())), unset);
+    // A bad URL is blamed on the variable, and its value (which may hold a password) is not shown.
+    let bad = error(&text, &|_| Some("rediss://:s3cret@h:6379".to_string()));
+    assert!(
+        bad.starts_with("ledger.url_env (TOKENGATE_REDIS_URL): TLS (rediss://) is not supported"),
+        "{bad}"
+    );
+    assert!(!bad.contains("s3cret"), "{bad}");
+    let both = text.replace("url_env", "url = \"redis://h:6379\"\nurl_env");
+    assert_eq!(
+        error(&both, &env),
+        "ledger.url_env: set url or url_env, not both"
+    );
+    let memory = MINIMAL.replace(
+        "backend = \"memory\"",
+        "backend = \"memory\"\nurl_env = \"X\"",
+    );
+    assert_eq!(
+        error(&memory, &env),
+        "ledger.url_env: only the redis backend takes this key"
+    );
 }

@@ -102,7 +102,8 @@ def bedrock_client(endpoint_url: str, max_attempts: int = 1):
 class Process:
     """A tokengate child process whose stdout announces addresses, one `... listening on URL` line each."""
 
-    def __init__(self, args: list[str], workdir: Path, name: str):
+    def __init__(self, args: list[str], workdir: Path, name: str, *, env: dict[str, str] | None = None,
+                 cwd: Path | None = None, preexec_fn=None):
         self.name = name
         self.stderr_path = workdir / f"{name}.stderr"
         self._stderr = open(self.stderr_path, "wb")
@@ -111,7 +112,9 @@ class Process:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             stdin=subprocess.DEVNULL,
-            env=process_env(),
+            env=process_env() if env is None else env,
+            cwd=cwd,
+            preexec_fn=preexec_fn,
         )
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
