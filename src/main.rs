@@ -108,9 +108,14 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
         .with_context(|| format!("cannot listen on {} (server.listen)", config.server.listen))?;
+    let scheme = if config.server.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let gateway = Gateway::start(config, listener, GatewayOptions::default()).await?;
     // One machine-readable line on stdout, for scripts that start the proxy on port 0.
-    println!("tokengate listening on http://{}", gateway.addr);
+    println!("tokengate listening on {scheme}://{}", gateway.addr);
     if let Some(admin) = gateway.admin_addr {
         println!("admin listening on http://{admin}");
     }
