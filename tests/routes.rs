@@ -434,4 +434,14 @@ async fn a_guaranteed_route_keeps_its_share_lends_it_when_idle_and_regains_it() 
         "upstream never throttles"
     );
     stack.assert_ledger_zero().await;
+    // /v1/pools shows each route's share and use.
+    let states = stack.proxy.admission().pool_states().await;
+    let routes = &states[0].routes;
+    assert_eq!(routes[0].name, "triage");
+    assert_eq!((routes[0].priority, routes[0].min_share), (10, 0.6));
+    assert!(routes[0].charged_tokens as f64 >= t5 && routes[1].charged_tokens as f64 >= b5);
+    assert_eq!(
+        (routes[0].reserved_tokens, routes[1].reserved_tokens),
+        (0, 0)
+    );
 }

@@ -669,6 +669,7 @@ impl Admission {
                 learned: pool.learned_view(),
                 queue: pool.queue.view(),
                 max_tokens_advice: advice::publish(pool, &self.metrics),
+                routes: pool.shares.views(),
             });
         }
         out
@@ -697,6 +698,8 @@ pub struct PoolState {
     pub queue: queue::QueueView,
     /// Output lengths against the maxTokens reserved, per model seen ([`advice`]).
     pub max_tokens_advice: Vec<advice::MaxTokensAdvice>,
+    /// Each route's share of this pool and what it used.
+    pub routes: Vec<routes::RouteView>,
 }
 
 #[derive(Debug, Clone, Serialize)]

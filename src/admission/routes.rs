@@ -124,6 +124,26 @@ impl PoolShares {
         self.index.get(route).map(|&i| &self.metrics[i])
     }
 
+    /// Every route's share and counts, for `/v1/pools`.
+    pub fn views(&self) -> Vec<RouteView> {
+        self.shares
+            .iter()
+            .zip(&self.metrics)
+            .map(|(share, m)| RouteView {
+                name: share.route.to_string(),
+                priority: share.priority,
+                min_share: share.min_share,
+                max_share: share.max_share,
+                recovery_share: share.recovery_share,
+                admitted: m.admitted.get(),
+                rejected: m.rejected.get(),
+                recovery_admissions: m.recovery_admissions.get(),
+                reserved_tokens: m.reserved_tokens.get(),
+                charged_tokens: m.charged_tokens.get(),
+            })
+            .collect()
+    }
+
     /// The ledger request for `route` (retrying if `retry`); `None` for a route not in the pool.
     pub fn request(&self, route: &str, retry: bool) -> Option<ShareRequest<'_>> {
         let caller = *self.index.get(route)?;
@@ -149,6 +169,22 @@ impl PoolShares {
             idle: self.idle,
         })
     }
+}
+
+/// One route in one pool, in `GET /v1/pools`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RouteView {
+    pub name: String,
+    pub priority: i32,
+    pub min_share: f64,
+    pub max_share: Option<f64>,
+    pub recovery_share: f64,
+    pub admitted: u64,
+    pub rejected: u64,
+    pub recovery_admissions: u64,
+    /// Tokens reserved by the route's requests in flight.
+    pub reserved_tokens: i64,
+    pub charged_tokens: u64,
 }
 
 /// Who is asking: the route the caller identified as, and which attempt this is.

@@ -257,3 +257,130 @@ fn the_redis_url_can_come_from_an_environment_variable() {
         "ledger.url_env: only the redis backend takes this key"
     );
 }
+
+/// The base config of the route tests: one pool `sonnet4-us`, TLS off.
+fn with_routes(routes: &str) -> Result<Config, ConfigError> {
+    Config::parse(&format!("{MINIMAL}\n{routes}\n"))
+}
+
+#[test]
+fn routes_default_to_one_implicit_route() {
+    let config = with_routes("").expect("no routes");
+    assert_eq!(config.auth.mode, AuthMode::None);
+    assert_eq!(config.auth.default_route, "default");
+    assert_eq!(config.routes.len(), 1);
+    assert_eq!(config.routes[0].name, "default");
+    let one = with_routes("[[routes]]\nname = \"app\"\n").expect("one route");
+    assert_eq!(one.auth.default_route, "app");
+}
+
+#[test]
+fn route_settings_parse() {
+    let config = with_routes(
+        "[auth]\nmode = \"sigv4\"\n\n[[routes]]\nname = \"triage\"\npriority = 10\n\
+         access_key_id = \"AKIATRIAGE0000000001\"\nsecret_access_key_env = \"TG_TEST_TRIAGE_SECRET\"\n\
+         max_tokens_ceiling = 2000\nmax_tokens_policy = \"reject\"\nrecovery_budget = 0.05\n\
+         [routes.shares]\nsonnet4-us = { min = 0.6, max = 0.9 }\n",
+    );
+    // The secret comes from the environment: absent, the error names the key and the variable.
+    let err = config.expect_err("variable not set").to_string();
+    assert!(
+        err.contains("routes[0] (triage).secret_access_key_env")
+            && err.contains("TG_TEST_TRIAGE_SECRET"),
+        "{err}"
+    );
+    let text = "[auth]\nmode = \"sigv4\"\n\n[[routes]]\nname = \"triage\"\npriority = 10\n\
+         access_key_id = \"AKIATRIAGE0000000001\"\nsecret_access_key = \"s3cret\"\n\
+         max_tokens_ceiling = 2000\nmax_tokens_policy = \"reject\"\nrecovery_budget = 0.05\n\
+         [routes.shares]\nsonnet4-us = { min = 0.6, max = 0.9 }\n";
+    let config = with_routes(text).expect("valid");
+    let r = &config.routes[0];
+    assert_eq!((r.priority, r.max_tokens_ceiling), (10, Some(2000)));
+    assert_eq!(r.max_tokens_policy, MaxTokensPolicy::Reject);
+    assert_eq!(
+        r.shares["sonnet4-us"],
+        ShareConfig {
+            min: 0.6,
+            max: Some(0.9)
+        }
+    );
+    assert!(!format!("{r:?}").contains("s3cret"), "secrets never print");
+}
+
+#[test]
+fn each_invalid_route_setting_names_its_key() {
+    let sha = "a".repeat(64);
+    let cases = [
+        ("[auth]\nmode = \"oauth\"\n", "auth.mode: \"oauth\""),
+        (
+            "[auth]\nmode = \"bearer\"\n[[routes]]\nname = \"a\"\nbearer_token_sha256 = \"SHA\"\n",
+            "auth.mode: \"bearer\" sends keys in the clear without TLS",
+        ),
+        (
+            "[auth]\nmode = \"bearer\"\nallow_plaintext_bearer = true\n[[routes]]\nname = \"a\"\n",
+            "routes[0] (a).bearer_token_sha256: auth.mode = \"bearer\" needs",
+        ),
+        (
+            "[auth]\nmode = \"bearer\"\nallow_plaintext_bearer = true\n[[routes]]\nname = \"a\"\nbearer_token_sha256 = \"xyz\"\n",
+            "routes[0] (a).bearer_token_sha256: must be 64 hex digits",
+        ),
+        (
+            "[auth]\nmode = \"sigv4\"\n[[routes]]\nname = \"a\"\naccess_key_id = \"AKIA0000000000000001\"\n",
+            "routes[0] (a).access_key_id: auth.mode = \"sigv4\" needs",
+        ),
+        (
+            "[auth]\nmode = \"sigv4\"\n",
+            "routes: auth.mode = \"sigv4\" needs at least one",
+        ),
+        (
+            "[[routes]]\nname = \"a\"\n[[routes]]\nname = \"a\"\n",
+            "routes[1].name: \"a\" names two routes",
+        ),
+        ("[[routes]]\nname = \"a b\"\n", "routes[0] (a b).name"),
+        (
+            "[[routes]]\nname = \"a\"\n[[routes]]\nname = \"b\"\n",
+            "auth.default_route: with auth.mode = \"none\" and several routes",
+        ),
+        (
+            "[auth]\ndefault_route = \"x\"\n[[routes]]\nname = \"a\"\n",
+            "auth.default_route: \"x\" is not the name",
+        ),
+        (
+            "[[routes]]\nname = \"a\"\nmodels = [\"m.unknown\"]\n",
+            "routes[0] (a).models: \"m.unknown\" is in no pool",
+        ),
+        (
+            "[[routes]]\nname = \"a\"\nmax_tokens_ceiling = 0\n",
+            "routes[0] (a).max_tokens_ceiling: must be greater than zero",
+        ),
+        (
+            "[[routes]]\nname = \"a\"\nmax_tokens_policy = \"cut\"\n",
+            "routes[0] (a).max_tokens_policy: \"cut\"",
+        ),
+        (
+            "[[routes]]\nname = \"a\"\nrecovery_budget = 2.0\n",
+            "routes[0] (a).recovery_budget",
+        ),
+        (
+            "[[routes]]\nname = \"a\"\n[routes.shares]\nnope = { min = 0.1 }\n",
+            "routes[0] (a).shares.nope: there is no pool",
+        ),
+        (
+            "[[routes]]\nname = \"a\"\n[routes.shares]\nsonnet4-us = { min = 0.5, max = 0.4 }\n",
+            "routes[0] (a).shares.sonnet4-us: max must be",
+        ),
+        (
+            "[auth]\ndefault_route = \"a\"\n[[routes]]\nname = \"a\"\n[routes.shares]\nsonnet4-us = { min = 0.7 }\n[[routes]]\nname = \"b\"\n[routes.shares]\nsonnet4-us = { min = 0.4 }\n",
+            "routes.shares: the min shares of pool \"sonnet4-us\" add up to 1.100",
+        ),
+        (
+            "[admission]\npriority_margin = 0.7\n",
+            "admission.priority_margin: must be a fraction",
+        ),
+    ];
+    for (routes, want) in cases {
+        let routes = routes.replace("SHA", &sha);
+        let err = with_routes(&routes).expect_err(&routes).to_string();
+        assert!(err.contains(want), "{routes}\n  got: {err}\n  want: {want}");
+    }
+}
