@@ -30,19 +30,36 @@ use http::{StatusCode, header};
 use prometheus::Registry;
 use serde_json::json;
 
-use crate::{admission::Admission, metrics::Metrics, upstream::Upstream};
+use arc_swap::ArcSwap;
+
+use crate::{admission::Admission, auth::Authenticator, metrics::Metrics, upstream::Upstream};
+
+/// What a config reload replaces: pools, routes and who may call. A request loads it once, at
+/// its start, and keeps that generation to the end (its reservation settles in the same ledger
+/// whatever was reloaded meanwhile).
+#[derive(Debug)]
+pub struct Policy {
+    pub admission: Arc<Admission>,
+    pub auth: Arc<Authenticator>,
+}
 
 /// Everything a request handler needs.
 #[derive(Debug)]
 pub struct AppState {
-    pub admission: Arc<Admission>,
-    pub auth: Arc<crate::auth::Authenticator>,
+    pub policy: ArcSwap<Policy>,
     pub upstream: Arc<Upstream>,
     pub metrics: Arc<Metrics>,
     pub registry: Registry,
     pub max_body_bytes: usize,
     /// False until started, and again once draining.
     pub ready: Arc<AtomicBool>,
+}
+
+impl AppState {
+    /// The policy in force now.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy.load_full()
+    }
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -65,7 +82,7 @@ fn admin_routes() -> Router<Arc<AppState>> {
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    let mode = state.admission.ledger().mode();
+    let mode = state.policy().admission.ledger().mode();
     if !state.ready.load(Ordering::Acquire) {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
     } else if !mode.ready() {
@@ -89,7 +106,8 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .metrics
         .unsettled_reservations
         .inc_by(crate::ledger::unsettled_drops());
-    let mode = state.admission.ledger().mode();
+    let admission = state.policy().admission.clone();
+    let mode = admission.ledger().mode();
     for m in crate::ledger::LedgerMode::ALL {
         state
             .metrics
@@ -98,7 +116,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
             .set(i64::from(m == mode));
     }
     // Refresh the bucket gauges so a scrape sees the ledger as it is now.
-    let _ = state.admission.pool_states().await;
+    let _ = admission.pool_states().await;
     (
         [(
             header::CONTENT_TYPE,
@@ -110,9 +128,10 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn pools(State(state): State<Arc<AppState>>) -> Response {
-    let pools = state.admission.pool_states().await;
+    let admission = state.policy().admission.clone();
+    let pools = admission.pool_states().await;
     Json(json!({
-        "ledger": state.admission.ledger().backend(),
+        "ledger": admission.ledger().backend(),
         "unsettled_reservations": crate::ledger::unsettled_drops(),
         "pools": pools,
     }))

@@ -8,7 +8,7 @@ use std::{
     io,
     net::SocketAddr,
     sync::{
-        Arc,
+        Arc, Mutex, Weak,
         atomic::{AtomicBool, Ordering},
     },
 };
@@ -19,7 +19,7 @@ use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
 
 use crate::{
     admission::Admission,
-    app::{AppState, admin_router, router},
+    app::{AppState, Policy, admin_router, router},
     config::{Config, Endpoint, LedgerConfig, OnLedgerError, RedisLedgerConfig},
     ledger::{Clock, FallbackLedger, Ledger, MemoryLedger, RedisLedger, RedisOptions},
     metrics::Metrics,
@@ -71,6 +71,42 @@ pub struct Gateway {
     pub simulator: Option<SimulatorHandle>,
     proxy: Served,
     admin: Option<Served>,
+    /// The config in force, for reloads to compare with.
+    config: Mutex<Config>,
+    /// Admission controllers replaced by reloads, whose queues may still hold waiters: closed at
+    /// shutdown like the current one.
+    retired: Mutex<Vec<Weak<Admission>>>,
+}
+
+/// Why a config reload was refused (the running config stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("{0}")]
+    Invalid(#[from] crate::config::ConfigError),
+}
+
+/// The sections a reload cannot change in a running process: listeners, the upstream client,
+/// the ledger backend, logging, the simulator. Changes there are logged and wait for a restart.
+fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    let differs =
+        |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
+    if differs(&old.server, &new.server) {
+        changed.push("[server]");
+    }
+    if differs(&old.upstream, &new.upstream) {
+        changed.push("[upstream]");
+    }
+    if old.ledger != new.ledger {
+        changed.push("[ledger]");
+    }
+    if differs(&old.log, &new.log) {
+        changed.push("[log]");
+    }
+    if differs(&old.simulator, &new.simulator) {
+        changed.push("[simulator]");
+    }
+    changed
 }
 
 /// One listener's serving task and the signal that stops it.
@@ -195,8 +231,7 @@ impl Gateway {
         ));
         let ready = Arc::new(AtomicBool::new(false));
         let state = Arc::new(AppState {
-            admission,
-            auth,
+            policy: arc_swap::ArcSwap::from_pointee(Policy { admission, auth }),
             upstream,
             metrics,
             registry,
@@ -230,11 +265,85 @@ impl Gateway {
             simulator,
             proxy,
             admin,
+            config: Mutex::new(config),
+            retired: Mutex::new(Vec::new()),
         })
     }
 
-    pub fn admission(&self) -> &Admission {
-        &self.state.admission
+    /// The admission controller in force now.
+    pub fn admission(&self) -> Arc<Admission> {
+        self.state.policy().admission.clone()
+    }
+
+    /// Applies a new config's pools, routes, admission settings and auth, atomically: requests
+    /// that started before keep the policy they started with and settle in the same ledger;
+    /// requests from now on use the new one. Each pool carries over what it learned (input
+    /// calibration, throttle feedback, durations, counts) to its successor of the same name.
+    /// Changes to sections that need a restart are logged and not applied.
+    pub fn reload(&self, new: Config) -> Result<(), ReloadError> {
+        let metrics = self.state.metrics.clone();
+        let mut current = self.config.lock().unwrap_or_else(|p| p.into_inner());
+        let pending = restart_only_changes(&current, &new);
+        if !pending.is_empty() {
+            tracing::warn!(sections = ?pending, "config reload: these sections changed and take effect at the next restart");
+        }
+        let old = self.state.policy();
+        let admission = Admission::new(
+            &new.pools,
+            &new.routes,
+            new.admission.clone(),
+            old.admission.ledger().clone(),
+            metrics.clone(),
+        )
+        .with_input_counter(self.state.upstream.clone());
+        for pool in admission.pools() {
+            if let Some(previous) = old.admission.pools().iter().find(|p| p.name == pool.name) {
+                pool.inherit(previous);
+            }
+        }
+        let auth = crate::auth::Authenticator::new(&new.auth, &new.routes, metrics.clone());
+        self.state.policy.store(Arc::new(Policy {
+            admission: Arc::new(admission),
+            auth: Arc::new(auth),
+        }));
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        retired.retain(|w| w.strong_count() > 0);
+        retired.push(Arc::downgrade(&old.admission));
+        tracing::info!(
+            pools = new.pools.len(),
+            routes = new.routes.len(),
+            auth = new.auth.mode.label(),
+            "config reloaded"
+        );
+        // Keep the sections that were not applied as they run, so the next reload compares with
+        // what is in force.
+        let mut applied = new;
+        applied.server = current.server.clone();
+        applied.upstream = current.upstream.clone();
+        applied.ledger = current.ledger.clone();
+        applied.log = current.log.clone();
+        applied.simulator = current.simulator.clone();
+        *current = applied;
+        metrics.config_reloads.with_label_values(&["ok"]).inc();
+        Ok(())
+    }
+
+    /// Reads `path` and [`Gateway::reload`]s it; an unreadable or invalid file is refused,
+    /// logged and counted (`tokengate_config_reloads_total{result="error"}`), and the running
+    /// config stays.
+    pub fn reload_from(&self, path: &std::path::Path) -> Result<(), ReloadError> {
+        let result = Config::load(path)
+            .map_err(ReloadError::from)
+            .and_then(|config| self.reload(config));
+        if let Err(e) = &result {
+            self.state
+                .metrics
+                .config_reloads
+                .with_label_values(&["error"])
+                .inc();
+            tracing::error!(path = %path.display(), error = %e, "config reload refused; the running config stays");
+        }
+        result
     }
 
     /// Readiness goes false, the listener closes, in-flight requests finish (up to the drain
@@ -243,7 +352,11 @@ impl Gateway {
     pub async fn shutdown(mut self) -> io::Result<()> {
         self.state.ready.store(false, Ordering::Release);
         // Queued requests are answered at once with a retryable error; admitted ones drain.
-        self.state.admission.close_queues();
+        self.state.policy().admission.close_queues();
+        let retired = std::mem::take(&mut *self.retired.lock().unwrap_or_else(|p| p.into_inner()));
+        for admission in retired.iter().filter_map(Weak::upgrade) {
+            admission.close_queues();
+        }
         let result = self.proxy.stop().await;
         if let Some(admin) = self.admin.take() {
             admin.stop().await?;

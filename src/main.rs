@@ -122,7 +122,7 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
     if let Some(sim) = &gateway.simulator {
         println!("simulator listening on http://{}", sim.addr);
     }
-    shutdown_signal().await;
+    reload_until_shutdown(&gateway, &path).await;
     tracing::info!("shutting down: draining in-flight requests");
     gateway.shutdown().await?;
     tracing::info!("stopped");
@@ -166,6 +166,29 @@ fn init_logging(format: LogFormat, level: &str) {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
     };
+}
+
+/// Waits for SIGTERM or Ctrl-C; each SIGHUP meanwhile reloads the config file at `path`
+/// (refused, logged and counted if invalid; the running config stays).
+async fn reload_until_shutdown(gateway: &Gateway, path: &std::path::Path) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut hangup) = signal(SignalKind::hangup()) {
+            let stop = shutdown_signal();
+            tokio::pin!(stop);
+            loop {
+                tokio::select! {
+                    () = &mut stop => return,
+                    _ = hangup.recv() => {
+                        tracing::info!(path = %path.display(), "SIGHUP: reloading the config");
+                        let _ = gateway.reload_from(path);
+                    }
+                }
+            }
+        }
+    }
+    shutdown_signal().await;
 }
 
 /// SIGTERM (Kubernetes, Docker) or Ctrl-C.

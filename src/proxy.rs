@@ -12,7 +12,7 @@ use http::{HeaderValue, header};
 
 use crate::{
     access_log::{AccessRecord, Decision},
-    admission::{Admitted, Caller, Verdict, X_TOKENGATE_POOL, routes::sdk_attempt},
+    admission::{Admission, Admitted, Caller, Verdict, X_TOKENGATE_POOL, routes::sdk_attempt},
     app::AppState,
     bedrock::{
         BedrockError, ErrorCode, Target, TargetError, UsageObserver, eventstream,
@@ -52,7 +52,9 @@ async fn forward(
         )
         .into_response();
     }
-    let head_identity = state.auth.identify_head(&parts);
+    // One policy generation for the whole request, whatever a reload does meanwhile.
+    let policy = state.policy();
+    let head_identity = policy.auth.identify_head(&parts);
     if let Some(Err(e)) = head_identity {
         return e.into_response();
     }
@@ -62,9 +64,9 @@ async fn forward(
     };
     let route_name = match head_identity {
         Some(identity) => identity,
-        None => state.auth.identify_signed(&parts, &body),
+        None => policy.auth.identify_signed(&parts, &body),
     };
-    let caller = match route_name.map(|name| state.admission.routes().get(&name).cloned()) {
+    let caller = match route_name.map(|name| policy.admission.routes().get(&name).cloned()) {
         Ok(Some(route)) => Caller {
             route,
             attempt: sdk_attempt(&parts.headers),
@@ -81,7 +83,7 @@ async fn forward(
     if let Some(r) = record.as_mut() {
         r.route(&caller.route.name);
     }
-    let verdict = match state
+    let verdict = match policy
         .admission
         .admit(target.operation, target.model_id.as_deref(), &body, &caller)
         .await
@@ -121,7 +123,9 @@ async fn forward(
         .await
     {
         Ok(r) => r,
-        Err(e) => return unreachable_upstream(state, admitted.as_mut(), &pool, &e),
+        Err(e) => {
+            return unreachable_upstream(state, &policy.admission, admitted.as_mut(), &pool, &e);
+        }
     };
     let status = response.status();
     if let Some(a) = admitted.as_mut() {
@@ -151,7 +155,7 @@ async fn forward(
     }
     let metered = match admitted {
         Some(mut a) if !status.is_success() => {
-            upstream_refused(state, &mut a, &mut head.headers, status);
+            upstream_refused(&policy.admission, &mut a, &mut head.headers, status);
             None
         }
         Some(mut a) => ResponseKind::for_operation(target.operation).map(|kind| {
@@ -176,7 +180,7 @@ async fn forward(
 
 /// Upstream answered with an error status: nothing is charged; a throttle shrinks the pool.
 fn upstream_refused(
-    state: &AppState,
+    admission: &Admission,
     admitted: &mut Admitted,
     headers: &mut http::HeaderMap,
     status: http::StatusCode,
@@ -189,13 +193,10 @@ fn upstream_refused(
             .is_some_and(|c| c == ErrorCode::Throttling);
     if throttled {
         let pool = admitted.pool().clone();
-        state.admission.upstream_throttled(&pool);
+        admission.upstream_throttled(&pool);
         if !headers.contains_key("x-amz-retry-after") {
             let wait = crate::admission::settle::upstream_throttle_wait(&pool);
-            let hinted =
-                state
-                    .admission
-                    .retryable(ErrorCode::Throttling, &pool, wait, String::new());
+            let hinted = admission.retryable(ErrorCode::Throttling, &pool, wait, String::new());
             for (name, value) in hinted.headers {
                 headers.insert(name, value);
             }
@@ -210,6 +211,7 @@ fn upstream_refused(
 /// No response from upstream: a retryable 503, settled by the rule for the failure.
 fn unreachable_upstream(
     state: &AppState,
+    admission: &Admission,
     admitted: Option<&mut Admitted>,
     pool: &str,
     error: &UpstreamError,
@@ -225,8 +227,7 @@ fn unreachable_upstream(
         return BedrockError::new(ErrorCode::ServiceUnavailable, message).into_response();
     };
     let pool = admitted.pool().clone();
-    let response = state
-        .admission
+    let response = admission
         .retryable(
             ErrorCode::ServiceUnavailable,
             &pool,

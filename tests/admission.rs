@@ -335,7 +335,8 @@ async fn upstream_throttles_shrink_the_pool_and_reach_the_client_with_a_hint() {
             .get(),
         1
     );
-    let pool = &stack.proxy.admission().pools()[0];
+    let admission = stack.proxy.admission();
+    let pool = &admission.pools()[0];
     assert!(pool.limit_factor() < 1.0, "the effective limit shrank");
     stack.assert_ledger_zero().await;
     assert!(settled(&stack.proxy, "sonnet4-us", "not_charged") >= 1);

@@ -135,6 +135,31 @@ impl Pool {
         }
     }
 
+    /// Takes over what `previous` (this pool before a config reload) learned and counted.
+    pub fn inherit(&self, previous: &Pool) {
+        {
+            let old = lock(&previous.feedback);
+            let mut fb = lock(&self.feedback);
+            fb.factor = old.factor;
+            fb.since = old.since;
+        }
+        *lock(&self.learned) = *lock(&previous.learned);
+        let c = &self.counters;
+        let p = &previous.counters;
+        for (to, from) in [
+            (&c.admitted, &p.admitted),
+            (&c.rejected_tokens, &p.rejected_tokens),
+            (&c.rejected_requests, &p.rejected_requests),
+            (&c.rejected_concurrency, &p.rejected_concurrency),
+            (&c.rejected_share, &p.rejected_share),
+            (&c.never_fits, &p.never_fits),
+            (&c.upstream_throttles, &p.upstream_throttles),
+        ] {
+            to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        self.metrics.calibration_ratio.set(self.calibration_ratio());
+    }
+
     /// The limit factor now: 1.0, or less while regrowing after upstream throttles.
     pub fn limit_factor(&self) -> f64 {
         let fb = lock(&self.feedback);
