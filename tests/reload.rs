@@ -12,6 +12,26 @@ use tokengate::config::Config;
 /// A slow simulator: streams take about a second.
 const SLOW_SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 200\n";
 
+/// One short call to `model`.
+async fn small_call(
+    client: &aws_sdk_bedrockruntime::Client,
+    model: &str,
+) -> Result<
+    (),
+    aws_sdk_bedrockruntime::error::SdkError<
+        aws_sdk_bedrockruntime::operation::converse::ConverseError,
+    >,
+> {
+    client
+        .converse()
+        .model_id(model)
+        .messages(user_message("[sim:output=5] hi"))
+        .inference_config(max_tokens(50))
+        .send()
+        .await
+        .map(|_| ())
+}
+
 fn pools(sonnet_tpm: u64, with_haiku: bool) -> String {
     let mut out = sonnet_pool(sonnet_tpm, 16);
     if with_haiku {
@@ -76,12 +96,7 @@ async fn a_reload_swaps_limits_and_pools_while_a_stream_finishes_under_the_old_c
     assert!(too_big.is_validation_exception(), "{too_big:?}");
     assert!(too_big.to_string().contains("20000"), "{too_big}");
     // The new pool serves.
-    client
-        .converse()
-        .model_id(HAIKU)
-        .messages(user_message("[sim:output=5] hi"))
-        .inference_config(max_tokens(50))
-        .send()
+    small_call(&client, HAIKU)
         .await
         .expect("the new pool admits");
     let m = scrape(stack.proxy.addr).await;
@@ -129,13 +144,7 @@ async fn an_invalid_config_is_refused_counted_and_the_old_one_stays() {
     // The old config serves on.
     let states = stack.proxy.admission().pool_states().await;
     assert_eq!(states[0].tokens_per_minute, 400_000);
-    stack
-        .client()
-        .converse()
-        .model_id(SONNET_US)
-        .messages(user_message("[sim:output=5] hi"))
-        .inference_config(max_tokens(50))
-        .send()
+    small_call(&stack.client(), SONNET_US)
         .await
         .expect("still serving");
     stack.assert_ledger_zero().await;
@@ -158,21 +167,11 @@ async fn reloaded_routes_and_auth_apply_to_the_next_request() {
         .proxy
         .reload(Config::parse(&text).expect("config"))
         .expect("reload");
-    let denied = stack
-        .client()
-        .converse()
-        .model_id(SONNET_US)
-        .messages(user_message("hi"))
-        .send()
+    let denied = small_call(&stack.client(), SONNET_US)
         .await
         .expect_err("no bearer key any more");
     assert!(denied.into_service_error().is_access_denied_exception());
-    bearer_client(stack.proxy.addr, key)
-        .converse()
-        .model_id(SONNET_US)
-        .messages(user_message("[sim:output=5] hi"))
-        .inference_config(max_tokens(50))
-        .send()
+    small_call(&bearer_client(stack.proxy.addr, key), SONNET_US)
         .await
         .expect("the new route's key works");
     stack.assert_ledger_zero().await;

@@ -56,6 +56,14 @@ async fn converse(client: &Client, prompt: &str, max: i32) -> Result<i32, String
         })
 }
 
+/// `result` is an error whose code is `code`.
+fn assert_refused<T: std::fmt::Debug>(result: &Result<T, String>, code: &str) {
+    assert!(
+        result.as_ref().is_err_and(|e| e.starts_with(code)),
+        "expected {code}, got {result:?}"
+    );
+}
+
 fn route_requests(m: &scrape::Scrape, route: &str, outcome: &str) -> f64 {
     m.get(
         "tokengate_route_requests_total",
@@ -77,20 +85,10 @@ async fn bearer_keys_identify_the_route_for_the_rust_sdk() {
             .expect("backlog key admitted");
     }
     let wrong = converse(&bearer_client(addr, "tg-not-issued"), "hello", 50).await;
-    assert!(
-        wrong
-            .as_ref()
-            .is_err_and(|e| e.starts_with("AccessDeniedException")),
-        "{wrong:?}"
-    );
+    assert_refused(&wrong, "AccessDeniedException");
     // SigV4 credentials in bearer mode carry no bearer key.
     let signed = converse(&stack.client(), "hello", 50).await;
-    assert!(
-        signed
-            .as_ref()
-            .is_err_and(|e| e.starts_with("AccessDeniedException")),
-        "{signed:?}"
-    );
+    assert_refused(&signed, "AccessDeniedException");
     let m = scrape(addr).await;
     assert_eq!(route_requests(&m, "triage", "admitted"), 1.0);
     assert_eq!(route_requests(&m, "backlog", "admitted"), 2.0);
@@ -129,24 +127,14 @@ async fn sigv4_keys_issued_per_route_are_verified() {
         50,
     )
     .await;
-    assert!(
-        wrong_secret
-            .as_ref()
-            .is_err_and(|e| e.starts_with("AccessDeniedException")),
-        "{wrong_secret:?}"
-    );
+    assert_refused(&wrong_secret, "AccessDeniedException");
     let unknown = converse(
         &keyed_client(addr, "AKIANOTISSUED0000001", "x"),
         "hello",
         50,
     )
     .await;
-    assert!(
-        unknown
-            .as_ref()
-            .is_err_and(|e| e.starts_with("UnrecognizedClientException")),
-        "{unknown:?}"
-    );
+    assert_refused(&unknown, "UnrecognizedClientException");
     let m = scrape(addr).await;
     assert_eq!(route_requests(&m, "triage", "admitted"), 1.0);
     m.expect(
