@@ -52,6 +52,7 @@ fn reserve_settle(ledger: &MemoryLedger, pool: &str) {
         limits: LIMITS,
         tokens: 1_000,
         share: None,
+        hold_back: 0,
     };
     let decision = ledger.reserve(black_box(&request)).now_or_never();
     match decision {

@@ -120,6 +120,7 @@ async fn pair(ledger: &dyn Ledger, pool: &str) -> (Duration, Duration) {
         limits: LIMITS,
         tokens: 1_000,
         share: None,
+        hold_back: 0,
     };
     let started = Instant::now();
     let decision = ledger.reserve(&request).await;

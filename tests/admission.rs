@@ -431,3 +431,38 @@ async fn count_tokens_pools_reserve_the_exact_input() {
     );
     stack.assert_ledger_zero().await;
 }
+
+/// With burndown, a stream's output soon costs more than its reservation; upstream deducts the
+/// excess when the stream ends, a moment before the proxy sees the usage. Until then the pool
+/// holds the excess seen so far back from admission, and releases it at settlement.
+#[tokio::test]
+async fn a_burndown_stream_holds_back_its_excess_until_it_settles() {
+    let sim = "time_to_first_token_ms = 0\ntokens_per_second = 100\n";
+    let stack = Stack::start(sim, &sonnet_pool(400_000, 8), "").await;
+    let mut stream = stack
+        .client()
+        .converse_stream()
+        .model_id(SONNET_US)
+        .messages(user_message("[sim:output=100] go on"))
+        .inference_config(max_tokens(100))
+        .send()
+        .await
+        .expect("stream starts")
+        .stream;
+    // Read until the output seen costs more than the reservation: 100 tokens of maxTokens,
+    // each output token charged 5.
+    let mut held = 0;
+    while held == 0 {
+        let event = stream.recv().await.expect("event").expect("not ended yet");
+        let _ = event;
+        held = stack.proxy.admission().pool_states().await[0].pending_burndown_excess;
+    }
+    assert!(held > 0 && held <= 400, "held back {held}");
+    while stream.recv().await.expect("event").is_some() {}
+    stack.assert_ledger_zero().await;
+    assert_eq!(
+        stack.proxy.admission().pool_states().await[0].pending_burndown_excess,
+        0,
+        "released at settlement"
+    );
+}

@@ -81,6 +81,7 @@ macro_rules! contract_suite {
             shares_idle_guarantees_are_lent,
             shares_ceiling_binds_with_its_own_refill,
             shares_retries_use_the_reserve_within_the_budget,
+            hold_back_stays_in_the_bucket,
         );
     };
     (@cases $backend:ident => $factory:expr; $($(#[$attr:meta])* $case:ident),* $(,)?) => {
@@ -157,6 +158,7 @@ async fn reserve(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -
             limits,
             tokens,
             share: None,
+            hold_back: 0,
         })
         .await
         .expect("ledger reachable")
@@ -685,6 +687,7 @@ async fn reserve_as(
             limits: limits(TPM, None, 100),
             tokens,
             share: Some(share),
+            hold_back: 0,
         })
         .await
         .expect("ledger reachable")
@@ -816,4 +819,29 @@ async fn shares_retries_use_the_reserve_within_the_budget(ledger: Arc<dyn Ledger
     settle(&*ledger, recovering, 50).await;
     settle(&*ledger, bulk, 480).await;
     assert_idle(&snapshot(&*ledger, &pool, limits(TPM, None, 100)).await);
+}
+
+/// `hold_back` tokens (charges expected but not settled) must stay in the bucket.
+async fn hold_back_stays_in_the_bucket(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("hold-back");
+    let l = limits(TPM, None, 10);
+    let request = |tokens, hold_back| ReserveRequest {
+        pool: &pool,
+        limits: l,
+        tokens,
+        share: None,
+        hold_back,
+    };
+    let refused = match ledger.reserve(&request(500, 200)).await.expect("ledger") {
+        Decision::Rejected(r) => r,
+        Decision::Admitted(r) => panic!("500 + 200 held back cannot fit 600: {r:?}"),
+    };
+    assert_eq!(refused.limit, Limit::Tokens);
+    assert_eq!(refused.token_deficit, 100);
+    let fits = match ledger.reserve(&request(400, 200)).await.expect("ledger") {
+        Decision::Admitted(r) => r,
+        Decision::Rejected(r) => panic!("400 + 200 fits 600: {r:?}"),
+    };
+    settle(&*ledger, fits, 0).await;
+    assert_idle(&snapshot(&*ledger, &pool, l).await);
 }

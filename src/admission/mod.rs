@@ -504,6 +504,7 @@ impl Admission {
                 limits,
                 tokens,
                 share: pool.shares.request(&caller.route.name, caller.is_retry()),
+                hold_back: pool.pending_excess(),
             })
             .await;
         self.metrics
@@ -666,6 +667,7 @@ impl Admission {
                     never_fits: load(&c.never_fits),
                 },
                 upstream_throttles: load(&c.upstream_throttles),
+                pending_burndown_excess: pool.pending_excess(),
                 learned: pool.learned_view(),
                 queue: pool.queue.view(),
                 max_tokens_advice: advice::publish(pool, &self.metrics),
@@ -694,6 +696,9 @@ pub struct PoolState {
     pub admitted: u64,
     pub rejected: RejectedCounts,
     pub upstream_throttles: u64,
+    /// What streams in flight will be charged beyond their reservations, from the output seen
+    /// so far (burndown); kept free in the bucket until they settle.
+    pub pending_burndown_excess: u64,
     pub learned: pools::LearnedView,
     pub queue: queue::QueueView,
     /// Output lengths against the maxTokens reserved, per model seen ([`advice`]).

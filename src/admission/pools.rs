@@ -55,6 +55,9 @@ pub struct Pool {
     feedback: Mutex<Feedback>,
     learned: Mutex<Learned>,
     pub(crate) counters: Counters,
+    /// Burndown excess of streams in flight: what their output so far will cost beyond their
+    /// reservations (see [`Pool::pending_excess`]).
+    pending_excess: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -132,7 +135,29 @@ impl Pool {
                 duration_secs: 1.0,
             }),
             counters: Counters::default(),
+            pending_excess: AtomicU64::new(0),
         }
+    }
+
+    /// Tokens the pool's streams in flight will be charged beyond their reservations, from the
+    /// output seen so far (`input + output x burndown` above `input + maxTokens`). Upstream
+    /// deducts that excess when a stream ends, a moment before its usage reaches the proxy;
+    /// admission keeps it in the bucket meanwhile, so that moment admits nothing upstream would
+    /// throttle.
+    pub fn pending_excess(&self) -> u64 {
+        self.pending_excess.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_pending_excess(&self, tokens: u64) {
+        self.pending_excess.fetch_add(tokens, Ordering::Relaxed);
+    }
+
+    pub(crate) fn release_pending_excess(&self, tokens: u64) {
+        let _ = self
+            .pending_excess
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(tokens))
+            });
     }
 
     /// Takes over what `previous` (this pool before a config reload) learned and counted.

@@ -338,7 +338,7 @@ impl AdmissionQueue {
         self: Arc<Self>,
         ledger: Arc<dyn Ledger>,
         pool: Arc<str>,
-        limits: impl Fn() -> crate::ledger::Limits,
+        limits: impl Fn() -> (crate::ledger::Limits, u64),
     ) {
         while !self.is_closed() {
             let next = self.pump(ledger.as_ref(), &pool, &limits).await;
@@ -360,7 +360,7 @@ impl AdmissionQueue {
         &self,
         ledger: &dyn Ledger,
         pool: &str,
-        limits: &impl Fn() -> crate::ledger::Limits,
+        limits: &impl Fn() -> (crate::ledger::Limits, u64),
     ) -> Option<Instant> {
         loop {
             let head = {
@@ -381,13 +381,14 @@ impl AdmissionQueue {
                 })
             };
             let (id, tokens, bypassed, demand, route) = head?;
-            let limits = limits();
+            let (limits, hold_back) = limits();
             match ledger
                 .reserve(&ReserveRequest {
                     pool,
                     limits,
                     tokens,
                     share: demand.as_ref().map(RouteDemand::request),
+                    hold_back,
                 })
                 .await
             {
@@ -402,16 +403,17 @@ impl AdmissionQueue {
                     let other_route = |w: &Waiter| w.route != route;
                     let passed = match rejection.limit {
                         Limit::Share => {
-                            self.bypass(id, &other_route, false, ledger, pool, limits)
+                            self.bypass(id, &other_route, false, ledger, pool, (limits, hold_back))
                                 .await
                         }
                         Limit::Tokens if rejection.held_for_others => {
-                            self.bypass(id, &other_route, false, ledger, pool, limits)
+                            self.bypass(id, &other_route, false, ledger, pool, (limits, hold_back))
                                 .await
                         }
                         Limit::Tokens if bypassed < MAX_BYPASS => {
                             let smaller = |w: &Waiter| w.tokens <= free;
-                            self.bypass(id, &smaller, true, ledger, pool, limits).await
+                            self.bypass(id, &smaller, true, ledger, pool, (limits, hold_back))
+                                .await
                         }
                         _ => false,
                     };
@@ -446,7 +448,7 @@ impl AdmissionQueue {
         count: bool,
         ledger: &dyn Ledger,
         pool: &str,
-        limits: crate::ledger::Limits,
+        (limits, hold_back): (crate::ledger::Limits, u64),
     ) -> bool {
         let candidate = {
             let state = self.lock();
@@ -466,6 +468,7 @@ impl AdmissionQueue {
                 limits,
                 tokens,
                 share: demand.as_ref().map(RouteDemand::request),
+                hold_back,
             })
             .await
         {

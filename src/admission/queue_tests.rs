@@ -92,6 +92,7 @@ async fn drained(ledger: &MemoryLedger) -> Vec<Reservation> {
                 limits: LIMITS,
                 tokens,
                 share: None,
+                hold_back: 0,
             })
             .await
         {
@@ -134,7 +135,7 @@ async fn a_large_head_is_passed_by_at_most_max_bypass_small_ones() {
     let dispatcher = tokio::spawn(
         queue
             .clone()
-            .dispatch(ledger.clone(), Arc::from("p"), || LIMITS),
+            .dispatch(ledger.clone(), Arc::from("p"), || (LIMITS, 0)),
     );
     // Each released holder frees 500 tokens: room for small ones, not for L (3,000).
     for holder in holders {
@@ -174,7 +175,7 @@ async fn the_head_is_admitted_when_refill_covers_it_never_before() {
     let dispatcher = tokio::spawn(
         queue
             .clone()
-            .dispatch(ledger.clone(), Arc::from("p"), || LIMITS),
+            .dispatch(ledger.clone(), Arc::from("p"), || (LIMITS, 0)),
     );
     let start = Instant::now();
     let r = ticket.wait(start + Duration::from_secs(30)).await.unwrap();
@@ -209,7 +210,7 @@ async fn leaving_the_queue_holds_nothing_even_when_admitted_at_that_instant() {
     let dispatcher = tokio::spawn(
         queue
             .clone()
-            .dispatch(ledger.clone(), Arc::from("p"), || LIMITS),
+            .dispatch(ledger.clone(), Arc::from("p"), || (LIMITS, 0)),
     );
     while queue.depth().0 > 0 {
         tokio::task::yield_now().await;

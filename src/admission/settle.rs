@@ -105,6 +105,8 @@ pub struct Admitted {
     route: Option<Box<RouteMetrics>>,
     /// The body to forward instead of the caller's (maxTokens lowered to the route's ceiling).
     rewritten_body: Option<bytes::Bytes>,
+    /// This request's part of its pool's pending burndown excess.
+    excess_claimed: u64,
 }
 
 impl Admitted {
@@ -136,6 +138,28 @@ impl Admitted {
             access: None,
             route: None,
             rewritten_body: None,
+            excess_claimed: 0,
+        }
+    }
+
+    /// Output seen so far in the response (an estimate): with burndown, what it will cost
+    /// beyond the reservation is held back in the pool until the request settles.
+    pub fn output_progress(&mut self, output_seen: u64) {
+        let burndown = u64::from(self.pool.config.output_burndown);
+        let Some(reservation) = self.reservation.as_ref() else {
+            return;
+        };
+        if burndown <= 1 {
+            return;
+        }
+        let projected = self
+            .estimate
+            .input
+            .saturating_add(output_seen.saturating_mul(burndown));
+        let excess = projected.saturating_sub(reservation.tokens());
+        if excess > self.excess_claimed {
+            self.pool.add_pending_excess(excess - self.excess_claimed);
+            self.excess_claimed = excess;
         }
     }
 
@@ -285,6 +309,8 @@ impl Admitted {
         let Some(reservation) = self.reservation.take() else {
             return;
         };
+        self.pool
+            .release_pending_excess(std::mem::take(&mut self.excess_claimed));
         let name = &*self.pool.name;
         let pm = &self.pool.metrics;
         pm.reserved_tokens.sub(reservation.tokens() as i64);

@@ -207,7 +207,9 @@ impl Admission {
         let name = pool.name.clone();
         tokio::spawn(async move {
             queue
-                .dispatch(ledger, name, move || for_limits.limits())
+                .dispatch(ledger, name, move || {
+                    (for_limits.limits(), for_limits.pending_excess())
+                })
                 .await
         });
     }

@@ -99,6 +99,7 @@ impl FallbackLedger {
             tokens: request.tokens,
             // Shares are fractions of the limits: they scale with the local share.
             share: request.share,
+            hold_back: request.hold_back,
         };
         self.local.reserve(&local).await
     }

@@ -66,6 +66,7 @@ impl PoolState {
     fn reserve(
         &mut self,
         tokens: u64,
+        hold_back: u64,
         share: Option<&ShareRequest<'_>>,
         now: u64,
     ) -> Result<Option<ShareHold>, Rejection> {
@@ -92,7 +93,9 @@ impl PoolState {
                 }
             }
         };
-        let need = plan.map_or(tokens, |(_, need)| need.tokens);
+        let need = plan
+            .map_or(tokens, |(_, need)| need.tokens)
+            .saturating_add(hold_back);
         self.check(need).map_err(|mut rejection| {
             rejection.held_for_others = rejection.limit == Limit::Tokens
                 && plan.is_some_and(|(_, n)| n.protected > 0)
@@ -211,7 +214,12 @@ impl Ledger for MemoryLedger {
         let mut state = lock(&state);
         state.sync(&request.limits, now);
         Ok(
-            match state.reserve(request.tokens, request.share.as_ref(), now) {
+            match state.reserve(
+                request.tokens,
+                request.hold_back,
+                request.share.as_ref(),
+                now,
+            ) {
                 Ok(hold) => {
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                     Decision::Admitted(

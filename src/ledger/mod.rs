@@ -59,6 +59,10 @@ pub struct ReserveRequest<'a> {
     /// The calling route and the shares of every route in the pool; `None` checks the pool's
     /// limits alone.
     pub share: Option<ShareRequest<'a>>,
+    /// Tokens the bucket must hold beyond this request: charges admission expects but has not
+    /// settled yet (the burndown excess of streams in flight, which upstream deducts when they
+    /// end, a moment before their usage reaches the proxy).
+    pub hold_back: u64,
 }
 
 /// Which limit turned a request away.

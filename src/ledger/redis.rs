@@ -425,7 +425,8 @@ impl Ledger for RedisLedger {
             .arg(limits.tokens_per_minute)
             .arg(rpm_arg(limits))
             .arg(limits.max_concurrency)
-            .arg(u64::try_from(inner.lease.as_millis()).unwrap_or(u64::MAX));
+            .arg(u64::try_from(inner.lease.as_millis()).unwrap_or(u64::MAX))
+            .arg(request.hold_back.min(MAX_TOKENS_PER_MINUTE));
         share_args(&mut invocation, request);
         let reply: Vec<i64> = inner.run(&invocation, "admit", request.pool).await?;
         let purged = reply.get(1).copied().unwrap_or(0);

@@ -139,8 +139,10 @@ impl Body for MeteredBody {
                     let usage = meter.observer.on_data(data);
                     // Generated content seen: a stream's first content event, any body bytes
                     // of a non-streamed response.
-                    if meter.observer.output_tokens_seen() > 0 {
+                    let seen = meter.observer.output_tokens_seen();
+                    if seen > 0 {
                         meter.admitted.first_token();
+                        meter.admitted.output_progress(seen);
                     }
                     if let Some(usage) = usage {
                         meter.admitted.settle_usage(&usage);

@@ -1,5 +1,5 @@
 -- tokengate ledger v1: admit. ARGV: member, tokens, tpm, rpm (-1: none), max_concurrency, lease_ms,
--- then the route shares: n (0: none), and when n > 0: caller (1-based), retry (0/1),
+-- hold_back (tokens the bucket must keep beyond this request), then the route shares: n (0: none), and when n > 0: caller (1-based), retry (0/1),
 -- retry_reserve, priority_margin (tokens), idle_ms, and per route: name, priority, guaranteed,
 -- ceiling (-1: none), recovery (tokens per minute).
 -- Takes tokens, one request and one permit (a lease), and the caller's share, all or nothing.
@@ -9,6 +9,7 @@
 -- for other routes)}.
 local member, tokens = ARGV[1], tonumber(ARGV[2])
 local tpm, rpm, max_concurrency, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local hold_back = tonumber(ARGV[7])
 local now = now_ms()
 local s = load_synced(tpm, rpm, now)
 local purged = purge(s, now)
@@ -16,16 +17,16 @@ local in_flight = redis.call('ZCARD', LEASES)
 local t, r = s.tokens, s.requests
 
 -- The caller's share: what the bucket must hold (need) and what the route takes.
-local n = tonumber(ARGV[7] or '0')
+local n = tonumber(ARGV[8] or '0')
 local need = tokens
 local protected = 0
 local me, rs, hold_g, recovered = nil, nil, 0, 0
 if n > 0 then
-  local caller, retry = tonumber(ARGV[8]), ARGV[9] == '1'
-  local reserve, margin, idle_ms = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+  local caller, retry = tonumber(ARGV[9]), ARGV[10] == '1'
+  local reserve, margin, idle_ms = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
   local routes = {}
   for i = 1, n do
-    local b = 12 + (i - 1) * 5
+    local b = 13 + (i - 1) * 5
     routes[i] = {
       name = ARGV[b + 1], priority = tonumber(ARGV[b + 2]), g = tonumber(ARGV[b + 3]),
       c = tonumber(ARGV[b + 4]), v = tonumber(ARGV[b + 5]),
@@ -67,6 +68,7 @@ if n > 0 then
   end
 end
 
+need = need + hold_back
 local token_fit = need * U <= t.level
 local request_fit = (not r) or U <= r.level
 if not token_fit or not request_fit then
