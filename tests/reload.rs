@@ -101,6 +101,26 @@ async fn a_reload_swaps_limits_and_pools_while_a_stream_finishes_under_the_old_c
         .expect("the new pool admits");
     let m = scrape(stack.proxy.addr).await;
     m.expect("tokengate_config_reloads_total", &[("result", "ok")], 1.0);
+    // Series live on across the reload: the gauges came back to zero (not below) when the
+    // stream admitted before it settled, and counters kept counting.
+    m.expect("tokengate_reserved_tokens", &[("pool", "sonnet4-us")], 0.0);
+    m.expect(
+        "tokengate_inflight_requests",
+        &[("pool", "sonnet4-us")],
+        0.0,
+    );
+    m.expect(
+        "tokengate_route_reserved_tokens",
+        &[("pool", "sonnet4-us"), ("route", "default")],
+        0.0,
+    );
+    assert!(
+        m.get(
+            "tokengate_route_charged_tokens_total",
+            &[("pool", "sonnet4-us"), ("route", "default")]
+        ) >= 1000.0,
+        "the stream's charge (200 output x 5) counted across the reload"
+    );
     m.expect(
         "tokengate_configured_tokens_per_minute",
         &[("pool", "sonnet4-us")],

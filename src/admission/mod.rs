@@ -107,8 +107,8 @@ impl Admission {
                 .calibration_ratio
                 .with_label_values(&[name])
                 .set(pool.calibration_ratio());
-            metrics.reserved_tokens.with_label_values(&[name]).set(0);
-            metrics.inflight_requests.with_label_values(&[name]).set(0);
+            metrics.reserved_tokens.with_label_values(&[name]);
+            metrics.inflight_requests.with_label_values(&[name]);
             // Create every per-pool series at zero, so dashboards and alerts see them before the
             // first event (rate() over a missing series is empty, not zero).
             for counter in [
@@ -120,13 +120,10 @@ impl Admission {
                 &metrics.cache_read_tokens,
                 &metrics.cache_write_tokens,
             ] {
-                counter.with_label_values(&[name]).reset();
+                counter.with_label_values(&[name]);
             }
             for reason in ["tokens", "requests", "concurrency", "share", "never_fits"] {
-                metrics
-                    .rejections
-                    .with_label_values(&[name, reason])
-                    .reset();
+                metrics.rejections.with_label_values(&[name, reason]);
             }
             metrics.init_pool_series(name, ledger.backend());
         }

@@ -126,8 +126,7 @@ impl Authenticator {
         for reason in AuthFailure::ALL {
             metrics
                 .auth_failures
-                .with_label_values(&[auth.mode.label(), reason.label()])
-                .reset();
+                .with_label_values(&[auth.mode.label(), reason.label()]);
         }
         Authenticator {
             mode: auth.mode,

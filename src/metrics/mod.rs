@@ -185,26 +185,24 @@ impl Metrics {
     }
 
     /// Series of fixed label sets that exist from the start, at zero, so `rate()` and alerts see
-    /// them before the first event.
+    /// them before the first event. (`with_label_values` creates a missing series at zero and
+    /// leaves an existing one as it is, so a config reload never resets a counter.)
     fn init_global_series(&self) {
         for result in ["ok", "error"] {
-            self.config_reloads.with_label_values(&[result]).reset();
+            self.config_reloads.with_label_values(&[result]);
         }
     }
 
-    /// Every per-pool series of a fixed label set, at zero (called once per pool at start).
+    /// Every per-pool series of a fixed label set, at zero if new (called for each pool at start
+    /// and at every reload).
     pub fn init_pool_series(&self, pool: &str, ledger_backend: &str) {
-        self.ledger_errors
-            .with_label_values(&[ledger_backend])
-            .reset();
-        self.queue_depth.with_label_values(&[pool]).set(0);
+        self.ledger_errors.with_label_values(&[ledger_backend]);
+        self.queue_depth.with_label_values(&[pool]);
         for rule in ["usage", "not_charged", "no_usage", "timeout", "abandoned"] {
-            self.settlements.with_label_values(&[pool, rule]).reset();
+            self.settlements.with_label_values(&[pool, rule]);
         }
         for outcome in ["admitted", "timed_out", "cancelled", "shutdown"] {
-            self.queue_outcomes
-                .with_label_values(&[pool, outcome])
-                .reset();
+            self.queue_outcomes.with_label_values(&[pool, outcome]);
         }
         for kind in [
             "connect",
@@ -215,13 +213,9 @@ impl Metrics {
             "idle_timeout",
             "count_tokens",
         ] {
-            self.upstream_errors
-                .with_label_values(&[pool, kind])
-                .reset();
+            self.upstream_errors.with_label_values(&[pool, kind]);
         }
-        self.rejections
-            .with_label_values(&[pool, "queue_full"])
-            .reset();
+        self.rejections.with_label_values(&[pool, "queue_full"]);
     }
 
     /// Every metric this process exports, whether or not it has a sample yet: what dashboards and

@@ -47,18 +47,14 @@ impl RouteMetrics {
     pub fn new(m: &Metrics, pool: &str, route: &str) -> RouteMetrics {
         let two = [pool, route];
         for outcome in ["not_allowed", "invalid", "shadow_rejected"] {
-            m.route_requests
-                .with_label_values(&[pool, route, outcome])
-                .reset();
+            m.route_requests.with_label_values(&[pool, route, outcome]);
         }
-        m.max_tokens_clamped.with_label_values(&two).reset();
+        m.max_tokens_clamped.with_label_values(&two);
         for reason in SHADOW_REASONS {
             m.shadow_rejections
-                .with_label_values(&[pool, route, reason])
-                .reset();
+                .with_label_values(&[pool, route, reason]);
         }
         let reserved_tokens = m.route_reserved_tokens.with_label_values(&two);
-        reserved_tokens.set(0);
         RouteMetrics {
             admitted: m
                 .route_requests
