@@ -44,6 +44,8 @@ pub const UNKNOWN_FIELDS: &[&str] = &[
     "maxTokens",
     "max_tokens_to_sample",
 ];
+/// The names of the fields inside config objects (after the dot in the paths above).
+const CONFIG_MEMBERS: [&str; 3] = ["maxTokens", "max_new_tokens", "maxTokenCount"];
 
 /// A `maxTokens` field that is present but unusable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -62,20 +64,118 @@ pub fn requested_max_tokens(
     provider: Option<&str>,
     body: &Value,
 ) -> Result<Option<u64>, MaxTokensError> {
-    let fields = match operation {
-        Operation::Converse | Operation::ConverseStream => CONVERSE_FIELDS,
-        Operation::InvokeModel | Operation::InvokeModelWithResponseStream => {
-            native_fields(provider, body)
+    MaxTokensFields::of(body).resolve(operation, provider)
+}
+
+/// The members of a body that `maxTokens` can come from: gathered from a parsed `Value`
+/// ([`MaxTokensFields::of`]) or member by member while a body is parsed in one pass (admission's
+/// reader), then resolved per operation and provider by the same code.
+///
+/// Gathering follows a parsed `Value`: a member that appears twice keeps its last value, and a
+/// second `inferenceConfig` (or `textGenerationConfig`) replaces the first one whole.
+#[derive(Debug, Default)]
+pub struct MaxTokensFields {
+    /// Each field of [`UNKNOWN_FIELDS`] (which names every field any family reads), in its order.
+    values: [Option<Value>; UNKNOWN_FIELDS.len()],
+    /// The body has `inputText` or `textGenerationConfig`: an Amazon body is Titan, not Nova.
+    titan: bool,
+}
+
+impl MaxTokensFields {
+    /// The fields of a parsed body.
+    pub fn of(body: &Value) -> MaxTokensFields {
+        let mut fields = MaxTokensFields {
+            titan: titan_shaped(body),
+            ..MaxTokensFields::default()
+        };
+        for (slot, path) in fields.values.iter_mut().zip(UNKNOWN_FIELDS) {
+            *slot = lookup(body, path).cloned();
         }
-        _ => return Ok(None),
-    };
-    for field in fields {
-        match lookup(body, field) {
-            None | Some(Value::Null) => continue,
-            Some(value) => return validate(field, value).map(Some),
+        fields
+    }
+
+    /// Whether a top-level member named `key` is itself one of the fields (`max_tokens`, ...).
+    pub fn is_field(key: &str) -> bool {
+        Self::slot(None, key).is_some()
+    }
+
+    /// Whether a top-level member named `key` is an object holding fields (`inferenceConfig`,
+    /// `textGenerationConfig`).
+    pub fn is_config(key: &str) -> bool {
+        matches!(key, "inferenceConfig" | "textGenerationConfig")
+    }
+
+    /// Whether `inner` of the config object `outer` is one of the fields.
+    pub fn is_config_field(outer: &str, inner: &str) -> bool {
+        Self::slot(Some(outer), inner).is_some()
+    }
+
+    /// A top-level member was seen (before its value is read).
+    pub fn saw_member(&mut self, key: &str) {
+        match key {
+            "inputText" => self.titan = true,
+            "inferenceConfig" | "textGenerationConfig" => {
+                self.titan |= key == "textGenerationConfig";
+                // A later member of the same name replaces the earlier object whole.
+                for inner in CONFIG_MEMBERS {
+                    if let Some(at) = Self::slot(Some(key), inner) {
+                        self.values[at] = None;
+                    }
+                }
+            }
+            _ => {}
         }
     }
-    Ok(None)
+
+    /// Records a top-level field (`outer = None`) or a field of the config object `outer`.
+    pub fn set(&mut self, outer: Option<&str>, key: &str, value: Value) {
+        if let Some(at) = Self::slot(outer, key) {
+            self.values[at] = Some(value);
+        }
+    }
+
+    /// The position of a field in [`UNKNOWN_FIELDS`], spelled out because this runs for every
+    /// top-level member of every body (a test keeps the two in step).
+    fn slot(outer: Option<&str>, key: &str) -> Option<usize> {
+        Some(match (outer, key) {
+            (None, "max_tokens") => 0,
+            (None, "max_completion_tokens") => 1,
+            (Some("inferenceConfig"), "maxTokens") => 2,
+            (Some("inferenceConfig"), "max_new_tokens") => 3,
+            (Some("textGenerationConfig"), "maxTokenCount") => 4,
+            (None, "max_gen_len") => 5,
+            (None, "maxTokens") => 6,
+            (None, "max_tokens_to_sample") => 7,
+            _ => return None,
+        })
+    }
+
+    fn get(&self, path: &str) -> Option<&Value> {
+        let at = UNKNOWN_FIELDS.iter().position(|p| *p == path)?;
+        self.values[at].as_ref()
+    }
+
+    /// The maximum output tokens these fields ask for, `Ok(None)` if they do not say.
+    pub fn resolve(
+        &self,
+        operation: Operation,
+        provider: Option<&str>,
+    ) -> Result<Option<u64>, MaxTokensError> {
+        let fields = match operation {
+            Operation::Converse | Operation::ConverseStream => CONVERSE_FIELDS,
+            Operation::InvokeModel | Operation::InvokeModelWithResponseStream => {
+                native_fields(provider, self.titan)
+            }
+            _ => return Ok(None),
+        };
+        for field in fields {
+            match self.get(field) {
+                None | Some(Value::Null) => continue,
+                Some(value) => return validate(field, value).map(Some),
+            }
+        }
+        Ok(None)
+    }
 }
 
 /// Lowers the request's maximum output tokens to `ceiling` in place: the field that decides (see
@@ -91,7 +191,7 @@ pub fn clamp_max_tokens(
     let fields = match operation {
         Operation::Converse | Operation::ConverseStream => CONVERSE_FIELDS,
         Operation::InvokeModel | Operation::InvokeModelWithResponseStream => {
-            native_fields(provider, body)
+            native_fields(provider, titan_shaped(body))
         }
         _ => return Ok(false),
     };
@@ -142,11 +242,10 @@ pub fn clamp_max_tokens(
 }
 
 /// Where a model-native body of this provider keeps its maximum output tokens.
-fn native_fields(provider: Option<&str>, body: &Value) -> &'static [&'static str] {
+fn native_fields(provider: Option<&str>, titan: bool) -> &'static [&'static str] {
     match provider {
         Some("anthropic") => ANTHROPIC_FIELDS,
-        Some("amazon") if body.get("inputText").is_some() => TITAN_FIELDS,
-        Some("amazon") if body.get("textGenerationConfig").is_some() => TITAN_FIELDS,
+        Some("amazon") if titan => TITAN_FIELDS,
         Some("amazon") => NOVA_FIELDS,
         Some("meta") => LLAMA_FIELDS,
         Some("ai21") => AI21_FIELDS,
@@ -155,6 +254,11 @@ fn native_fields(provider: Option<&str>, body: &Value) -> &'static [&'static str
         }
         _ => UNKNOWN_FIELDS,
     }
+}
+
+/// Whether an Amazon body is Titan's (`inputText` or `textGenerationConfig`), not Nova's.
+fn titan_shaped(body: &Value) -> bool {
+    body.get("inputText").is_some() || body.get("textGenerationConfig").is_some()
 }
 
 /// Follows a dotted path through objects.
@@ -497,5 +601,33 @@ mod tests {
         assert!(clamp_max_tokens(Operation::InvokeModel, Some("acme"), &mut unknown, 300).is_err());
         let mut bad = serde_json::json!({"inferenceConfig": 3});
         assert!(clamp_max_tokens(Operation::Converse, None, &mut bad, 300).is_err());
+    }
+
+    #[test]
+    fn slots_follow_the_unknown_fields_order() {
+        for (at, path) in UNKNOWN_FIELDS.iter().enumerate() {
+            let (outer, key) = match path.split_once('.') {
+                Some((outer, key)) => (Some(outer), key),
+                None => (None, *path),
+            };
+            assert_eq!(MaxTokensFields::slot(outer, key), Some(at), "{path}");
+            assert_eq!(MaxTokensFields::is_field(path), outer.is_none(), "{path}");
+            if let Some(outer) = outer {
+                assert!(MaxTokensFields::is_config(outer), "{path}");
+                assert!(CONFIG_MEMBERS.contains(&key), "{path}");
+            }
+        }
+        let families = [
+            CONVERSE_FIELDS,
+            ANTHROPIC_FIELDS,
+            TITAN_FIELDS,
+            NOVA_FIELDS,
+            LLAMA_FIELDS,
+            AI21_FIELDS,
+            OPENAI_STYLE_FIELDS,
+        ];
+        for path in families.concat() {
+            assert!(UNKNOWN_FIELDS.contains(&path), "{path} is read by a family");
+        }
     }
 }
