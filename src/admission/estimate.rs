@@ -29,13 +29,22 @@
 //! CountTokens bodies (`{"input":{"converse":{...}}}` or `{"input":{"invokeModel":{"body":
 //! "<base64>"}}}`) are estimated on the inner document. The walk never panics, stops descending
 //! at depth [`MAX_DEPTH`], and returns at least the per-request overhead.
+//!
+//! # Where it runs
+//! The walk is written once, as serde seeds (`estimate/walk.rs`), and runs over a raw body as
+//! `serde_json` parses it (admission's one pass, [`super::body`], which builds no tree) or over a
+//! parsed `Value` ([`estimate_input_tokens`]). On a raw body a member name repeated within one
+//! object is counted each time (a `Value` keeps only the last); otherwise the two agree exactly.
 
 use std::io;
 
 use base64::Engine as _;
-use serde_json::{Map, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::bedrock::Operation;
+
+pub(crate) mod walk;
 
 /// Fixed tokens every request carries (system framing, turn markers).
 pub const PER_REQUEST_TOKENS: u64 = 16;
@@ -54,27 +63,28 @@ pub const UNSIZED_DOCUMENT_TOKENS: u64 = 8_000;
 /// The deepest nesting walked; `serde_json` refuses to parse deeper than 128 anyway.
 pub const MAX_DEPTH: usize = 128;
 
-/// A conservative estimate of the input tokens of a request body (before calibration).
+/// A conservative estimate of the input tokens of a parsed request body (before calibration).
 pub fn estimate_input_tokens(operation: Operation, body: &Value) -> u64 {
     let mut tally = Tally::default();
     if operation == Operation::CountTokens {
         tally.count_tokens_input(body);
     } else {
-        tally.walk(body, 0);
+        tally.walk_value(body);
     }
     tally.tokens()
 }
 
 /// What the walk has counted so far.
 #[derive(Debug, Default)]
-struct Tally {
+pub(crate) struct Tally {
     text_bytes: u64,
     messages: u64,
     fixed_tokens: u64,
 }
 
 impl Tally {
-    fn tokens(&self) -> u64 {
+    /// The estimate: the rule of the module doc.
+    pub(crate) fn tokens(&self) -> u64 {
         PER_REQUEST_TOKENS
             .saturating_add(self.messages.saturating_mul(PER_MESSAGE_TOKENS))
             .saturating_add(self.text_bytes.div_ceil(BYTES_PER_TOKEN))
@@ -82,23 +92,44 @@ impl Tally {
     }
 
     fn add_text(&mut self, bytes: usize) {
-        self.text_bytes = self.text_bytes.saturating_add(bytes as u64);
+        self.add_text_u64(bytes as u64);
+    }
+
+    fn add_text_u64(&mut self, bytes: u64) {
+        self.text_bytes = self.text_bytes.saturating_add(bytes);
+    }
+
+    fn add_messages(&mut self, messages: u64) {
+        self.messages = self.messages.saturating_add(messages);
     }
 
     fn add_fixed(&mut self, tokens: u64) {
         self.fixed_tokens = self.fixed_tokens.saturating_add(tokens);
     }
 
+    /// Adds what another tally counted.
+    fn add(&mut self, other: &Tally) {
+        self.add_text_u64(other.text_bytes);
+        self.add_messages(other.messages);
+        self.add_fixed(other.fixed_tokens);
+    }
+
+    /// Walks a parsed value.
+    fn walk_value(&mut self, value: &Value) {
+        // Walking a `Value` cannot fail: every seed accepts every JSON type.
+        let _ = walk::walk(self, value);
+    }
+
     /// CountTokens: estimate the Converse document or the decoded InvokeModel body it wraps.
-    fn count_tokens_input(&mut self, body: &Value) {
+    pub(crate) fn count_tokens_input(&mut self, body: &Value) {
         let input = body.get("input");
         if let Some(converse) = input.and_then(|i| i.get("converse")) {
-            return self.walk(converse, 0);
+            return self.walk_value(converse);
         }
         match input.and_then(|i| i.pointer("/invokeModel/body")) {
             Some(Value::String(encoded)) => self.encoded_body(encoded),
-            Some(inner) => self.walk(inner, 0),
-            None => self.walk(body, 0),
+            Some(inner) => self.walk_value(inner),
+            None => self.walk_value(body),
         }
     }
 
@@ -108,115 +139,12 @@ impl Tally {
         let Ok(bytes) = engine.decode(encoded) else {
             return self.add_text(encoded.len());
         };
-        match serde_json::from_slice::<Value>(&bytes) {
-            Ok(inner) => self.walk(&inner, 0),
+        let mut inner = Tally::default();
+        let mut de = serde_json::Deserializer::from_slice(&bytes);
+        match walk::walk(&mut inner, &mut de).and_then(|()| de.end()) {
+            Ok(()) => self.add(&inner),
             Err(_) => self.add_text(bytes.len()),
         }
-    }
-
-    fn walk(&mut self, value: &Value, depth: usize) {
-        if depth > MAX_DEPTH {
-            return;
-        }
-        match value {
-            Value::String(s) => self.string(s),
-            Value::Array(items) => items.iter().for_each(|v| self.walk(v, depth + 1)),
-            Value::Object(map) => self.object(map, depth + 1),
-            Value::Number(_) | Value::Bool(_) | Value::Null => {}
-        }
-    }
-
-    fn object(&mut self, map: &Map<String, Value>, depth: usize) {
-        let kind = map.get("type").and_then(Value::as_str);
-        for (key, value) in map {
-            self.field(key, value, kind, depth);
-        }
-    }
-
-    /// One member of an object; `kind` is the object's own `type` (Anthropic content blocks).
-    fn field(&mut self, key: &str, value: &Value, kind: Option<&str>, depth: usize) {
-        match key {
-            // Not model input, or not text.
-            "inferenceConfig"
-            | "textGenerationConfig"
-            | "cachePoint"
-            | "cache_control"
-            | "anthropic_version"
-            | "anthropic_beta"
-            | "requestMetadata"
-            | "performanceConfig"
-            | "guardrailConfig"
-            | "additionalModelResponseFieldPaths"
-            | "serviceTier"
-            | "stopSequences"
-            | "stop_sequences"
-            | "stop"
-            | "signature"
-            | "model"
-            | "role"
-            | "type"
-            | "format"
-            | "media_type"
-            | "s3Location"
-            | "bucketOwner" => {}
-            "messages" | "chat_history" => {
-                let count = value.as_array().map_or(0, Vec::len);
-                self.messages = self.messages.saturating_add(count as u64);
-                self.walk(value, depth);
-            }
-            "tools" | "toolConfig" | "json" => self.json(value),
-            "input" if value.is_object() => self.json(value),
-            "image" if value.is_object() => self.add_fixed(IMAGE_TOKENS),
-            "video" if value.is_object() => self.add_fixed(VIDEO_TOKENS),
-            "document" if value.is_object() => self.converse_document(value, depth),
-            "source" if kind == Some("image") => self.add_fixed(IMAGE_TOKENS),
-            "source" if kind == Some("document") => self.document_source(value, depth),
-            "image_url" | "inputImage" => self.add_fixed(IMAGE_TOKENS),
-            "images" => self.images(value),
-            _ => self.walk(value, depth),
-        }
-    }
-
-    /// Converse / Nova `document`: `name` plus its source.
-    fn converse_document(&mut self, document: &Value, depth: usize) {
-        if let Some(name) = document.get("name") {
-            self.walk(name, depth);
-        }
-        match document.get("source") {
-            Some(source) => self.document_source(source, depth),
-            None => self.add_fixed(UNSIZED_DOCUMENT_TOKENS),
-        }
-    }
-
-    /// A document source: inline bytes (Converse `bytes`, Anthropic `data`), inline text
-    /// (`text`, `content`, an Anthropic `text` source), or a reference we cannot size.
-    fn document_source(&mut self, source: &Value, depth: usize) {
-        let text_source = source.get("type").and_then(Value::as_str) == Some("text");
-        let inline = source.get("bytes").or_else(|| source.get("data"));
-        if let Some(data) = inline.and_then(Value::as_str) {
-            let bytes = if text_source {
-                data.len()
-            } else {
-                decoded_len(data)
-            };
-            return self.add_text(bytes);
-        }
-        let mut found = false;
-        for key in ["text", "content"] {
-            if let Some(inner) = source.get(key) {
-                found = true;
-                self.walk(inner, depth);
-            }
-        }
-        if !found {
-            self.add_fixed(UNSIZED_DOCUMENT_TOKENS);
-        }
-    }
-
-    /// Llama 3.2 `images: ["<base64>", ...]`, or a single image value.
-    fn images(&mut self, value: &Value) {
-        let count = value.as_array().map_or(1, Vec::len);
-        self.add_fixed(IMAGE_TOKENS.saturating_mul(count as u64));
     }
 
     /// A string value: text, unless it is a `data:...;base64,` URL.
@@ -228,14 +156,6 @@ impl Tally {
             Some((_, data)) => self.add_text(decoded_len(data)),
             None => self.add_text(s.len()),
         }
-    }
-
-    /// Structured input counted by its serialized length.
-    fn json(&mut self, value: &Value) {
-        let mut counter = ByteCounter(0);
-        // Writing to a counter cannot fail; on the impossible error we keep what was counted.
-        let _ = serde_json::to_writer(&mut counter, value);
-        self.text_bytes = self.text_bytes.saturating_add(counter.0);
     }
 }
 
@@ -252,6 +172,14 @@ fn data_url(s: &str) -> Option<(&str, &str)> {
 fn decoded_len(data: &str) -> usize {
     let symbols = data.trim_end_matches('=').len();
     symbols / 4 * 3 + (symbols % 4) * 3 / 4
+}
+
+/// The length of `value` serialized as compact JSON.
+fn serialized_len<T: Serialize + ?Sized>(value: &T) -> u64 {
+    let mut counter = ByteCounter(0);
+    // Writing to a counter cannot fail; on the impossible error we keep what was counted.
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
 }
 
 /// An `io::Write` that only counts.

@@ -12,6 +12,7 @@
 //! - An admitted request carries an [`Admitted`] guard that settles it ([`settle`] has the rules).
 
 pub mod advice;
+pub mod body;
 pub mod estimate;
 pub mod hint;
 pub mod pools;
@@ -28,10 +29,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::{
-    bedrock::{
-        BedrockError, ErrorCode, ModelRef, Operation,
-        max_tokens::{clamp_max_tokens, requested_max_tokens},
-    },
+    bedrock::{BedrockError, ErrorCode, ModelRef, Operation, max_tokens::clamp_max_tokens},
     config::{
         AdmissionConfig, InputEstimate, MaxTokensPolicy, PoolConfig, RouteConfig, UnknownModels,
     },
@@ -78,7 +76,6 @@ pub trait InputCounter: Send + Sync + std::fmt::Debug {
         model_id: &str,
         operation: Operation,
         body: &Bytes,
-        json: &Value,
     ) -> Result<u64, String>;
 }
 
@@ -207,19 +204,16 @@ impl Admission {
             );
             return self.enforce_or_shadow(shadow, &pool, route, "not_allowed", error);
         }
-        let (mut estimate, json) =
-            self.estimate(&pool, operation, &model, body)
-                .inspect_err(|_| {
-                    self.count(&pool.name, operation, "invalid");
-                    self.count_route(&pool, route, "invalid");
-                })?;
+        let mut estimate = self
+            .estimate(&pool, operation, &model, body)
+            .inspect_err(|_| {
+                self.count(&pool.name, operation, "invalid");
+                self.count_route(&pool, route, "invalid");
+            })?;
         if let (InputEstimate::CountTokens, Some(counter)) =
             (pool.config.input_estimate, &self.counter)
         {
-            match counter
-                .count_input_tokens(model_id, operation, body, &json)
-                .await
-            {
+            match counter.count_input_tokens(model_id, operation, body).await {
                 Ok(n) => estimate.input = n.max(1),
                 Err(e) => {
                     self.metrics
@@ -230,7 +224,6 @@ impl Admission {
                 }
             }
         }
-        drop(json);
         let rewritten =
             match self.apply_ceiling(&pool, route, operation, &model, body, &mut estimate) {
                 Ok(rewritten) => rewritten,
@@ -378,29 +371,25 @@ impl Admission {
         operation: Operation,
         model: &ModelRef,
         body: &Bytes,
-    ) -> Result<(Estimate, Value), BedrockError> {
-        let json: Value = serde_json::from_slice(body).map_err(|e| {
-            BedrockError::validation(format!(
+    ) -> Result<Estimate, BedrockError> {
+        let facts = body::read(operation, model.provider(), body).map_err(|e| match e {
+            body::BodyError::NotJson(e) => BedrockError::validation(format!(
                 "the request body is not valid JSON ({e}); {} needs a JSON body",
                 operation.name()
-            ))
-        })?;
-        if !json.is_object() {
-            return Err(BedrockError::validation(format!(
+            )),
+            body::BodyError::NotObject => BedrockError::validation(format!(
                 "the request body must be a JSON object for {}",
                 operation.name()
-            )));
-        }
-        let max_tokens = requested_max_tokens(operation, model.provider(), &json)
-            .map_err(|e| BedrockError::validation(e.to_string()))?
-            .unwrap_or(pool.config.default_max_tokens);
-        let raw_input = estimate::estimate_input_tokens(operation, &json);
-        let estimate = Estimate {
+            )),
+            body::BodyError::MaxTokens(e) => BedrockError::validation(e.to_string()),
+        })?;
+        let max_tokens = facts.max_tokens.unwrap_or(pool.config.default_max_tokens);
+        let raw_input = facts.input_tokens;
+        Ok(Estimate {
             raw_input,
             input: pool.calibrated_input(raw_input),
             max_tokens,
-        };
-        Ok((estimate, json))
+        })
     }
 
     async fn reserve(

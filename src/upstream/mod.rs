@@ -213,10 +213,11 @@ const MODEL_ID_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALP
 fn count_tokens_body(
     operation: crate::bedrock::Operation,
     body: &Bytes,
-    json: &serde_json::Value,
-) -> serde_json::Value {
+) -> Result<serde_json::Value, String> {
     use base64::Engine;
     if operation.is_converse() {
+        // Parsed here, not during admission: only count_tokens pools pay for the tree.
+        let json: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
         let mut converse = serde_json::Map::new();
         for key in [
             "messages",
@@ -228,10 +229,10 @@ fn count_tokens_body(
                 converse.insert(key.to_string(), v.clone());
             }
         }
-        serde_json::json!({ "input": { "converse": converse } })
+        Ok(serde_json::json!({ "input": { "converse": converse } }))
     } else {
         let encoded = base64::engine::general_purpose::STANDARD.encode(body);
-        serde_json::json!({ "input": { "invokeModel": { "body": encoded } } })
+        Ok(serde_json::json!({ "input": { "invokeModel": { "body": encoded } } }))
     }
 }
 
@@ -242,7 +243,6 @@ impl crate::admission::InputCounter for Upstream {
         model_id: &str,
         operation: crate::bedrock::Operation,
         body: &Bytes,
-        json: &serde_json::Value,
     ) -> Result<u64, String> {
         use http_body_util::BodyExt;
         let path = format!(
@@ -254,7 +254,7 @@ impl crate::admission::InputCounter for Upstream {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        let request = Bytes::from(count_tokens_body(operation, body, json).to_string());
+        let request = Bytes::from(count_tokens_body(operation, body)?.to_string());
         let response = self
             .send(Method::POST, &path, &headers, request)
             .await
