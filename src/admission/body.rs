@@ -178,3 +178,7 @@ impl<'de> Handler<'de> for Config<'_, '_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "body_tests.rs"]
+mod tests;

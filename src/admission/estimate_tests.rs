@@ -18,7 +18,20 @@ fn converse(content: Value) -> Value {
 }
 
 fn est(body: &Value) -> u64 {
-    estimate_input_tokens(Operation::Converse, body)
+    estimate(Operation::Converse, body)
+}
+
+/// The estimate of `body`, checked to be the same walked parsed (`estimate_input_tokens`) and
+/// walked raw in admission's one pass (`body::read`).
+fn estimate(operation: Operation, body: &Value) -> u64 {
+    let parsed = estimate_input_tokens(operation, body);
+    let raw = serde_json::to_vec(body).expect("a Value serializes");
+    match crate::admission::body::read(operation, None, &raw) {
+        Ok(facts) => assert_eq!(facts.input_tokens, parsed, "raw and parsed differ: {body}"),
+        // Admission reads objects only (and the parser refuses the deepest odd body).
+        Err(e) => assert!(!body.is_object(), "{e}: {body}"),
+    }
+    parsed
 }
 
 #[test]
@@ -150,7 +163,7 @@ fn anthropic_messages_invoke_body() {
                 "content": [{"type": "text", "text": "a cat"}]}]}
         ]
     });
-    let e = estimate_input_tokens(Operation::InvokeModel, &body);
+    let e = estimate(Operation::InvokeModel, &body);
     assert!(e >= IMAGE_TOKENS + 3 * PER_MESSAGE_TOKENS + 24 / 3, "{e}");
     assert!(
         e < IMAGE_TOKENS + 200,
@@ -158,45 +171,36 @@ fn anthropic_messages_invoke_body() {
     );
     let pdf = json!({"messages": [{"role": "user", "content": [{"type": "document",
         "source": {"type": "base64", "media_type": "application/pdf", "data": b64(&[1; 3_000])}}]}]});
-    assert_eq!(
-        estimate_input_tokens(Operation::InvokeModel, &pdf),
-        16 + 4 + 1_000
-    );
+    assert_eq!(estimate(Operation::InvokeModel, &pdf), 16 + 4 + 1_000);
 }
 
 #[test]
 fn other_native_bodies() {
     let op = Operation::InvokeModelWithResponseStream;
     let llama = json!({"prompt": "a".repeat(300), "max_gen_len": 10, "images": [b64(&[0; 9_000])]});
-    assert_eq!(estimate_input_tokens(op, &llama), 16 + 100 + IMAGE_TOKENS);
+    assert_eq!(estimate(op, &llama), 16 + 100 + IMAGE_TOKENS);
     let titan = json!({"inputText": "b".repeat(30), "textGenerationConfig": {"maxTokenCount": 5,
         "stopSequences": ["User:"]}});
-    assert_eq!(estimate_input_tokens(op, &titan), 16 + 10);
+    assert_eq!(estimate(op, &titan), 16 + 10);
     let data_url = format!("data:image/png;base64,{}", b64(&[7; 30_000]));
     let openai = json!({"model": "gpt-oss", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "c".repeat(9)},
         {"type": "image_url", "image_url": {"url": data_url}}]}]});
-    assert_eq!(
-        estimate_input_tokens(op, &openai),
-        16 + 4 + 3 + IMAGE_TOKENS
-    );
+    assert_eq!(estimate(op, &openai), 16 + 4 + 3 + IMAGE_TOKENS);
 }
 
 #[test]
 fn count_tokens_bodies_estimate_the_inner_document() {
     let inner = converse(json!([{"text": "d".repeat(90)}]));
     let wrapped = json!({"input": {"converse": inner}});
-    assert_eq!(
-        estimate_input_tokens(Operation::CountTokens, &wrapped),
-        est(&inner)
-    );
+    assert_eq!(estimate(Operation::CountTokens, &wrapped), est(&inner));
 
     let native = json!({"anthropic_version": "bedrock-2023-05-31", "max_tokens": 10,
         "messages": [{"role": "user", "content": "e".repeat(60)}]});
     let encoded = json!({"input": {"invokeModel": {"body": b64(native.to_string().as_bytes())}}});
     assert_eq!(
-        estimate_input_tokens(Operation::CountTokens, &encoded),
-        estimate_input_tokens(Operation::InvokeModel, &native)
+        estimate(Operation::CountTokens, &encoded),
+        estimate(Operation::InvokeModel, &native)
     );
 }
 
@@ -223,7 +227,7 @@ fn odd_bodies_never_panic_and_give_at_least_one() {
             Operation::InvokeModel,
             Operation::CountTokens,
         ] {
-            assert!(estimate_input_tokens(op, body) >= 1, "{op} {body}");
+            assert!(estimate(op, body) >= 1, "{op} {body}");
         }
     }
 }
