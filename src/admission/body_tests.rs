@@ -222,6 +222,8 @@ fn invalid_json_anywhere_is_refused_with_serde_jsons_message() {
         b"{\"a\": 1,}",
         b"{} x",
         b"{\"role\": \"\xff\"}",
+        b"{\"a\": } \"\xff\"",
+        b"{\"text\": \"\xe2\x82\"}",
         b"{\"inferenceConfig\": {\"stopSequences\": [\"\xc3\"]}}",
         b"{\"role\": \"\\ud800\"}",
         b"{\"role\": \"\\x\"}",
