@@ -5,11 +5,14 @@
 //!   reported as wall time per pair with both threads' pairs counted. Half the single-threaded
 //!   figure would be perfect scaling on two cores; equal to it, no gain from the second thread.
 //!   Each thread's own latency per pair is twice the figure.
-//! - `admission/admit_settle_converse`: `Admission::admit` for a ~1 KB Converse body (JSON parse,
-//!   `maxTokens`, input estimate, calibration, metrics, ledger) then `Admitted::settle_usage`.
+//! - `admission/admit_settle_converse`: `Admission::admit` for a ~1 KB Converse body (one-pass
+//!   read of `maxTokens` and the input estimate, calibration, metrics, ledger) then
+//!   `Admitted::settle_usage`.
 //!
-//! - `admission/reference_json_parse`, `admission/reference_estimate_input`: two of the steps of
-//!   the decision above on their own, to show where its time goes.
+//! - `admission/reference_body_read`: the one-pass read of the body alone (`admission::body::read`,
+//!   the decision's share of parsing).
+//! - `admission/reference_json_parse`, `admission/reference_estimate_input`: what the decision did
+//!   before the one-pass read (parse into a `serde_json::Value`, then walk it), for comparison.
 //!
 //! The async functions are driven with `FutureExt::now_or_never`: the memory ledger never awaits,
 //! so one poll completes them, which is also how admission itself settles on the memory ledger
@@ -29,7 +32,7 @@ use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures_util::FutureExt;
 use tokengate::{
-    admission::{Admission, Verdict, estimate::estimate_input_tokens},
+    admission::{Admission, Verdict, body, estimate::estimate_input_tokens},
     bedrock::{Operation, Usage},
     config::Config,
     ledger::{Clock, Decision, Ledger, Limits, MemoryLedger, ReserveRequest},
@@ -186,7 +189,13 @@ fn admission(c: &mut Criterion) {
             }
         });
     });
-    // Reference points for reading the figure above: its JSON parse and input estimate alone.
+    // Reference points for reading the figure above: its one-pass read of the body alone, and the
+    // parse into a `Value` and walk it replaced.
+    let facts = body::read(Operation::Converse, Some("anthropic"), &body);
+    assert!(facts.is_ok(), "the bench body must read: {facts:?}");
+    group.bench_function("reference_body_read", |b| {
+        b.iter(|| body::read(Operation::Converse, Some("anthropic"), black_box(&body)).is_ok());
+    });
     group.bench_function("reference_json_parse", |b| {
         b.iter(|| {
             serde_json::from_slice::<serde_json::Value>(black_box(&body)).map(|v| v.is_object())
