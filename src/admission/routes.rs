@@ -65,8 +65,9 @@ impl RouteTable {
 #[derive(Debug)]
 pub struct PoolShares {
     shares: Arc<[RouteShare]>,
-    /// Each route's series in this pool, in the order of `shares`.
-    metrics: Vec<RouteMetrics>,
+    /// Each route's series in this pool, in the order of `shares`. Shared: every admitted
+    /// request holds its route's until it settles, and a clone is one count, not five.
+    metrics: Vec<Arc<RouteMetrics>>,
     index: HashMap<Arc<str>, usize>,
     retry_reserve: f64,
     priority_margin: f64,
@@ -103,7 +104,7 @@ impl PoolShares {
             .collect();
         let metrics = shares
             .iter()
-            .map(|s| RouteMetrics::new(metrics, &pool.name, &s.route))
+            .map(|s| Arc::new(RouteMetrics::new(metrics, &pool.name, &s.route)))
             .collect();
         PoolShares {
             shares,
@@ -120,7 +121,7 @@ impl PoolShares {
     }
 
     /// The route's series in this pool.
-    pub fn metrics(&self, route: &str) -> Option<&RouteMetrics> {
+    pub fn metrics(&self, route: &str) -> Option<&Arc<RouteMetrics>> {
         self.index.get(route).map(|&i| &self.metrics[i])
     }
 

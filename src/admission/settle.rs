@@ -102,7 +102,7 @@ pub struct Admitted {
     /// Boxed: the guard travels in `Result`s on the request path and should stay small.
     access: Option<Box<AccessRecord>>,
     /// The caller's route series in this pool.
-    route: Option<Box<RouteMetrics>>,
+    route: Option<Arc<RouteMetrics>>,
     /// The body to forward instead of the caller's (maxTokens lowered to the route's ceiling).
     rewritten_body: Option<bytes::Bytes>,
     /// This request's part of its pool's pending burndown excess.
@@ -164,7 +164,7 @@ impl Admitted {
     }
 
     /// Counts the request in its route's series until it settles.
-    pub(crate) fn set_route(&mut self, route: Option<RouteMetrics>) {
+    pub(crate) fn set_route(&mut self, route: Option<Arc<RouteMetrics>>) {
         let (Some(route), Some(reservation)) = (route, self.reservation.as_ref()) else {
             return;
         };
@@ -173,7 +173,7 @@ impl Admitted {
         if reservation.share().is_some_and(|s| s.recovered) {
             route.recovery_admissions.inc();
         }
-        self.route = Some(Box::new(route));
+        self.route = Some(route);
     }
 
     pub(crate) fn set_rewritten_body(&mut self, body: bytes::Bytes) {
@@ -266,12 +266,14 @@ impl Admitted {
         }
         let actual_input =
             usage.input_tokens + usage.cache_read_input_tokens + usage.cache_write_input_tokens;
+        // One clock read serves both the pool's typical duration and the request's.
+        let elapsed = self.started.elapsed();
         self.pool.learn(
             self.estimate.raw_input,
             actual_input,
             reserved,
             charge,
-            self.started.elapsed(),
+            elapsed,
         );
         pm.calibration_ratio.set(self.pool.calibration_ratio());
         super::advice::on_usage(
@@ -281,7 +283,7 @@ impl Admitted {
             usage,
         );
         self.usage = Some(*usage);
-        self.finish(charge, Rule::Usage);
+        self.finish_after(charge, Rule::Usage, elapsed);
     }
 
     /// Upstream answered an error, or was never reached: nothing is charged.
@@ -306,6 +308,13 @@ impl Admitted {
     }
 
     fn finish(&mut self, charge: u64, rule: Rule) {
+        if self.reservation.is_some() {
+            self.finish_after(charge, rule, self.started.elapsed());
+        }
+    }
+
+    /// Settles `elapsed` after admission.
+    fn finish_after(&mut self, charge: u64, rule: Rule, elapsed: Duration) {
         let Some(reservation) = self.reservation.take() else {
             return;
         };
@@ -323,7 +332,7 @@ impl Admitted {
         }
         pm.operation(self.operation)
             .request_duration
-            .observe(self.started.elapsed().as_secs_f64());
+            .observe(elapsed.as_secs_f64());
         if let Some(record) = self.access.take() {
             record.finish_settled(&Settlement {
                 pool: name,
