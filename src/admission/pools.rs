@@ -345,21 +345,21 @@ impl PoolTable {
 
     /// The model id from the pool's config that a modelId draws on (an application inference
     /// profile maps to one), or its resource id: the key of the maxTokens-advice slot.
-    pub fn configured_model<'a>(&'a self, model: &'a ModelRef) -> &'a str {
-        if self.by_model.contains_key(&model.resource_id) {
-            return &model.resource_id;
+    pub fn configured_model<'a>(&'a self, model: &ModelRef<'a>) -> &'a str {
+        if self.by_model.contains_key(model.resource_id) {
+            return model.resource_id;
         }
         self.profiles
-            .get(&model.raw)
-            .or_else(|| application_profile_id(&model.raw).and_then(|id| self.profiles.get(id)))
-            .map_or(&model.resource_id, String::as_str)
+            .get(model.raw)
+            .or_else(|| application_profile_id(model.raw).and_then(|id| self.profiles.get(id)))
+            .map_or(model.resource_id, String::as_str)
     }
 
     /// The pool a modelId draws on, if any.
-    pub fn resolve(&self, model: &ModelRef) -> Option<&Arc<Pool>> {
-        let index = self.by_model.get(&model.resource_id).or_else(|| {
-            let mapped = self.profiles.get(&model.raw).or_else(|| {
-                application_profile_id(&model.raw).and_then(|id| self.profiles.get(id))
+    pub fn resolve(&self, model: &ModelRef<'_>) -> Option<&Arc<Pool>> {
+        let index = self.by_model.get(model.resource_id).or_else(|| {
+            let mapped = self.profiles.get(model.raw).or_else(|| {
+                application_profile_id(model.raw).and_then(|id| self.profiles.get(id))
             })?;
             self.by_model.get(mapped)
         })?;

@@ -16,8 +16,9 @@ pub const GEO_PREFIXES: &[&str] = &[
 pub enum InferenceRoute {
     /// A base model id, served in one Region.
     OnDemand,
-    /// A geographic cross-Region profile such as `us.` or `eu.`; holds the prefix.
-    Geographic(String),
+    /// A geographic cross-Region profile such as `us.` or `eu.`; holds the prefix (one of
+    /// [`GEO_PREFIXES`]).
+    Geographic(&'static str),
     /// A `global.` cross-Region profile.
     Global,
     /// Something only configuration can place: an application inference profile, a provisioned
@@ -37,23 +38,23 @@ impl InferenceRoute {
     }
 }
 
-/// A parsed modelId.
+/// A parsed modelId, borrowing its parts from the id (parsed once per request: no allocation).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelRef {
+pub struct ModelRef<'a> {
     /// The id as the caller sent it (decoded).
-    pub raw: String,
+    pub raw: &'a str,
     /// The id that names the quota bucket: the base model id or the system profile id; for an ARN,
     /// its resource id (`foundation-model/X` gives `X`); for other ARNs, the whole ARN.
-    pub resource_id: String,
+    pub resource_id: &'a str,
     /// The base model without any route prefix (`anthropic.claude-...`), when known.
-    pub base_model: Option<String>,
+    pub base_model: Option<&'a str>,
     pub route: InferenceRoute,
     /// The Region named by an ARN.
-    pub arn_region: Option<String>,
+    pub arn_region: Option<&'a str>,
 }
 
-impl ModelRef {
-    pub fn parse(model_id: &str) -> ModelRef {
+impl<'a> ModelRef<'a> {
+    pub fn parse(model_id: &'a str) -> ModelRef<'a> {
         if let Some(arn) = parse_arn(model_id) {
             let inner = match arn.resource_type {
                 "foundation-model" | "inference-profile" => {
@@ -63,42 +64,45 @@ impl ModelRef {
             };
             return match inner {
                 Some(inner) => ModelRef {
-                    raw: model_id.to_string(),
-                    arn_region: Some(arn.region.to_string()).filter(|r| !r.is_empty()),
+                    raw: model_id,
+                    arn_region: Some(arn.region).filter(|r| !r.is_empty()),
                     ..inner
                 },
                 None => ModelRef {
-                    raw: model_id.to_string(),
-                    resource_id: model_id.to_string(),
+                    raw: model_id,
+                    resource_id: model_id,
                     base_model: None,
                     route: InferenceRoute::Other,
-                    arn_region: Some(arn.region.to_string()).filter(|r| !r.is_empty()),
+                    arn_region: Some(arn.region).filter(|r| !r.is_empty()),
                 },
             };
         }
         Self::parse_plain(model_id)
     }
 
-    fn parse_plain(id: &str) -> ModelRef {
+    fn parse_plain(id: &'a str) -> ModelRef<'a> {
         let (route, base) = match id.split_once('.') {
             Some(("global", rest)) => (InferenceRoute::Global, rest),
-            Some((prefix, rest)) if GEO_PREFIXES.contains(&prefix) && rest.contains('.') => {
-                (InferenceRoute::Geographic(prefix.to_string()), rest)
+            Some((prefix, rest)) if rest.contains('.') => {
+                match GEO_PREFIXES.iter().find(|geo| **geo == prefix) {
+                    Some(geo) => (InferenceRoute::Geographic(geo), rest),
+                    None => (InferenceRoute::OnDemand, id),
+                }
             }
             _ => (InferenceRoute::OnDemand, id),
         };
         ModelRef {
-            raw: id.to_string(),
-            resource_id: id.to_string(),
-            base_model: Some(base.to_string()),
+            raw: id,
+            resource_id: id,
+            base_model: Some(base),
             route,
             arn_region: None,
         }
     }
 
     /// The model's provider (`anthropic`, `amazon`, `meta`, ...), when known.
-    pub fn provider(&self) -> Option<&str> {
-        self.base_model.as_deref().and_then(|b| b.split('.').next())
+    pub fn provider(&self) -> Option<&'a str> {
+        self.base_model.and_then(|b| b.split('.').next())
     }
 }
 
@@ -148,9 +152,9 @@ mod tests {
         assert_eq!(m.provider(), Some("anthropic"));
 
         let m = ModelRef::parse("us.anthropic.claude-sonnet-4-20250514-v1:0");
-        assert_eq!(m.route, InferenceRoute::Geographic("us".into()));
+        assert_eq!(m.route, InferenceRoute::Geographic("us"));
         assert_eq!(
-            m.base_model.as_deref(),
+            m.base_model,
             Some("anthropic.claude-sonnet-4-20250514-v1:0")
         );
 
@@ -165,8 +169,8 @@ mod tests {
             "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.meta.llama3-3-70b-instruct-v1:0",
         );
         assert_eq!(m.resource_id, "us.meta.llama3-3-70b-instruct-v1:0");
-        assert_eq!(m.route, InferenceRoute::Geographic("us".into()));
-        assert_eq!(m.arn_region.as_deref(), Some("us-east-1"));
+        assert_eq!(m.route, InferenceRoute::Geographic("us"));
+        assert_eq!(m.arn_region, Some("us-east-1"));
 
         let m = ModelRef::parse("arn:aws:bedrock:eu-west-1::foundation-model/amazon.nova-pro-v1:0");
         assert_eq!(m.resource_id, "amazon.nova-pro-v1:0");

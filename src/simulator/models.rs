@@ -99,11 +99,8 @@ pub struct ResolvedModel {
 /// Resolves a model id as callers send it.
 pub fn resolve(model_id: &str, region: &str) -> ResolvedModel {
     let m = ModelRef::parse(model_id);
-    let base = m
-        .base_model
-        .clone()
-        .unwrap_or_else(|| m.resource_id.clone());
-    let on_region = m.arn_region.as_deref().unwrap_or(region);
+    let base = m.base_model.unwrap_or(m.resource_id).to_string();
+    let on_region = m.arn_region.unwrap_or(region);
     let scope = match &m.route {
         InferenceRoute::OnDemand | InferenceRoute::Other => on_region.to_string(),
         InferenceRoute::Geographic(prefix) => format!("geo:{prefix}"),
