@@ -174,7 +174,7 @@ impl Admission {
             return Ok(Verdict::Uncounted);
         };
         let model = ModelRef::parse(model_id);
-        let Some(pool) = self.table.resolve(&model).cloned() else {
+        let Some((pool, configured)) = self.table.resolve(&model) else {
             return match self.config.unknown_models {
                 UnknownModels::Pass => {
                     self.count(NO_POOL, operation, "unknown_model_passed");
@@ -189,9 +189,9 @@ impl Admission {
                 }
             };
         };
+        let pool = pool.clone();
         let route = &caller.route;
         let shadow = pool.config.shadow || route.config.shadow;
-        let configured = self.table.configured_model(&model);
         if !route.allows(configured) {
             self.count(&pool.name, operation, "not_allowed");
             self.count_route(&pool, route, "not_allowed");
@@ -401,7 +401,6 @@ impl Admission {
     ) -> Result<Verdict, BedrockError> {
         let tokens = estimate.reservation();
         self.check_can_ever_fit(&pool, operation, &estimate)?;
-        let route_metrics = pool.shares.metrics(&caller.route.name).cloned();
         // While requests wait in this pool, newcomers queue behind them instead of taking the
         // capacity freed for them.
         let queue_busy = pool.queue.enabled() && pool.queue.depth().0 > 0;
@@ -433,7 +432,7 @@ impl Admission {
             }
             Err(e) => {
                 self.count(&pool.name, operation, "rejected");
-                if let Some(m) = route_metrics {
+                if let Some(m) = pool.shares.metrics(&caller.route.name) {
                     m.rejected.inc();
                 }
                 Err(e)

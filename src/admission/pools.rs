@@ -343,27 +343,19 @@ impl PoolTable {
         &self.pools
     }
 
-    /// The model id from the pool's config that a modelId draws on (an application inference
-    /// profile maps to one), or its resource id: the key of the maxTokens-advice slot.
-    pub fn configured_model<'a>(&'a self, model: &ModelRef<'a>) -> &'a str {
-        if self.by_model.contains_key(model.resource_id) {
-            return model.resource_id;
+    /// The pool a modelId draws on, if any, with the model id from the pool's config it draws
+    /// as (its resource id, or the model an application inference profile maps to): the key of
+    /// route allow-lists and of the maxTokens-advice slot.
+    pub fn resolve<'a>(&'a self, model: &ModelRef<'a>) -> Option<(&'a Arc<Pool>, &'a str)> {
+        if let Some(&index) = self.by_model.get(model.resource_id) {
+            return Some((self.pools.get(index)?, model.resource_id));
         }
-        self.profiles
+        let mapped = self
+            .profiles
             .get(model.raw)
-            .or_else(|| application_profile_id(model.raw).and_then(|id| self.profiles.get(id)))
-            .map_or(model.resource_id, String::as_str)
-    }
-
-    /// The pool a modelId draws on, if any.
-    pub fn resolve(&self, model: &ModelRef<'_>) -> Option<&Arc<Pool>> {
-        let index = self.by_model.get(model.resource_id).or_else(|| {
-            let mapped = self.profiles.get(model.raw).or_else(|| {
-                application_profile_id(model.raw).and_then(|id| self.profiles.get(id))
-            })?;
-            self.by_model.get(mapped)
-        })?;
-        self.pools.get(*index)
+            .or_else(|| application_profile_id(model.raw).and_then(|id| self.profiles.get(id)))?;
+        let &index = self.by_model.get(mapped)?;
+        Some((self.pools.get(index)?, mapped))
     }
 }
 
