@@ -2,7 +2,8 @@
 //! ([`crate::bedrock::max_tokens`]) and the input estimate ([`super::estimate`]).
 //!
 //! The body is parsed by `serde_json` straight into those two, without building a `Value`: the
-//! tree's allocations were most of an admission decision's cost. It is validated exactly as
+//! tree's allocations were most of an admission decision's cost. Its UTF-8 is checked once, whole,
+//! so the parser need not check each string again. It is validated exactly as
 //! `serde_json::from_slice::<Value>` validates it (same parser, every value read, the same
 //! recursion limit of 128, so deep nesting is an error, never a stack overflow), and the answers
 //! are those of [`crate::bedrock::max_tokens::requested_max_tokens`] and
