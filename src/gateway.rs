@@ -11,11 +11,13 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
+    time::Duration,
 };
 
 use aws_credential_types::{Credentials, provider::SharedCredentialsProvider};
 use prometheus::Registry;
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     admission::Admission,
@@ -65,6 +67,7 @@ pub struct Gateway {
     pub state: Arc<AppState>,
     /// The in-process simulator, with `endpoint = "simulated"`.
     pub simulator: Option<SimulatorHandle>,
+    accept_grace: Duration,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<io::Result<()>>,
 }
@@ -123,6 +126,7 @@ impl Gateway {
             ))
         })?;
         let up = &config.upstream;
+        let deadline = CancellationToken::new();
         let upstream = Upstream::new(
             base,
             signer,
@@ -130,7 +134,8 @@ impl Gateway {
             up.response_timeout,
             up.idle_timeout,
         )
-        .map_err(|e| StartError::Upstream(e.to_string()))?;
+        .map_err(|e| StartError::Upstream(e.to_string()))?
+        .with_deadline(deadline.clone());
 
         let registry = options.registry.unwrap_or_default();
         let metrics = Arc::new(Metrics::new(&registry)?);
@@ -161,7 +166,11 @@ impl Gateway {
         let addr = listener.local_addr()?;
         let (tx, rx) = oneshot::channel::<()>();
         let app = router(state.clone());
-        let drain = config.server.drain;
+        let options = server::ServeOptions {
+            header_read_timeout: config.server.header_read_timeout,
+            drain: config.server.drain,
+            deadline,
+        };
         let task = tokio::spawn(async move {
             server::serve(
                 listener,
@@ -170,7 +179,7 @@ impl Gateway {
                 async {
                     let _ = rx.await;
                 },
-                drain,
+                options,
             )
             .await
         });
@@ -180,6 +189,7 @@ impl Gateway {
             addr,
             state,
             simulator,
+            accept_grace: config.server.accept_grace,
             shutdown: Some(tx),
             task,
         })
@@ -189,20 +199,78 @@ impl Gateway {
         &self.state.admission
     }
 
-    /// Readiness goes false, the listener closes, in-flight requests finish (up to the drain
-    /// deadline), then the in-process simulator stops.
-    pub async fn shutdown(mut self) -> io::Result<()> {
+    /// Shuts down in order: readiness goes false (the listener keeps accepting for
+    /// `server.accept_grace_secs`, so load balancers stop sending first); queued requests are
+    /// answered with a retryable error; the listener closes; in-flight requests and streams
+    /// finish, until `server.drain_secs`, after which what is left is ended and settled;
+    /// settlements still on their way to the ledger complete; the in-process simulator stops.
+    pub async fn shutdown(mut self) -> io::Result<ShutdownReport> {
         self.state.ready.store(false, Ordering::Release);
-        // Queued requests are answered at once with a retryable error; admitted ones drain.
+        if !self.accept_grace.is_zero() {
+            tracing::info!(
+                accept_grace_secs = self.accept_grace.as_secs_f64(),
+                "readiness is false; still accepting during the grace period"
+            );
+            tokio::time::sleep(self.accept_grace).await;
+        }
         self.state.admission.close_queues();
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
         let result = (&mut self.task).await.map_err(io::Error::other)?;
+        let settled_by = tokio::time::Instant::now() + SETTLEMENT_WAIT;
+        while crate::admission::settle::pending_settlements() > 0
+            && tokio::time::Instant::now() < settled_by
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let report = ShutdownReport::of(&self.state.admission);
         if let Some(sim) = self.simulator.take() {
             sim.shutdown().await;
         }
-        result
+        result.map(|()| report)
+    }
+}
+
+/// How long shutdown waits for settlements still on their way to the ledger (Redis).
+const SETTLEMENT_WAIT: Duration = Duration::from_secs(5);
+
+/// What this replica still held when it stopped: all zero after a clean shutdown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Tokens reserved by requests this replica admitted and did not settle.
+    pub reserved_tokens: i64,
+    /// Requests this replica admitted and did not settle.
+    pub in_flight: i64,
+    /// Settlements handed to the ledger that did not complete.
+    pub pending_settlements: usize,
+    /// Reservations dropped unsettled since the process started (a bug if non-zero).
+    pub unsettled_drops: u64,
+}
+
+impl ShutdownReport {
+    fn of(admission: &Admission) -> ShutdownReport {
+        let pools = admission.pools();
+        ShutdownReport {
+            reserved_tokens: pools.iter().map(|p| p.metrics.reserved_tokens.get()).sum(),
+            in_flight: pools
+                .iter()
+                .map(|p| p.metrics.inflight_requests.get())
+                .sum(),
+            pending_settlements: crate::admission::settle::pending_settlements(),
+            unsettled_drops: crate::ledger::unsettled_drops(),
+        }
+    }
+
+    /// Nothing was left unsettled.
+    pub fn is_clean(&self) -> bool {
+        *self
+            == ShutdownReport {
+                reserved_tokens: 0,
+                in_flight: 0,
+                pending_settlements: 0,
+                unsettled_drops: 0,
+            }
     }
 }
 

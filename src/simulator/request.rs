@@ -205,13 +205,15 @@ pub fn count_tokens(family: Family, body: &[u8]) -> Result<u64, Invalid> {
 pub struct Directives {
     /// `[sim:output=N]`: exactly N output tokens (still capped by maxTokens).
     pub output: Option<u64>,
-    /// `[sim:fault=503|cut|stall]`.
+    /// `[sim:fault=503|500|reset|cut|stall]`.
     pub fault: Option<ForcedFault>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ForcedFault {
     Unavailable,
+    Internal,
+    Reset,
     Cut,
     Stall,
 }
@@ -231,6 +233,8 @@ impl Directives {
             {
                 Some(("output", n)) => d.output = n.trim().parse().ok().or(d.output),
                 Some(("fault", "503")) => d.fault = Some(ForcedFault::Unavailable),
+                Some(("fault", "500")) => d.fault = Some(ForcedFault::Internal),
+                Some(("fault", "reset")) => d.fault = Some(ForcedFault::Reset),
                 Some(("fault", "cut")) => d.fault = Some(ForcedFault::Cut),
                 Some(("fault", "stall")) => d.fault = Some(ForcedFault::Stall),
                 _ => {}
@@ -329,10 +333,13 @@ mod tests {
                 fault: Some(ForcedFault::Cut)
             }
         );
-        assert_eq!(
-            Directives::scan(b"[sim:fault=503]").fault,
-            Some(ForcedFault::Unavailable)
-        );
+        for (text, fault) in [
+            (&b"[sim:fault=503]"[..], ForcedFault::Unavailable),
+            (b"[sim:fault=500]", ForcedFault::Internal),
+            (b"[sim:fault=reset]", ForcedFault::Reset),
+        ] {
+            assert_eq!(Directives::scan(text).fault, Some(fault));
+        }
         assert_eq!(Directives::scan(b"nothing"), Directives::default());
     }
 }
