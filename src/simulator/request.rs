@@ -110,6 +110,21 @@ fn converse_value(v: &Value, model_max: u64) -> Result<Prompt, Invalid> {
             return Err("1 validation error detected: Value null at 'messages' failed to satisfy constraint: Member must not be null".into());
         }
     }
+    // Structures of the wrong JSON type are refused, as Bedrock's deserializer refuses them.
+    for (key, is_type, kind) in [
+        (
+            "inferenceConfig",
+            Value::is_object as fn(&Value) -> bool,
+            "a structure",
+        ),
+        ("system", Value::is_array, "a list"),
+    ] {
+        if at(v, &[key]).is_some_and(|x| !is_type(x)) {
+            return Err(format!(
+                "1 validation error detected: Value at '{key}' failed to satisfy constraint: Member must be {kind}"
+            ));
+        }
+    }
     let max = positive(
         v,
         &["inferenceConfig", "maxTokens"],
@@ -290,6 +305,13 @@ mod tests {
                 .starts_with("Malformed input request")
         );
         assert!(converse(b"{}", 100).unwrap_err().contains("'messages'"));
+        let typed =
+            br#"{"messages":[{"role":"user","content":[{"text":"x"}]}],"inferenceConfig":"x"}"#;
+        assert!(
+            converse(typed, 100)
+                .unwrap_err()
+                .contains("'inferenceConfig' failed to satisfy constraint")
+        );
         let big = br#"{"messages":[{"role":"user","content":[{"text":"x"}]}],"inferenceConfig":{"maxTokens":101}}"#;
         assert!(
             converse(big, 100)
