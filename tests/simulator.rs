@@ -473,6 +473,8 @@ async fn injected_500s_and_resets_take_no_quota() {
         (3, 3, 0, 0),
         "no quota taken"
     );
+    let faults = sim.simulator.stats().faults;
+    assert_eq!((faults["500"], faults["reset"], faults["503"]), (1, 2, 0));
     // Random faults at the configured rates.
     let sim = start(SimulatorConfig {
         error_500_rate: 0.5,

@@ -35,6 +35,27 @@ pub enum Fault {
     Stall,
 }
 
+impl Fault {
+    pub const ALL: [Fault; 5] = [
+        Fault::Unavailable,
+        Fault::Internal,
+        Fault::Reset,
+        Fault::Cut,
+        Fault::Stall,
+    ];
+
+    /// The directive's name: `503`, `500`, `reset`, `cut`, `stall`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Fault::Unavailable => "503",
+            Fault::Internal => "500",
+            Fault::Reset => "reset",
+            Fault::Cut => "cut",
+            Fault::Stall => "stall",
+        }
+    }
+}
+
 /// How a model call will go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {

@@ -133,6 +133,9 @@ async fn model_call(sim: &Inner, op: Operation, model_id: &str, body: &Bytes) ->
         op.is_streaming(),
         sim.next_arrival(),
     );
+    if let Some(fault) = plan.fault {
+        sim.count_fault(fault);
+    }
     match plan.fault {
         Some(Fault::Unavailable) => {
             bucket.count_error();

@@ -69,11 +69,19 @@ pub(crate) struct Inner {
     operations: [AtomicU64; Operation::ALL.len()],
     /// Bytes of streaming bodies handed to connections.
     stream_bytes: Arc<AtomicU64>,
+    /// Faults injected, in the order of [`generate::Fault::ALL`].
+    faults: [AtomicU64; generate::Fault::ALL.len()],
 }
 
 impl Inner {
     fn next_arrival(&self) -> u64 {
         self.arrivals.fetch_add(1, Relaxed)
+    }
+
+    fn count_fault(&self, fault: generate::Fault) {
+        if let Some(i) = generate::Fault::ALL.iter().position(|f| *f == fault) {
+            self.faults[i].fetch_add(1, Relaxed);
+        }
     }
 
     fn count_operation(&self, op: Operation) {
@@ -102,6 +110,7 @@ impl Simulator {
                 arrivals: AtomicU64::new(0),
                 operations: std::array::from_fn(|_| AtomicU64::new(0)),
                 stream_bytes: Arc::new(AtomicU64::new(0)),
+                faults: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
         }
     }
@@ -138,6 +147,11 @@ impl Simulator {
                 .filter(|(_, n)| *n > 0)
                 .collect(),
             stream_bytes_sent: inner.stream_bytes.load(Relaxed),
+            faults: generate::Fault::ALL
+                .iter()
+                .zip(&inner.faults)
+                .map(|(f, n)| (f.label().to_string(), n.load(Relaxed)))
+                .collect(),
         }
     }
 }

@@ -18,6 +18,9 @@ pub struct SimStats {
     /// against what their clients read (a measure of back-pressure).
     #[serde(default)]
     pub stream_bytes_sent: u64,
+    /// Faults injected, by kind (`503`, `500`, `reset`, `cut`, `stall`), forced or drawn.
+    #[serde(default)]
+    pub faults: BTreeMap<String, u64>,
 }
 
 impl SimStats {
