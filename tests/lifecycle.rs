@@ -30,6 +30,8 @@ struct Running {
     addr: SocketAddr,
     /// Its stderr (the JSON log), line by line, as it comes.
     log: Arc<Mutex<Vec<String>>>,
+    /// Reads stderr until the process closes it.
+    log_reader: Option<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
 }
 
@@ -57,7 +59,7 @@ impl Running {
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut stderr = BufReader::new(child.stderr.take().expect("stderr")).lines();
         let sink = log.clone();
-        tokio::spawn(async move {
+        let log_reader = tokio::spawn(async move {
             while let Ok(Some(line)) = stderr.next_line().await {
                 sink.lock().expect("log").push(line);
             }
@@ -79,6 +81,7 @@ impl Running {
             child,
             addr,
             log,
+            log_reader: Some(log_reader),
             _dir: dir,
         }
     }
@@ -92,11 +95,18 @@ impl Running {
         assert!(status.success());
     }
 
+    /// Waits for the exit, and for the last of its log.
     async fn exit_code(&mut self, within: Duration) -> Option<i32> {
         let status = tokio::time::timeout(within, self.child.wait())
             .await
             .expect("tokengate exits in time")
             .expect("wait");
+        if let Some(reader) = self.log_reader.take() {
+            tokio::time::timeout(Duration::from_secs(5), reader)
+                .await
+                .expect("stderr closes with the process")
+                .expect("log reader");
+        }
         status.code()
     }
 
@@ -290,4 +300,73 @@ async fn what_is_left_at_the_drain_deadline_ends_in_band_and_is_settled() {
     rules.sort();
     assert_eq!(rules, ["no_usage", "timeout"]);
     proxy.assert_stopped_clean();
+}
+
+#[tokio::test]
+async fn queued_calls_are_answered_at_once_and_shutdown_reports_nothing_left() {
+    let sim = "time_to_first_token_ms = 0\ntokens_per_second = 100\ndefault_tokens_per_minute = 10000000\n";
+    let sim = start_simulator(sim).await;
+    // One slot; a second call waits in the admission queue (up to 20 s).
+    let pools = format!("{}max_wait_ms = 20000\n", sonnet_pool(10_000_000, 1));
+    let mut config = proxy_config(sim.addr, &pools, "");
+    config.server.drain = Duration::from_secs(10);
+    let proxy = start_proxy(config).await;
+    let (addr, state) = (proxy.addr, proxy.state.clone());
+    let metrics = state.metrics.clone();
+    let timed = |path: String, body: String| {
+        tokio::spawn(async move {
+            let r = try_request(addr, &path, body).await;
+            (r, Instant::now())
+        })
+    };
+    // Two seconds of stream hold the slot.
+    let holder = timed(
+        model_path(SONNET_US, "converse-stream"),
+        converse_body("[sim:output=200] holds the slot", Some(300)),
+    );
+    let in_flight = || {
+        metrics
+            .inflight_requests
+            .with_label_values(&["sonnet4-us"])
+            .get()
+    };
+    eventually_async(Duration::from_secs(5), "the holder admitted", || async {
+        in_flight() == 1
+    })
+    .await;
+    let queued = timed(
+        model_path(SONNET_US, "converse"),
+        converse_body("[sim:output=5] waits", Some(10)),
+    );
+    let depth = || metrics.queue_depth.with_label_values(&["sonnet4-us"]).get();
+    eventually_async(Duration::from_secs(5), "the second call queued", || async {
+        depth() == 1
+    })
+    .await;
+
+    let started = Instant::now();
+    let report = proxy.shutdown().await.expect("shutdown");
+    let (queued, queued_at) = queued.await.expect("task");
+    let (holder, holder_at) = holder.await.expect("task");
+    assert_eq!(
+        (queued.status, queued.error_type()),
+        (503, "ServiceUnavailableException")
+    );
+    assert!(queued.headers.contains_key("x-amz-retry-after"));
+    assert!(
+        queued_at.duration_since(started) < Duration::from_millis(500) && queued_at < holder_at,
+        "the queued call is answered at once, not after the drain"
+    );
+    assert_eq!(holder.status, 200);
+    let frames = frames(&holder.body.expect("the holder's stream finishes whole"));
+    assert_eq!(frames.last().map(|f| f.kind.as_str()), Some("metadata"));
+    assert!(report.is_clean(), "{report:?}");
+    let usage = metrics
+        .settlements
+        .with_label_values(&["sonnet4-us", "usage"]);
+    assert_eq!(
+        usage.get(),
+        1,
+        "the holder settled on its usage; the queued call held nothing"
+    );
 }
