@@ -28,7 +28,10 @@ fuzz_target!(|input: Input| {
     let mut expected = Vec::new();
     for (exception, kind, payload) in &input.frames {
         let bytes = if *exception {
-            exception_frame(ErrorCode::ModelStreamError, &String::from_utf8_lossy(payload))
+            exception_frame(
+                ErrorCode::ModelStreamError,
+                &String::from_utf8_lossy(payload),
+            )
         } else {
             event_frame(kind, payload)
         };

@@ -37,7 +37,9 @@ fuzz_target!(|input: (u8, &str)| {
     let _ = application_profile_id(model_id);
 
     // Round trip: the modelId, encoded as an SDK would, parses back to the same target.
-    let (_, segment) = path.rsplit_once('/').expect("a model path has an operation segment");
+    let (_, segment) = path
+        .rsplit_once('/')
+        .expect("a model path has an operation segment");
     let encoded = percent_encoding::utf8_percent_encode(model_id, SEGMENT);
     let again = Target::parse(&method, &format!("/model/{encoded}/{segment}"));
     assert_eq!(again.as_ref(), Ok(&target), "{path:?}");

@@ -9,9 +9,7 @@
 use arbitrary::Arbitrary;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use tokengate::bedrock::{
-    Operation, UsageObserver, eventstream::event_frame, usage::ResponseKind,
-};
+use tokengate::bedrock::{Operation, UsageObserver, eventstream::event_frame, usage::ResponseKind};
 
 const EVENTS: [&str; 8] = [
     "messageStart",
@@ -58,7 +56,10 @@ fuzz_target!(|input: Input| {
     let mut body = Vec::new();
     for (event, payload) in &input.events {
         if stream {
-            body.extend_from_slice(&event_frame(EVENTS[usize::from(*event) % EVENTS.len()], payload));
+            body.extend_from_slice(&event_frame(
+                EVENTS[usize::from(*event) % EVENTS.len()],
+                payload,
+            ));
         } else {
             body.extend_from_slice(payload);
         }
@@ -85,10 +86,17 @@ fuzz_target!(|input: Input| {
             .min(rest.len());
         reported += usize::from(observer.on_data(&rest[..n]).is_some());
         rest = &rest[n..];
-        assert!(observer.output_tokens_seen() >= seen, "output seen went down");
+        assert!(
+            observer.output_tokens_seen() >= seen,
+            "output seen went down"
+        );
         seen = observer.output_tokens_seen();
     }
     reported += usize::from(observer.on_end().is_some());
     assert!(reported <= 1, "usage reported {reported} times");
-    let _ = (observer.stream_exception(), observer.is_corrupt(), observer.usage());
+    let _ = (
+        observer.stream_exception(),
+        observer.is_corrupt(),
+        observer.usage(),
+    );
 });
