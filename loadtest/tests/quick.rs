@@ -88,7 +88,11 @@ fn every_scenario_runs_quick_on_both_sides() {
             let requests = soak["requests"].as_u64().unwrap();
             assert!(requests > 0, "{name}: no calls");
             assert_eq!(soak["answered"].as_u64(), Some(requests), "{name}");
-            for key in ["reserved_tokens", "in_flight_requests", "unsettled_reservations"] {
+            for key in [
+                "reserved_tokens",
+                "in_flight_requests",
+                "unsettled_reservations",
+            ] {
                 assert_eq!(soak["ledger_end"][key], 0, "{name}: {key}");
             }
         } else {
