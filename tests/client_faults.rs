@@ -234,7 +234,7 @@ async fn idle_and_half_sent_connections_do_not_stop_requests_and_are_closed_afte
  {
     let sim = start_simulator(FAST_SIM).await;
     let mut config = proxy_config(sim.addr, &sonnet_pool(1_000_000, 8), "");
-    config.server.header_read_timeout = Duration::from_secs(1);
+    config.server.header_read_timeout = Duration::from_secs(2);
     let proxy = start_proxy(config).await;
     let addr = proxy.addr;
     let opened = Instant::now();
@@ -264,8 +264,8 @@ async fn idle_and_half_sent_connections_do_not_stop_requests_and_are_closed_afte
     .await;
     assert_eq!(r.status, 200);
     assert!(
-        opened.elapsed() < Duration::from_secs(1),
-        "the test must finish its setup within the timeout"
+        opened.elapsed() < Duration::from_secs(2),
+        "the setup must finish within the timeout, or the call did not meet them all open"
     );
 
     // Every one of them is closed by the proxy once the header read timeout passes.
@@ -283,7 +283,7 @@ async fn idle_and_half_sent_connections_do_not_stop_requests_and_are_closed_afte
     );
     let earliest = results.iter().map(|(_, at)| *at).min().expect("results");
     assert!(
-        earliest.duration_since(opened) >= Duration::from_millis(900),
+        earliest.duration_since(opened) >= Duration::from_millis(1900),
         "closed before the timeout"
     );
     assert_ledger_zero(&proxy).await;

@@ -314,7 +314,7 @@ async fn a_slow_stream_trickles_through_without_timing_out() {
     }
     let elapsed = started.elapsed();
     assert!(elapsed > Duration::from_millis(1500), "took {elapsed:?}");
-    assert!(longest_gap < Duration::from_millis(400), "{longest_gap:?}");
+    assert!(longest_gap < Duration::from_millis(500), "{longest_gap:?}");
     assert_eq!(text.len(), 80 * 4 - 1, "every token arrived");
     assert_eq!(usage.map(|u| u.output_tokens()), Some(80));
     assert_ledger_zero(&proxy).await;
