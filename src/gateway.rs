@@ -11,11 +11,13 @@ use std::{
         Arc, Mutex, Weak,
         atomic::{AtomicBool, Ordering},
     },
+    time::Duration,
 };
 
 use aws_credential_types::{Credentials, provider::SharedCredentialsProvider};
 use prometheus::Registry;
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     admission::Admission,
@@ -71,6 +73,7 @@ pub struct Gateway {
     pub simulator: Option<SimulatorHandle>,
     proxy: Served,
     admin: Option<Served>,
+    accept_grace: Duration,
     /// The config in force, for reloads to compare with.
     config: Mutex<Config>,
     /// Admission controllers replaced by reloads, whose queues may still hold waiters: closed at
@@ -121,7 +124,7 @@ impl Served {
         listener: TcpListener,
         app: axum::Router,
         tls: Option<tokio_rustls::TlsAcceptor>,
-        drain: std::time::Duration,
+        options: server::ServeOptions,
     ) -> Served {
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server::serve(
@@ -131,7 +134,7 @@ impl Served {
             async {
                 let _ = stopped.await;
             },
-            drain,
+            options,
         ));
         Served { stop, task }
     }
@@ -197,6 +200,7 @@ impl Gateway {
             ))
         })?;
         let up = &config.upstream;
+        let deadline = CancellationToken::new();
         let upstream = Upstream::new(
             base,
             signer,
@@ -204,7 +208,8 @@ impl Gateway {
             up.response_timeout,
             up.idle_timeout,
         )
-        .map_err(|e| StartError::Upstream(e.to_string()))?;
+        .map_err(|e| StartError::Upstream(e.to_string()))?
+        .with_deadline(deadline.clone());
 
         let registry = options.registry.unwrap_or_default();
         let metrics = Arc::new(Metrics::new(&registry)?);
@@ -253,9 +258,15 @@ impl Gateway {
             None => None,
         };
         let admin_addr = admin.as_ref().map(|(a, _)| *a);
-        let admin = admin
-            .map(|(_, l)| Served::spawn(l, admin_router(state.clone()), None, config.server.drain));
-        let proxy = Served::spawn(listener, router(state.clone()), tls, config.server.drain);
+        let serve_options = server::ServeOptions {
+            header_read_timeout: config.server.header_read_timeout,
+            drain: config.server.drain,
+            deadline,
+        };
+        let admin = admin.map(|(_, l)| {
+            Served::spawn(l, admin_router(state.clone()), None, serve_options.clone())
+        });
+        let proxy = Served::spawn(listener, router(state.clone()), tls, serve_options);
         ready.store(true, Ordering::Release);
         tracing::info!(%addr, ?admin_addr, pools = config.pools.len(), "tokengate listening");
         Ok(Gateway {
@@ -265,6 +276,7 @@ impl Gateway {
             simulator,
             proxy,
             admin,
+            accept_grace: config.server.accept_grace,
             config: Mutex::new(config),
             retired: Mutex::new(Vec::new()),
         })
@@ -346,25 +358,85 @@ impl Gateway {
         result
     }
 
-    /// Readiness goes false, the listener closes, in-flight requests finish (up to the drain
-    /// deadline), then the admin listener (which answered "not ready" throughout the drain) and
-    /// the in-process simulator stop.
-    pub async fn shutdown(mut self) -> io::Result<()> {
+    /// Shuts down in order: readiness goes false (the listener keeps accepting for
+    /// `server.accept_grace_secs`, so load balancers stop sending first); queued requests are
+    /// answered with a retryable error; the listener closes; in-flight requests and streams
+    /// finish, until `server.drain_secs`, after which what is left is ended and settled;
+    /// settlements still on their way to the ledger complete; then the admin listener (which
+    /// answered "not ready" throughout) and the in-process simulator stop.
+    pub async fn shutdown(mut self) -> io::Result<ShutdownReport> {
         self.state.ready.store(false, Ordering::Release);
+        if !self.accept_grace.is_zero() {
+            tracing::info!(
+                accept_grace_secs = self.accept_grace.as_secs_f64(),
+                "readiness is false; still accepting during the grace period"
+            );
+            tokio::time::sleep(self.accept_grace).await;
+        }
         // Queued requests are answered at once with a retryable error; admitted ones drain.
-        self.state.policy().admission.close_queues();
+        let admission = self.state.policy().admission.clone();
+        admission.close_queues();
         let retired = std::mem::take(&mut *self.retired.lock().unwrap_or_else(|p| p.into_inner()));
-        for admission in retired.iter().filter_map(Weak::upgrade) {
-            admission.close_queues();
+        for old in retired.iter().filter_map(Weak::upgrade) {
+            old.close_queues();
         }
         let result = self.proxy.stop().await;
+        let settled_by = tokio::time::Instant::now() + SETTLEMENT_WAIT;
+        while crate::admission::settle::pending_settlements() > 0
+            && tokio::time::Instant::now() < settled_by
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let report = ShutdownReport::of(&admission);
         if let Some(admin) = self.admin.take() {
             admin.stop().await?;
         }
         if let Some(sim) = self.simulator.take() {
             sim.shutdown().await;
         }
-        result
+        result.map(|()| report)
+    }
+}
+
+/// How long shutdown waits for settlements still on their way to the ledger (Redis).
+const SETTLEMENT_WAIT: Duration = Duration::from_secs(5);
+
+/// What this replica still held when it stopped: all zero after a clean shutdown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Tokens reserved by requests this replica admitted and did not settle.
+    pub reserved_tokens: i64,
+    /// Requests this replica admitted and did not settle.
+    pub in_flight: i64,
+    /// Settlements handed to the ledger that did not complete.
+    pub pending_settlements: usize,
+    /// Reservations dropped unsettled since the process started (a bug if non-zero).
+    pub unsettled_drops: u64,
+}
+
+impl ShutdownReport {
+    fn of(admission: &Admission) -> ShutdownReport {
+        let pools = admission.pools();
+        ShutdownReport {
+            reserved_tokens: pools.iter().map(|p| p.metrics.reserved_tokens.get()).sum(),
+            in_flight: pools
+                .iter()
+                .map(|p| p.metrics.inflight_requests.get())
+                .sum(),
+            pending_settlements: crate::admission::settle::pending_settlements(),
+            unsettled_drops: crate::ledger::unsettled_drops(),
+        }
+    }
+
+    /// Nothing was left unsettled.
+    pub fn is_clean(&self) -> bool {
+        *self
+            == ShutdownReport {
+                reserved_tokens: 0,
+                in_flight: 0,
+                pending_settlements: 0,
+                unsettled_drops: 0,
+            }
     }
 }
 

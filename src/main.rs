@@ -124,8 +124,22 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
     }
     reload_until_shutdown(&gateway, &path).await;
     tracing::info!("shutting down: draining in-flight requests");
-    gateway.shutdown().await?;
-    tracing::info!("stopped");
+    let report = gateway.shutdown().await?;
+    if report.is_clean() {
+        tracing::info!(
+            reserved_tokens = report.reserved_tokens,
+            in_flight = report.in_flight,
+            "stopped: every reservation settled"
+        );
+    } else {
+        tracing::error!(
+            reserved_tokens = report.reserved_tokens,
+            in_flight = report.in_flight,
+            pending_settlements = report.pending_settlements,
+            unsettled_drops = report.unsettled_drops,
+            "stopped with reservations unsettled"
+        );
+    }
     Ok(())
 }
 

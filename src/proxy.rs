@@ -172,7 +172,7 @@ async fn forward(
         metered,
         state.metrics.clone(),
         pool,
-        state.upstream.idle_timeout,
+        &state.upstream,
         event_stream,
     );
     Response::from_parts(head, Body::new(body))
@@ -238,7 +238,8 @@ fn unreachable_upstream(
         .into_response();
     admitted.answered(response.status(), response.headers());
     match error {
-        UpstreamError::Timeout(_) => admitted.settle_timeout(),
+        // No answer yet, but the request may be running upstream: charge the reservation.
+        UpstreamError::Timeout(_) | UpstreamError::ShuttingDown => admitted.settle_timeout(),
         _ => admitted.settle_not_charged(),
     }
     response

@@ -441,6 +441,65 @@ async fn injected_faults() {
 }
 
 #[tokio::test]
+async fn injected_500s_and_resets_take_no_quota() {
+    let sim = start(instant_config()).await;
+    let (status, headers, body) = post(
+        &sim,
+        &format!("/model/{SONNET}/converse"),
+        br#"{"messages":[{"role":"user","content":[{"text":"[sim:fault=500]"}]}]}"#,
+    )
+    .await;
+    assert_eq!(status, 500);
+    assert_eq!(headers["x-amzn-errortype"], "InternalServerException");
+    assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()));
+
+    // A reset: the connection closes before any response byte.
+    let http = HttpClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    for op in ["converse", "converse-stream"] {
+        let request = http::Request::post(format!("http://{}/model/{SONNET}/{op}", sim.addr))
+            .body(Full::new(Bytes::from_static(
+                br#"{"messages":[{"role":"user","content":[{"text":"[sim:fault=reset]"}]}]}"#,
+            )))
+            .unwrap();
+        let err = http.request(request).await.expect_err("no response");
+        assert!(
+            format!("{err:?}").contains("IncompleteMessage"),
+            "{op}: {err:?}"
+        );
+    }
+    let b = &sim.simulator.stats().buckets[&format!("{SONNET}@us-east-1")];
+    assert_eq!(
+        (b.requests, b.errors, b.tokens_charged, b.in_flight),
+        (3, 3, 0, 0),
+        "no quota taken"
+    );
+    let faults = sim.simulator.stats().faults;
+    assert_eq!((faults["500"], faults["reset"], faults["503"]), (1, 2, 0));
+    // Random faults at the configured rates.
+    let sim = start(SimulatorConfig {
+        error_500_rate: 0.5,
+        reset_rate: 1.0,
+        ..instant_config()
+    })
+    .await;
+    let mut statuses = std::collections::BTreeMap::new();
+    for i in 0..40 {
+        let request = http::Request::post(format!("http://{}/model/{SONNET}/converse", sim.addr))
+            .body(Full::new(Bytes::from(format!(
+                r#"{{"messages":[{{"role":"user","content":[{{"text":"{i}"}}]}}]}}"#
+            ))))
+            .unwrap();
+        let key = match http.request(request).await {
+            Ok(r) => r.status().as_u16(),
+            Err(_) => 0,
+        };
+        *statuses.entry(key).or_insert(0) += 1;
+    }
+    assert_eq!(statuses.keys().copied().collect::<Vec<_>>(), [0, 500]);
+    assert!((10..=30).contains(&statuses[&500]), "{statuses:?}");
+}
+
+#[tokio::test]
 async fn sigv4_verification() {
     let sim = start(SimulatorConfig {
         verify_sigv4: Some(SigV4Key {

@@ -22,6 +22,8 @@ pub struct Call {
     pub op: Op,
     pub prompt: String,
     pub max_tokens: Option<u32>,
+    /// A stream the caller drops after its first content event (a client fault).
+    pub hang_up: bool,
 }
 
 /// Draws calls for one group (or one closed-loop caller) from a seed.
@@ -30,6 +32,7 @@ pub struct CallSource {
     rng: SmallRng,
     mix: OpMix,
     shapes: Vec<Shape>,
+    hang_up_rate: f64,
 }
 
 impl CallSource {
@@ -38,6 +41,7 @@ impl CallSource {
             rng: SmallRng::seed_from_u64(seed),
             mix: group.mix,
             shapes: group.shapes.clone(),
+            hang_up_rate: group.hang_up_rate,
         }
     }
 
@@ -52,12 +56,17 @@ impl CallSource {
             .rng
             .random_range(shape.output_tokens[0]..=shape.output_tokens[1]);
         let max_tokens = shape.max_tokens;
+        let prompt = prompt(output, words, self.rng.random());
+        // Drawn only when asked for, so scenarios without client faults keep their sequences.
+        let hang_up = op == Op::ConverseStream
+            && self.hang_up_rate > 0.0
+            && self.rng.random::<f64>() < self.hang_up_rate;
         Call {
             at: 0.0,
             op,
-            prompt: prompt(output, words, self.rng.random()),
-
+            prompt,
             max_tokens,
+            hang_up,
         }
     }
 

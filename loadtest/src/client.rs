@@ -33,7 +33,8 @@ pub struct Record {
     pub end_ms: f64,
     /// Streams only: the first content delta.
     pub ttft_ms: Option<f64>,
-    /// `ok`, `throttled`, `unavailable`, `validation`, `stream_error`, `unfinished`, ...
+    /// `ok`, `throttled`, `unavailable`, `validation`, `stream_error`, `hung_up` (the caller
+    /// dropped the stream on purpose), `unfinished`, ...
     pub outcome: String,
     pub attempts: u32,
     pub max_tokens: Option<u32>,
@@ -206,6 +207,11 @@ async fn converse_stream(client: &Client, model: &str, call: &Call, c: AttemptCo
         match out.stream.recv().await {
             Ok(Some(ConverseStreamOutput::ContentBlockDelta(_))) => {
                 done.ttft.get_or_insert_with(Instant::now);
+                if call.hang_up {
+                    // The caller walks away mid-stream: dropping `out` closes the connection.
+                    done.outcome = "hung_up".into();
+                    return done;
+                }
             }
             Ok(Some(ConverseStreamOutput::Metadata(m))) => {
                 done.usage = usage_of(m.usage());
@@ -253,13 +259,23 @@ async fn invoke(client: &Client, model: &str, call: &Call, c: AttemptCounter) ->
 }
 
 /// A short, bounded name for an SDK error.
-fn classify<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> String {
+fn classify<E: ProvideErrorMetadata + std::fmt::Debug, R>(e: &SdkError<E, R>) -> String {
     match e.code() {
         Some("ThrottlingException") => "throttled".into(),
         Some("ServiceUnavailableException") => "unavailable".into(),
         Some("ValidationException") => "validation".into(),
         Some(code) => code.trim_end_matches("Exception").to_ascii_lowercase(),
         None => match e {
+            // Event-stream exceptions carry no error code: name them by their variant
+            // (`ModelStreamErrorException(...)` gives `modelstreamerror`).
+            SdkError::ServiceError(se) => {
+                let debug = format!("{:?}", se.err());
+                let variant = debug.split(['(', ' ', '{']).next().unwrap_or_default();
+                match variant.trim_end_matches("Exception").to_ascii_lowercase() {
+                    v if v.is_empty() || v.len() > 40 => "other".into(),
+                    v => v,
+                }
+            }
             SdkError::TimeoutError(_) => "timeout".into(),
             SdkError::DispatchFailure(_) => "dispatch_failure".into(),
             SdkError::ResponseError(_) => "response_error".into(),

@@ -5,7 +5,7 @@
 //! [`scenario`] the scenario files · [`arrivals`] what is sent and when · [`client`] the SDK
 //! caller and per-call records · [`drive`] one side's load · [`proxy`] tokengate as a child
 //! process · [`run`] both sides and the outputs · [`overhead`] the overhead scenario ·
-//! [`report`] the numbers · [`plot`] the PNGs.
+//! [`report`] the numbers · [`plot`] the PNGs · [`soak`] minutes of faults, checked at the end.
 
 mod arrivals;
 mod client;
@@ -16,6 +16,7 @@ mod proxy;
 mod report;
 mod run;
 mod scenario;
+mod soak;
 
 use std::path::PathBuf;
 

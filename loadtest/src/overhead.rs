@@ -88,6 +88,7 @@ fn group(arrival: Arrival, op: Op) -> Group {
         arrival,
         max_attempts: 3,
         pause_after_failure_ms: 0,
+        hang_up_rate: 0.0,
         mix: OpMix {
             converse: f64::from(op == Op::Converse),
             converse_stream: f64::from(op == Op::ConverseStream),
@@ -206,6 +207,7 @@ async fn open_streams(
             op: Op::ConverseStream,
             prompt: format!("[sim:fault=stall] {}", prompt(20, 5, i)),
             max_tokens: Some(100),
+            hang_up: false,
         };
         set.spawn(async move {
             run_call(&ctx, &client, &call, "streams").await;

@@ -16,6 +16,8 @@ pub struct ProxyProcess {
     child: Child,
     pub addr: SocketAddr,
     pid: u32,
+    /// Its stderr.
+    pub log: PathBuf,
 }
 
 /// Resident memory of the proxy, KiB.
@@ -38,7 +40,8 @@ impl ProxyProcess {
     /// Writes `config` to `config_path`, starts the proxy and waits for its listening line.
     pub async fn start(bin: &Path, config: &str, config_path: &Path) -> anyhow::Result<Self> {
         std::fs::write(config_path, config)?;
-        let log = std::fs::File::create(config_path.with_extension("log"))?;
+        let log_path = config_path.with_extension("log");
+        let log = std::fs::File::create(&log_path)?;
         let mut child = Command::new(bin)
             .args(["serve", "--config"])
             .arg(config_path)
@@ -75,29 +78,61 @@ impl ProxyProcess {
         .context("the proxy did not start within 30 s")??;
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(ProxyProcess { child, addr, pid })
+        Ok(ProxyProcess {
+            child,
+            addr,
+            pid,
+            log: log_path,
+        })
     }
 
     /// VmRSS and VmHWM from `/proc/<pid>/status` (zeros where unreadable).
     pub fn memory(&self) -> Memory {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        Memory {
-            rss_kib: field("VmRSS:"),
-            hwm_kib: field("VmHWM:"),
+        memory_of(self.pid)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Sends SIGTERM and waits (up to `within`) for the exit status; `None` if it had to be
+    /// killed or died by a signal.
+    pub async fn terminate(mut self, within: Duration) -> anyhow::Result<Option<i32>> {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status()
+            .context("kill -TERM")?;
+        if !status.success() {
+            bail!("kill -TERM {} failed", self.pid);
+        }
+        match tokio::time::timeout(within, self.child.wait()).await {
+            Ok(status) => Ok(status?.code()),
+            Err(_) => {
+                let _ = self.child.kill().await;
+                Ok(None)
+            }
         }
     }
 
     /// Kills the proxy and reaps it.
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
+    }
+}
+
+/// VmRSS and VmHWM of process `pid` (zeros where unreadable).
+pub fn memory_of(pid: u32) -> Memory {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    Memory {
+        rss_kib: field("VmRSS:"),
+        hwm_kib: field("VmHWM:"),
     }
 }

@@ -17,6 +17,7 @@ use crate::plot::{self, Series};
 use crate::proxy::ProxyProcess;
 use crate::report::{SideReport, markdown};
 use crate::scenario::Scenario;
+use crate::soak::{self, SoakReport};
 
 /// Command-line choices that apply to every scenario.
 #[derive(Debug, Clone)]
@@ -40,6 +41,7 @@ pub struct ScenarioReport {
     pub direct: Option<SideReport>,
     pub proxy: Option<SideReport>,
     pub overhead: Option<OverheadReport>,
+    pub soak: Option<SoakReport>,
     pub table: String,
 }
 
@@ -72,6 +74,20 @@ pub async fn run_scenario(s: &Scenario, o: &Options) -> anyhow::Result<ScenarioR
                 ..base(s, o)
             },
         );
+    }
+    if s.soak.is_some() {
+        let report = soak::run(s, o).await?;
+        let passed = report.passed();
+        let written = write_report(
+            o,
+            ScenarioReport {
+                table: report.markdown(),
+                soak: Some(report),
+                ..base(s, o)
+            },
+        )?;
+        anyhow::ensure!(passed, "soak {}: a check failed (see the table)", s.name);
+        return Ok(written);
     }
     let (direct, direct_records) = run_side(s, o, false).await?;
     let (proxy, proxy_records) = run_side(s, o, true).await?;
@@ -107,6 +123,7 @@ fn base(s: &Scenario, o: &Options) -> ScenarioReport {
         direct: None,
         proxy: None,
         overhead: None,
+        soak: None,
         table: String::new(),
     }
 }

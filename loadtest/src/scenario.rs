@@ -36,6 +36,8 @@ pub struct Scenario {
     pub groups: Vec<Group>,
     /// Present only in the overhead scenario, which runs its own steps instead of `groups`.
     pub overhead: Option<Overhead>,
+    /// Present only in a soak: the proxy side alone, faults injected, checked at the end.
+    pub soak: Option<Soak>,
     #[serde(default)]
     pub quick: Quick,
 }
@@ -73,6 +75,9 @@ pub struct Group {
     pub pause_after_failure_ms: u64,
     pub mix: OpMix,
     pub shapes: Vec<Shape>,
+    /// Client faults: the fraction of streams the caller drops after their first content event.
+    #[serde(default)]
+    pub hang_up_rate: f64,
 }
 
 fn default_attempts() -> u32 {
@@ -137,6 +142,31 @@ pub struct Overhead {
     pub open_streams: u32,
 }
 
+/// A soak: the proxy side only, for minutes, with faults injected (the `[simulator]` rates and
+/// the groups' `hang_up_rate`); at the end the ledger must be at zero, every call answered, the
+/// proxy's memory flat, and its shutdown clean.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Soak {
+    /// The proxy's `upstream.idle_timeout_secs`: stalls longer than it end in exception frames.
+    pub idle_timeout_secs: Option<u64>,
+    /// How often the proxy's RSS is sampled.
+    #[serde(default = "default_sample_secs")]
+    pub sample_secs: f64,
+    /// The most RSS may grow from the first sample after warm-up to the last under load, as a
+    /// fraction (plus 4 MiB for allocator noise).
+    #[serde(default = "default_rss_growth")]
+    pub max_rss_growth: f64,
+}
+
+fn default_sample_secs() -> f64 {
+    5.0
+}
+
+fn default_rss_growth() -> f64 {
+    0.10
+}
+
 /// What `--quick` changes.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -175,6 +205,9 @@ impl Scenario {
         if self.groups.is_empty() == self.overhead.is_none() {
             bail!("{}: give either [[groups]] or [overhead]", self.name);
         }
+        if self.soak.is_some() && self.overhead.is_some() {
+            bail!("{}: a soak runs [[groups]], not [overhead]", self.name);
+        }
         for g in &self.groups {
             if g.shapes.is_empty() || g.shapes.iter().all(|s| s.weight <= 0.0) {
                 bail!(
@@ -186,6 +219,13 @@ impl Scenario {
             let m = g.mix;
             if m.converse + m.converse_stream + m.invoke <= 0.0 {
                 bail!("{}: group {} needs a mix weight > 0", self.name, g.team);
+            }
+            if !(0.0..=1.0).contains(&g.hang_up_rate) {
+                bail!(
+                    "{}: group {} hang_up_rate must be in [0, 1]",
+                    self.name,
+                    g.team
+                );
             }
         }
         Ok(())
@@ -260,13 +300,23 @@ impl Scenario {
         Ok(c)
     }
 
-    /// The proxy's configuration file, in front of `upstream`.
+    /// The proxy's configuration file, in front of `upstream`. A soak sets the idle timeout and
+    /// logs tokengate's own info lines (the last one reports the ledger at shutdown), not the
+    /// access log.
     pub fn proxy_config(&self, upstream: std::net::SocketAddr) -> String {
         let p = &self.pool;
+        let (idle, level) = match &self.soak {
+            Some(soak) => (
+                soak.idle_timeout_secs
+                    .map_or(String::new(), |s| format!("idle_timeout_secs = {s}\n")),
+                "warn,tokengate=info,tokengate::access=off",
+            ),
+            None => (String::new(), "warn"),
+        };
         format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
-             endpoint = \"http://{upstream}\"\n\n[ledger]\nbackend = \"memory\"\n\n\
-             [log]\nlevel = \"warn\"\n\n[[pools]]\nname = \"pool\"\nmodels = [\"{}\"]\n\
+             endpoint = \"http://{upstream}\"\n{idle}\n[ledger]\nbackend = \"memory\"\n\n\
+             [log]\nlevel = \"{level}\"\n\n[[pools]]\nname = \"pool\"\nmodels = [\"{}\"]\n\
              tokens_per_minute = {}\nmax_concurrency = {}\noutput_burndown = {}\n\
              default_max_tokens = {}\nheadroom = {}\n{}",
             self.model,

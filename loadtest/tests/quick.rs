@@ -1,7 +1,8 @@
 //! CI smoke test: `loadgen all --quick` runs every scenario on both sides (direct to the
 //! simulator, and through a tokengate child process) and writes reports with the expected
-//! fields. Structure only, no timing; the one property checked is that the upstream (almost)
-//! never throttles through the proxy.
+//! fields. Structure only, no timing; the properties checked are that the upstream (almost)
+//! never throttles through the proxy, and that the soak's checks pass (every call answered, the
+//! ledger at zero, a clean shutdown).
 //!
 //! Needs the `tokengate` binary beside `loadgen` (`cargo build --workspace` puts it there).
 
@@ -79,6 +80,21 @@ fn every_scenario_runs_quick_on_both_sides() {
                 );
             }
             assert!(o["proxy_memory_open_streams"]["rss_kib"].as_u64().unwrap() > 0);
+        } else if let Some(soak) = report["soak"].as_object() {
+            // loadgen fails a soak whose checks fail; check the report says so too.
+            for check in soak["checks"].as_array().unwrap() {
+                assert_eq!(check["passed"], true, "{name}: {check}");
+            }
+            let requests = soak["requests"].as_u64().unwrap();
+            assert!(requests > 0, "{name}: no calls");
+            assert_eq!(soak["answered"].as_u64(), Some(requests), "{name}");
+            for key in [
+                "reserved_tokens",
+                "in_flight_requests",
+                "unsettled_reservations",
+            ] {
+                assert_eq!(soak["ledger_end"][key], 0, "{name}: {key}");
+            }
         } else {
             check_side(name, &report["direct"]);
             check_side(name, &report["proxy"]);
@@ -97,6 +113,6 @@ fn every_scenario_runs_quick_on_both_sides() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 5, "five scenarios");
+    assert_eq!(seen, 6, "six scenarios");
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -9,7 +9,7 @@
 //! | `usage` | upstream reported usage (Converse body, ConverseStream `metadata`, InvokeModel headers or body, the last chunk's invocation metrics) | `input + cacheWrite + output x burndown`, the moment it is seen |
 //! | `not_charged` | upstream answered an error status, or was never reached | 0: Bedrock does not charge failed requests |
 //! | `no_usage` | a response started but ended without usage: stream cut, idle timeout, corrupt frames, the client hung up | the larger of the reservation and `input estimate + output seen x burndown`: generation may have run to `maxTokens` and may still be running upstream |
-//! | `timeout` | no response head within `upstream.response_timeout_secs` | the reservation |
+//! | `timeout` | no response head within `upstream.response_timeout_secs`, or by the shutdown drain deadline | the reservation |
 //! | `abandoned` | the request was dropped before any of the above (the client hung up while the proxy waited for upstream) | the reservation |
 //!
 //! The guard settles on `Drop` by the `abandoned` rule, so no path can leak a reservation or a
@@ -19,7 +19,13 @@
 //! histograms and maxTokens advice ([`super::advice`], on `usage`), and the request's access-log
 //! line ([`crate::access_log`]), written once, by whichever rule settles it.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use futures_util::FutureExt;
 use tokio::time::Instant;
@@ -387,6 +393,14 @@ fn settle_in_background(
     });
 }
 
+/// Settlements running on a task, not finished yet (shutdown waits for them).
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+
+/// Settlements handed to a task (a ledger that waits, like Redis) and not finished yet.
+pub fn pending_settlements() -> usize {
+    PENDING.load(Ordering::Acquire)
+}
+
 /// Runs `work` to completion now if it never waits (the memory ledger), else on a task.
 /// Settlement happens from `Drop` and `poll_frame`, which cannot wait.
 fn now_or_spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
@@ -396,7 +410,11 @@ fn now_or_spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
     }
     match tokio::runtime::Handle::try_current() {
         Ok(handle) => {
-            handle.spawn(work);
+            PENDING.fetch_add(1, Ordering::AcqRel);
+            handle.spawn(async move {
+                work.await;
+                PENDING.fetch_sub(1, Ordering::AcqRel);
+            });
         }
         Err(_) => tracing::error!("settlement outside a runtime could not complete"),
     }

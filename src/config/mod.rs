@@ -63,6 +63,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// How long shutdown waits for in-flight requests and streams.
     pub drain: Duration,
+    /// On shutdown, how long the listener keeps accepting while `/readyz` answers 503.
+    pub accept_grace: Duration,
+    /// How long a connection may take to send a request head (or its first byte).
+    pub header_read_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -287,6 +291,11 @@ impl Config {
                 raw.server.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
             )? as usize,
             drain: Duration::from_secs(raw.server.drain_secs.unwrap_or(30)),
+            accept_grace: Duration::from_secs(raw.server.accept_grace_secs.unwrap_or(0)),
+            header_read_timeout: Duration::from_secs(positive(
+                "server.header_read_timeout_secs",
+                raw.server.header_read_timeout_secs.unwrap_or(30),
+            )?),
         };
         let upstream = validate_upstream(raw.upstream)?;
         let ledger = validate_ledger(raw.ledger, env)?;

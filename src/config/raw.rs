@@ -38,6 +38,8 @@ pub struct RawServer {
     pub tls_key: Option<String>,
     pub max_body_bytes: Option<u64>,
     pub drain_secs: Option<u64>,
+    pub accept_grace_secs: Option<u64>,
+    pub header_read_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

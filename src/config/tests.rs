@@ -384,3 +384,34 @@ fn each_invalid_route_setting_names_its_key() {
         assert!(err.contains(want), "{routes}\n  got: {err}\n  want: {want}");
     }
 }
+
+#[test]
+fn server_timeouts_default_and_name_their_key() {
+    let config = Config::parse(MINIMAL).unwrap();
+    assert_eq!(config.server.drain, Duration::from_secs(30));
+    assert_eq!(config.server.accept_grace, Duration::ZERO);
+    assert_eq!(config.server.header_read_timeout, Duration::from_secs(30));
+    let with = |extra: &str| {
+        MINIMAL.replace(
+            "listen = \"127.0.0.1:8080\"",
+            &format!("listen = \"127.0.0.1:8080\"\n{extra}"),
+        )
+    };
+    let config = Config::parse(&with(
+        "accept_grace_secs = 5\nheader_read_timeout_secs = 10",
+    ))
+    .unwrap();
+    assert_eq!(
+        (
+            config.server.accept_grace,
+            config.server.header_read_timeout
+        ),
+        (Duration::from_secs(5), Duration::from_secs(10))
+    );
+    assert_eq!(
+        Config::parse(&with("header_read_timeout_secs = 0"))
+            .unwrap_err()
+            .to_string(),
+        "server.header_read_timeout_secs: must be greater than zero"
+    );
+}

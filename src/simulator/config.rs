@@ -25,12 +25,19 @@ pub struct SimulatorConfig {
     pub tokens_per_second: f64,
     /// Fraction of quota-counted calls answered 503 `ServiceUnavailableException`. Default 0.
     pub error_503_rate: f64,
+    /// Fraction of quota-counted calls answered 500 `InternalServerException`. Default 0.
+    pub error_500_rate: f64,
+    /// Fraction of quota-counted calls whose connection closes before any response. Default 0.
+    pub reset_rate: f64,
     /// Fraction of streaming calls cut mid-way (the connection aborts). Default 0.
     pub stream_cut_rate: f64,
     /// Fraction of streaming calls that pause for `stall_ms` mid-way. Default 0.
     pub stall_rate: f64,
     /// Length of a stall. Default 5000.
     pub stall_ms: u64,
+    /// Replaces every model's maximum output tokens (for tests that need streams of many MB).
+    /// Default: each model's own ([`super::models::max_output_tokens`]).
+    pub max_output_tokens: Option<u64>,
     /// When set, every request must be SigV4-signed (service `bedrock`) with this key.
     pub verify_sigv4: Option<SigV4Key>,
 }
@@ -47,9 +54,12 @@ impl Default for SimulatorConfig {
             time_to_first_token_ms: 200,
             tokens_per_second: 150.0,
             error_503_rate: 0.0,
+            error_500_rate: 0.0,
+            reset_rate: 0.0,
             stream_cut_rate: 0.0,
             stall_rate: 0.0,
             stall_ms: 5000,
+            max_output_tokens: None,
             verify_sigv4: None,
         }
     }
@@ -133,8 +143,13 @@ impl SimulatorConfig {
                 return key(name, "must be at most 3600000 (one hour)");
             }
         }
+        if self.max_output_tokens == Some(0) {
+            return key("max_output_tokens", "must be greater than zero");
+        }
         for (name, rate) in [
             ("error_503_rate", self.error_503_rate),
+            ("error_500_rate", self.error_500_rate),
+            ("reset_rate", self.reset_rate),
             ("stream_cut_rate", self.stream_cut_rate),
             ("stall_rate", self.stall_rate),
         ] {
@@ -151,6 +166,12 @@ impl SimulatorConfig {
             );
         }
         Ok(())
+    }
+
+    /// The maximum output tokens of a model, after `max_output_tokens`.
+    pub(crate) fn max_output_tokens_for(&self, base_model: &str) -> u64 {
+        self.max_output_tokens
+            .unwrap_or_else(|| super::models::max_output_tokens(base_model))
     }
 
     /// The quota of a bucket.
@@ -204,6 +225,15 @@ mod tests {
             (
                 "error_503_rate = -0.1",
                 "simulator.error_503_rate: must be in [0, 1]",
+            ),
+            (
+                "error_500_rate = 2",
+                "simulator.error_500_rate: must be in [0, 1]",
+            ),
+            ("reset_rate = -1", "simulator.reset_rate: must be in [0, 1]"),
+            (
+                "max_output_tokens = 0",
+                "simulator.max_output_tokens: must be greater than zero",
             ),
             (
                 "default_tokens_per_minute = 0",

@@ -6,7 +6,8 @@
 //!   `[output_tokens_min, output_tokens_max]`; capped at `maxTokens` (then the stop reason is
 //!   `max_tokens`).
 //! - **Random faults** are drawn from `seed` and the call's arrival number instead, so that a
-//!   retry of a failed request is an independent draw. `[sim:fault=...]` forces one.
+//!   retry of a failed request is an independent draw. `[sim:fault=...]` forces one: `503`,
+//!   `500`, `reset` (the connection closes before any response byte), `cut`, `stall`.
 //! - **Text** is cheap words of exactly 4 bytes per token (3 letters and a space), so that the
 //!   output, re-read by the input-token rule, counts as the tokens it was charged for.
 //! - **Timing**: the first token after `time_to_first_token_ms`, then `tokens_per_second`.
@@ -24,10 +25,35 @@ use super::request::{Directives, ForcedFault};
 pub enum Fault {
     /// 503 `ServiceUnavailableException`, before any quota is taken.
     Unavailable,
+    /// 500 `InternalServerException`, before any quota is taken.
+    Internal,
+    /// The connection closes before any response byte, before any quota is taken.
+    Reset,
     /// The response ends abruptly half-way.
     Cut,
     /// The response pauses for `stall_ms` half-way.
     Stall,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 5] = [
+        Fault::Unavailable,
+        Fault::Internal,
+        Fault::Reset,
+        Fault::Cut,
+        Fault::Stall,
+    ];
+
+    /// The directive's name: `503`, `500`, `reset`, `cut`, `stall`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Fault::Unavailable => "503",
+            Fault::Internal => "500",
+            Fault::Reset => "reset",
+            Fault::Cut => "cut",
+            Fault::Stall => "stall",
+        }
+    }
 }
 
 /// How a model call will go.
@@ -64,6 +90,8 @@ pub fn plan(
     });
     let fault = match directives.fault {
         Some(ForcedFault::Unavailable) => Some(Fault::Unavailable),
+        Some(ForcedFault::Internal) => Some(Fault::Internal),
+        Some(ForcedFault::Reset) => Some(Fault::Reset),
         Some(ForcedFault::Cut) => Some(Fault::Cut),
         Some(ForcedFault::Stall) => Some(Fault::Stall),
         None => random_fault(config, streaming, arrival),
@@ -77,19 +105,27 @@ pub fn plan(
 }
 
 fn random_fault(config: &SimulatorConfig, streaming: bool, arrival: u64) -> Option<Fault> {
-    if config.error_503_rate == 0.0 && config.stream_cut_rate == 0.0 && config.stall_rate == 0.0 {
+    let rates = [
+        config.error_503_rate,
+        config.stream_cut_rate,
+        config.stall_rate,
+        config.error_500_rate,
+        config.reset_rate,
+    ];
+    if rates.iter().all(|r| *r == 0.0) {
         return None;
     }
     let mut rng =
         SmallRng::seed_from_u64(config.seed ^ arrival.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    // Always three draws, in this order, so one rate does not shift the others' outcomes.
-    let (unavailable, cut, stall) = (
-        rng.random::<f64>(),
-        rng.random::<f64>(),
-        rng.random::<f64>(),
-    );
+    // Always five draws, in this order, so one rate does not shift the others' outcomes (and the
+    // first three draws are those of the simulator before 500s and resets existed).
+    let [unavailable, cut, stall, internal, reset] = std::array::from_fn(|_| rng.random::<f64>());
     if unavailable < config.error_503_rate {
         Some(Fault::Unavailable)
+    } else if internal < config.error_500_rate {
+        Some(Fault::Internal)
+    } else if reset < config.reset_rate {
+        Some(Fault::Reset)
     } else if streaming && cut < config.stream_cut_rate {
         Some(Fault::Cut)
     } else if streaming && stall < config.stall_rate {

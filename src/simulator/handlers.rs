@@ -110,7 +110,7 @@ fn sigv4_rejection(sim: &Inner, parts: &http::request::Parts, body: &[u8]) -> Op
 
 async fn model_call(sim: &Inner, op: Operation, model_id: &str, body: &Bytes) -> Response {
     let model = models::resolve(model_id, &sim.config.region);
-    let model_max = models::max_output_tokens(&model.base);
+    let model_max = sim.config.max_output_tokens_for(&model.base);
     let family = Family::of(&model.base);
     let prompt = if op.is_converse() {
         request::converse(body, model_max)
@@ -133,13 +133,31 @@ async fn model_call(sim: &Inner, op: Operation, model_id: &str, body: &Bytes) ->
         op.is_streaming(),
         sim.next_arrival(),
     );
-    if plan.fault == Some(Fault::Unavailable) {
-        bucket.count_error();
-        return BedrockError::new(
-            ErrorCode::ServiceUnavailable,
-            "Bedrock is unable to process your request.",
-        )
-        .into_response();
+    if let Some(fault) = plan.fault {
+        sim.count_fault(fault);
+    }
+    match plan.fault {
+        Some(Fault::Unavailable) => {
+            bucket.count_error();
+            return BedrockError::new(
+                ErrorCode::ServiceUnavailable,
+                "Bedrock is unable to process your request.",
+            )
+            .into_response();
+        }
+        Some(Fault::Internal) => {
+            bucket.count_error();
+            return BedrockError::new(
+                ErrorCode::InternalServer,
+                "The server encountered an internal error while processing the request.",
+            )
+            .into_response();
+        }
+        Some(Fault::Reset) => {
+            bucket.count_error();
+            return super::reset::response();
+        }
+        _ => {}
     }
     let Some(reservation) = bucket.try_reserve(prompt.input_tokens + max_tokens, Instant::now())
     else {
@@ -176,7 +194,9 @@ async fn model_call(sim: &Inner, op: Operation, model_id: &str, body: &Bytes) ->
             StreamKind::Invoke(family)
         };
         let steps = stream::steps(&sim.config, kind, &text, &usage, &request_id, plan.fault);
-        let body = Body::from_stream(Paced::new(steps, Some(reservation), usage.output, cut));
+        let paced = Paced::new(steps, Some(reservation), usage.output, cut)
+            .counting(sim.stream_bytes.clone());
+        let body = Body::from_stream(paced);
         let mut response = respond(body, eventstream::CONTENT_TYPE, &request_id);
         if !op.is_converse() {
             response.headers_mut().insert(

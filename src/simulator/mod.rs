@@ -17,8 +17,9 @@
 //!   `ThrottlingException` if it does not fit; settle to `input + output x burndown`.
 //! - **Output**: see [`generate`]: deterministic per request body and `seed`; `[sim:output=N]`,
 //!   `[sim:fault=503|cut|stall]` in a prompt force a length or a fault.
-//! - **Faults**: 503 comes before any quota is taken; a cut stream aborts the connection and
-//!   settles at `input + generated x burndown`; a stall pauses a stream half-way.
+//! - **Faults**: 503, 500 and a reset (the connection closes before any response byte, see
+//!   `reset`) come before any quota is taken; a cut stream aborts the connection and settles at
+//!   `input + generated x burndown`; a stall pauses a stream half-way.
 //! - **SigV4**: with `verify_sigv4` set every request must be signed with that key (403
 //!   otherwise); key ids seen are recorded either way. `GET /_sim/stats` is never checked.
 //!
@@ -33,6 +34,7 @@ mod handlers;
 pub mod models;
 pub mod quota;
 pub mod request;
+mod reset;
 pub mod shapes;
 pub mod stats;
 pub mod stream;
@@ -65,11 +67,21 @@ pub(crate) struct Inner {
     sigv4: stats::SigV4Counters,
     arrivals: AtomicU64,
     operations: [AtomicU64; Operation::ALL.len()],
+    /// Bytes of streaming bodies handed to connections.
+    stream_bytes: Arc<AtomicU64>,
+    /// Faults injected, in the order of [`generate::Fault::ALL`].
+    faults: [AtomicU64; generate::Fault::ALL.len()],
 }
 
 impl Inner {
     fn next_arrival(&self) -> u64 {
         self.arrivals.fetch_add(1, Relaxed)
+    }
+
+    fn count_fault(&self, fault: generate::Fault) {
+        if let Some(i) = generate::Fault::ALL.iter().position(|f| *f == fault) {
+            self.faults[i].fetch_add(1, Relaxed);
+        }
     }
 
     fn count_operation(&self, op: Operation) {
@@ -97,6 +109,8 @@ impl Simulator {
                 sigv4: stats::SigV4Counters::default(),
                 arrivals: AtomicU64::new(0),
                 operations: std::array::from_fn(|_| AtomicU64::new(0)),
+                stream_bytes: Arc::new(AtomicU64::new(0)),
+                faults: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
         }
     }
@@ -131,6 +145,12 @@ impl Simulator {
                 .zip(&inner.operations)
                 .map(|(op, n)| (op.name().to_string(), n.load(Relaxed)))
                 .filter(|(_, n)| *n > 0)
+                .collect(),
+            stream_bytes_sent: inner.stream_bytes.load(Relaxed),
+            faults: generate::Fault::ALL
+                .iter()
+                .zip(&inner.faults)
+                .map(|(f, n)| (f.label().to_string(), n.load(Relaxed)))
                 .collect(),
         }
     }
@@ -179,7 +199,11 @@ pub async fn spawn(config: SimulatorConfig, addr: SocketAddr) -> std::io::Result
         let shutdown = async move {
             let _ = rx.await;
         };
-        crate::server::serve(listener, router, None, shutdown, Duration::from_secs(1)).await
+        let options = crate::server::ServeOptions {
+            drain: Duration::from_secs(1),
+            ..Default::default()
+        };
+        crate::server::serve(listener, reset::Resetting(router), None, shutdown, options).await
     });
     Ok(SimulatorHandle {
         addr,

@@ -110,6 +110,21 @@ fn converse_value(v: &Value, model_max: u64) -> Result<Prompt, Invalid> {
             return Err("1 validation error detected: Value null at 'messages' failed to satisfy constraint: Member must not be null".into());
         }
     }
+    // Structures of the wrong JSON type are refused, as Bedrock's deserializer refuses them.
+    for (key, is_type, kind) in [
+        (
+            "inferenceConfig",
+            Value::is_object as fn(&Value) -> bool,
+            "a structure",
+        ),
+        ("system", Value::is_array, "a list"),
+    ] {
+        if at(v, &[key]).is_some_and(|x| !is_type(x)) {
+            return Err(format!(
+                "1 validation error detected: Value at '{key}' failed to satisfy constraint: Member must be {kind}"
+            ));
+        }
+    }
     let max = positive(
         v,
         &["inferenceConfig", "maxTokens"],
@@ -205,13 +220,15 @@ pub fn count_tokens(family: Family, body: &[u8]) -> Result<u64, Invalid> {
 pub struct Directives {
     /// `[sim:output=N]`: exactly N output tokens (still capped by maxTokens).
     pub output: Option<u64>,
-    /// `[sim:fault=503|cut|stall]`.
+    /// `[sim:fault=503|500|reset|cut|stall]`.
     pub fault: Option<ForcedFault>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ForcedFault {
     Unavailable,
+    Internal,
+    Reset,
     Cut,
     Stall,
 }
@@ -231,6 +248,8 @@ impl Directives {
             {
                 Some(("output", n)) => d.output = n.trim().parse().ok().or(d.output),
                 Some(("fault", "503")) => d.fault = Some(ForcedFault::Unavailable),
+                Some(("fault", "500")) => d.fault = Some(ForcedFault::Internal),
+                Some(("fault", "reset")) => d.fault = Some(ForcedFault::Reset),
                 Some(("fault", "cut")) => d.fault = Some(ForcedFault::Cut),
                 Some(("fault", "stall")) => d.fault = Some(ForcedFault::Stall),
                 _ => {}
@@ -286,6 +305,13 @@ mod tests {
                 .starts_with("Malformed input request")
         );
         assert!(converse(b"{}", 100).unwrap_err().contains("'messages'"));
+        let typed =
+            br#"{"messages":[{"role":"user","content":[{"text":"x"}]}],"inferenceConfig":"x"}"#;
+        assert!(
+            converse(typed, 100)
+                .unwrap_err()
+                .contains("'inferenceConfig' failed to satisfy constraint")
+        );
         let big = br#"{"messages":[{"role":"user","content":[{"text":"x"}]}],"inferenceConfig":{"maxTokens":101}}"#;
         assert!(
             converse(big, 100)
@@ -329,10 +355,13 @@ mod tests {
                 fault: Some(ForcedFault::Cut)
             }
         );
-        assert_eq!(
-            Directives::scan(b"[sim:fault=503]").fault,
-            Some(ForcedFault::Unavailable)
-        );
+        for (text, fault) in [
+            (&b"[sim:fault=503]"[..], ForcedFault::Unavailable),
+            (b"[sim:fault=500]", ForcedFault::Internal),
+            (b"[sim:fault=reset]", ForcedFault::Reset),
+        ] {
+            assert_eq!(Directives::scan(text).fault, Some(fault));
+        }
         assert_eq!(Directives::scan(b"nothing"), Directives::default());
     }
 }

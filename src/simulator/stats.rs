@@ -14,6 +14,13 @@ pub struct SimStats {
     pub sigv4: SigV4Stats,
     /// Calls by operation name (every operation, quota-counted or not).
     pub operations: BTreeMap<String, u64>,
+    /// Bytes of streaming response bodies handed to connections so far: how far the streams got,
+    /// against what their clients read (a measure of back-pressure).
+    #[serde(default)]
+    pub stream_bytes_sent: u64,
+    /// Faults injected, by kind (`503`, `500`, `reset`, `cut`, `stall`), forced or drawn.
+    #[serde(default)]
+    pub faults: BTreeMap<String, u64>,
 }
 
 impl SimStats {
@@ -42,7 +49,7 @@ pub struct BucketStats {
     pub throttled: u64,
     /// Calls that finished normally and were settled.
     pub completed: u64,
-    /// Injected faults (503s, cut streams).
+    /// Injected faults (503s, 500s, resets, cut streams).
     pub errors: u64,
     /// Sum of settled charges (`input + cacheWrite + output x burndown`).
     pub tokens_charged: u64,

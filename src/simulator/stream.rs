@@ -10,6 +10,8 @@
 //! chunk; HTTP/2: `RST_STREAM`), the way a broken upstream looks to a client.
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -83,7 +85,7 @@ pub fn steps(
                 step.at += stall;
             }
         }
-        Some(Fault::Unavailable) | None => {}
+        Some(Fault::Unavailable | Fault::Internal | Fault::Reset) | None => {}
     }
     out
 }
@@ -99,6 +101,8 @@ pub struct Paced {
     cut: bool,
     /// When the cut happens, once armed.
     cut_at: Option<Instant>,
+    /// Adds the bytes of every frame handed to the connection (`SimStats::stream_bytes_sent`).
+    sent: Option<Arc<AtomicU64>>,
 }
 
 /// How long after the last frame a cut breaks the connection. Pausing first lets hyper flush
@@ -123,7 +127,14 @@ impl Paced {
             output,
             cut,
             cut_at: None,
+            sent: None,
         }
+    }
+
+    /// Counts the bytes this body hands to the connection into `sent`.
+    pub fn counting(mut self, sent: Arc<AtomicU64>) -> Paced {
+        self.sent = Some(sent);
+        self
     }
 }
 
@@ -175,6 +186,9 @@ impl Stream for Paced {
             && let Some(r) = this.reservation.take()
         {
             r.complete(0, this.output, std::time::Instant::now());
+        }
+        if let Some(sent) = &this.sent {
+            sent.fetch_add(step.bytes.len() as u64, Relaxed);
         }
         Poll::Ready(Some(Ok(step.bytes)))
     }

@@ -9,6 +9,10 @@
 //! report an error; a plain body ends with an error, which aborts the response so the client sees
 //! a truncated body rather than a complete-looking one. Either way the reservation is settled by
 //! the `no_usage` rule. If the client hangs up, the body is dropped and settles the same way.
+//!
+//! At shutdown, once the drain deadline passes ([`crate::server::ServeOptions::deadline`]), a
+//! response still in flight ends the same way, with a `serviceUnavailableException` frame for a
+//! stream, and settles by the `no_usage` rule.
 
 use std::{
     pin::Pin,
@@ -21,6 +25,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::{
     admission::Admitted,
@@ -40,6 +45,22 @@ struct Meter {
 impl Meter {
     fn unsettled_output(&self) -> u64 {
         self.observer.output_tokens_seen()
+    }
+
+    /// Bytes passed to the client: settle the moment they carry usage.
+    fn data(&mut self, data: &[u8]) {
+        self.admitted.first_byte();
+        let usage = self.observer.on_data(data);
+        // Generated content seen: a stream's first content event, any body bytes of a
+        // non-streamed response.
+        let seen = self.observer.output_tokens_seen();
+        if seen > 0 {
+            self.admitted.first_token();
+            self.admitted.output_progress(seen);
+        }
+        if let Some(usage) = usage {
+            self.admitted.settle_usage(&usage);
+        }
     }
 
     /// The body ended cleanly: settle on its usage, or by the `no_usage` rule.
@@ -75,6 +96,10 @@ pin_project! {
         #[pin]
         idle: Sleep,
         idle_timeout: Duration,
+        // The drain deadline: checked on every frame, waited on while upstream is quiet.
+        deadline: CancellationToken,
+        #[pin]
+        deadline_passed: WaitForCancellationFutureOwned,
         event_stream: bool,
         finished: bool,
     }
@@ -89,16 +114,19 @@ impl std::fmt::Debug for MeteredBody {
 }
 
 impl MeteredBody {
-    /// Wraps `inner`. `meter` is `None` for responses that settle nothing (uncounted calls,
-    /// error responses already settled).
+    /// Wraps `inner`, a response of `upstream` (whose idle timeout and drain deadline apply).
+    /// `meter` is `None` for responses that settle nothing (uncounted calls, error responses
+    /// already settled).
     pub fn new(
         inner: Incoming,
         metered: Option<(UsageObserver, Admitted)>,
         metrics: std::sync::Arc<Metrics>,
         pool: std::sync::Arc<str>,
-        idle_timeout: Duration,
+        upstream: &super::Upstream,
         event_stream: bool,
     ) -> MeteredBody {
+        let idle_timeout = upstream.idle_timeout;
+        let deadline = upstream.deadline().clone();
         MeteredBody {
             inner,
             meter: metered.map(|(observer, admitted)| Meter { observer, admitted }),
@@ -106,8 +134,46 @@ impl MeteredBody {
             pool,
             idle: tokio::time::sleep(idle_timeout),
             idle_timeout,
+            deadline_passed: deadline.clone().cancelled_owned(),
+            deadline,
             event_stream,
             finished: false,
+        }
+    }
+}
+
+/// Why a response ended before upstream finished it.
+enum Failure {
+    /// Upstream sent nothing for the idle timeout.
+    Idle,
+    /// The upstream connection failed.
+    Upstream(String),
+    /// The shutdown drain deadline passed.
+    Deadline,
+}
+
+impl Failure {
+    /// The exception to end a stream with, its message, and the `kind` of
+    /// `tokengate_upstream_errors_total` (none for the deadline: not upstream's fault).
+    fn describe(self, idle_timeout: Duration) -> (ErrorCode, String, Option<&'static str>) {
+        match self {
+            Failure::Idle => (
+                ErrorCode::ModelStreamError,
+                format!("upstream sent nothing for {idle_timeout:?}"),
+                Some("idle_timeout"),
+            ),
+            Failure::Upstream(e) => (
+                ErrorCode::ModelStreamError,
+                format!("upstream stream interrupted: {e}"),
+                Some("stream_cut"),
+            ),
+            Failure::Deadline => (
+                ErrorCode::ServiceUnavailable,
+                "tokengate is shutting down and this response did not finish within its drain \
+                 deadline (server.drain_secs); retry the request"
+                    .to_string(),
+                None,
+            ),
         }
     }
 }
@@ -124,72 +190,64 @@ impl Body for MeteredBody {
         if *this.finished {
             return Poll::Ready(None);
         }
-        let polled = this.inner.as_mut().poll_frame(cx);
-        let failure = match polled {
-            Poll::Pending => {
-                ready!(this.idle.as_mut().poll(cx));
-                format!("upstream sent nothing for {:?}", this.idle_timeout)
-            }
-            Poll::Ready(Some(Ok(frame))) => {
-                this.idle
-                    .as_mut()
-                    .reset(Instant::now() + *this.idle_timeout);
-                if let (Some(meter), Some(data)) = (this.meter.as_mut(), frame.data_ref()) {
-                    meter.admitted.first_byte();
-                    let usage = meter.observer.on_data(data);
-                    // Generated content seen: a stream's first content event, any body bytes
-                    // of a non-streamed response.
-                    let seen = meter.observer.output_tokens_seen();
-                    if seen > 0 {
-                        meter.admitted.first_token();
-                        meter.admitted.output_progress(seen);
-                    }
-                    if let Some(usage) = usage {
-                        meter.admitted.settle_usage(&usage);
+        let failure = if this.deadline.is_cancelled() {
+            Failure::Deadline
+        } else {
+            match this.inner.as_mut().poll_frame(cx) {
+                Poll::Pending => {
+                    if this.deadline_passed.as_mut().poll(cx).is_ready() {
+                        Failure::Deadline
+                    } else {
+                        ready!(this.idle.as_mut().poll(cx));
+                        Failure::Idle
                     }
                 }
-                // A body of known length is complete with its last byte, and the server may
-                // drop it without polling for the end: settle now.
-                if this.inner.is_end_stream() {
+                Poll::Ready(Some(Ok(frame))) => {
+                    this.idle
+                        .as_mut()
+                        .reset(Instant::now() + *this.idle_timeout);
+                    if let (Some(meter), Some(data)) = (this.meter.as_mut(), frame.data_ref()) {
+                        meter.data(data);
+                    }
+                    // A body of known length is complete with its last byte, and the server may
+                    // drop it without polling for the end: settle now.
+                    if this.inner.is_end_stream() {
+                        *this.finished = true;
+                        if let Some(meter) = this.meter.as_mut() {
+                            meter.end();
+                        }
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Poll::Ready(None) => {
                     *this.finished = true;
                     if let Some(meter) = this.meter.as_mut() {
                         meter.end();
                     }
+                    return Poll::Ready(None);
                 }
-                return Poll::Ready(Some(Ok(frame)));
+                Poll::Ready(Some(Err(e))) => Failure::Upstream(e.to_string()),
             }
-            Poll::Ready(None) => {
-                *this.finished = true;
-                if let Some(meter) = this.meter.as_mut() {
-                    meter.end();
-                }
-                return Poll::Ready(None);
-            }
-            Poll::Ready(Some(Err(e))) => format!("upstream stream interrupted: {e}"),
         };
-        // The upstream failed mid-body.
+        // The response ends early: upstream failed, went quiet, or the drain deadline passed.
         *this.finished = true;
-        let kind = if failure.starts_with("upstream sent nothing") {
-            "idle_timeout"
-        } else {
-            "stream_cut"
-        };
-        this.metrics
-            .upstream_errors
-            .with_label_values(&[this.pool, kind])
-            .inc();
-        tracing::warn!(pool = %this.pool, %failure, "response ended early");
+        let (code, message, kind) = failure.describe(*this.idle_timeout);
+        if let Some(kind) = kind {
+            this.metrics
+                .upstream_errors
+                .with_label_values(&[this.pool, kind])
+                .inc();
+        }
+        let kind = kind.unwrap_or("drain_deadline");
+        tracing::warn!(pool = %this.pool, failure = %message, kind, "response ended early");
         if let Some(meter) = this.meter.as_mut() {
             let seen = meter.unsettled_output();
             meter.admitted.settle_without_usage(seen);
         }
         if *this.event_stream {
-            Poll::Ready(Some(Ok(Frame::data(exception_frame(
-                ErrorCode::ModelStreamError,
-                &failure,
-            )))))
+            Poll::Ready(Some(Ok(Frame::data(exception_frame(code, &message)))))
         } else {
-            Poll::Ready(Some(Err(failure.into())))
+            Poll::Ready(Some(Err(message.into())))
         }
     }
 

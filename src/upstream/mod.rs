@@ -19,6 +19,7 @@ use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::TokioExecutor,
 };
+use tokio_util::sync::CancellationToken;
 
 pub use body::MeteredBody;
 pub use signer::Signer;
@@ -34,6 +35,8 @@ pub enum UpstreamError {
     Connect(String, String),
     #[error("upstream did not answer within {0:?}")]
     Timeout(Duration),
+    #[error("tokengate is shutting down and upstream did not answer within the drain deadline")]
+    ShuttingDown,
 }
 
 impl UpstreamError {
@@ -44,6 +47,7 @@ impl UpstreamError {
             UpstreamError::Signing(_) => "signing",
             UpstreamError::Connect(..) => "connect",
             UpstreamError::Timeout(_) => "timeout",
+            UpstreamError::ShuttingDown => "shutdown",
         }
     }
 }
@@ -98,6 +102,8 @@ pub struct Upstream {
     signer: Signer,
     response_timeout: Duration,
     pub idle_timeout: Duration,
+    /// Cancelled when the shutdown drain deadline passes: requests and responses in flight end.
+    deadline: CancellationToken,
 }
 
 impl Upstream {
@@ -138,7 +144,19 @@ impl Upstream {
             signer,
             response_timeout,
             idle_timeout,
+            deadline: CancellationToken::new(),
         })
+    }
+
+    /// Ends requests and responses in flight when `deadline` is cancelled (the server's drain
+    /// deadline, [`crate::server::ServeOptions::deadline`]).
+    pub fn with_deadline(mut self, deadline: CancellationToken) -> Upstream {
+        self.deadline = deadline;
+        self
+    }
+
+    pub fn deadline(&self) -> &CancellationToken {
+        &self.deadline
     }
 
     /// The default AWS endpoint of a Region.
@@ -179,7 +197,12 @@ impl Upstream {
         // `host` is signed but hyper derives it (or `:authority`) from the URI.
         request.headers_mut().remove(header::HOST);
         let request = request.map(Full::new);
-        match tokio::time::timeout(self.response_timeout, self.client.request(request)).await {
+        let call = tokio::time::timeout(self.response_timeout, self.client.request(request));
+        let answer = tokio::select! {
+            answer = call => answer,
+            () = self.deadline.cancelled() => return Err(UpstreamError::ShuttingDown),
+        };
+        match answer {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(e)) => Err(UpstreamError::Connect(
                 self.base.to_string(),

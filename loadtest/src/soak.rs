@@ -1,0 +1,363 @@
+//! A soak: the scenario's mixed load through a tokengate child process for minutes, with upstream
+//! faults injected by the simulator (its `*_rate` keys) and client faults (callers that drop
+//! streams, `hang_up_rate`). Only the proxy side runs: there is nothing to compare.
+//!
+//! At the end it checks, and the run fails if any check fails:
+//! - **every call was answered**: none cut off at the end of the drain (`unfinished`), none that
+//!   could not reach the proxy or timed out waiting for it;
+//! - **the ledger is at zero**: `/v1/pools` shows no tokens reserved and nothing in flight, and no
+//!   reservation was dropped unsettled;
+//! - **memory is flat**: the proxy's RSS at the end of the load is within `max_rss_growth` (plus
+//!   4 MiB of allocator noise) of its RSS after the warm-up (not checked in `--quick`);
+//! - **shutdown is clean**: SIGTERM makes it exit 0 with its last line saying every reservation
+//!   was settled.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::client::Record;
+use crate::drive::drive;
+use crate::proxy::memory_of;
+use crate::report::Upstream;
+use crate::run::{Options, start_proxy, start_simulator};
+use crate::scenario::Scenario;
+
+/// Outcomes that are not an answer from the proxy.
+const UNANSWERED: [&str; 3] = ["unfinished", "dispatch_failure", "timeout"];
+
+/// What a soak measured, and its verdicts.
+#[derive(Debug, Clone, Serialize)]
+pub struct SoakReport {
+    pub requests: u64,
+    /// Calls that got an answer (a success or an error the SDK gave up on).
+    pub answered: u64,
+    /// Answers by kind, as the clients saw them after the SDK's retries.
+    pub answers: BTreeMap<String, u64>,
+    /// SDK attempts, retries included.
+    pub attempts: u64,
+    /// Faults injected: the simulator's, by kind, and the clients' hang-ups.
+    pub faults_injected: BTreeMap<String, u64>,
+    /// What the simulated Bedrock saw.
+    pub upstream: Upstream,
+    /// The proxy's own counters at the end: upstream answers by status, upstream failures by
+    /// kind, settlements by rule.
+    pub proxy_upstream_statuses: BTreeMap<String, u64>,
+    pub proxy_upstream_errors: BTreeMap<String, u64>,
+    pub settlements: BTreeMap<String, u64>,
+    pub ledger_end: LedgerEnd,
+    pub rss: Rss,
+    pub exit_code: Option<i32>,
+    /// The proxy's last log line.
+    pub last_log_line: String,
+    pub checks: Vec<Check>,
+}
+
+/// The ledger as `/v1/pools` shows it once the load is over.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct LedgerEnd {
+    pub reserved_tokens: u64,
+    pub in_flight_requests: u64,
+    pub unsettled_reservations: u64,
+}
+
+/// The proxy's resident memory over the run, KiB.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Rss {
+    /// The first sample after the warm-up.
+    pub start_kib: u64,
+    /// The last sample under load.
+    pub end_kib: u64,
+    pub after_drain_kib: u64,
+    pub peak_kib: u64,
+    /// (seconds, KiB) every `sample_secs`.
+    pub samples: Vec<(f64, u64)>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub passed: bool,
+    pub detail: String,
+}
+
+impl SoakReport {
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.passed)
+    }
+
+    pub fn markdown(&self) -> String {
+        let join = |m: &BTreeMap<String, u64>| {
+            m.iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut out = String::from("| figure | value |\n|---|---|\n");
+        let mut row = |k: &str, v: String| out.push_str(&format!("| {k} | {v} |\n"));
+        row("calls", self.requests.to_string());
+        row(
+            "answered",
+            format!("{} of {}", self.answered, self.requests),
+        );
+        row("answers by kind", join(&self.answers));
+        row("SDK attempts", self.attempts.to_string());
+        row("faults injected", join(&self.faults_injected));
+        row(
+            "upstream requests / 429 / completed",
+            format!(
+                "{} / {} / {}",
+                self.upstream.requests, self.upstream.throttled, self.upstream.completed
+            ),
+        );
+        row(
+            "proxy: upstream statuses",
+            join(&self.proxy_upstream_statuses),
+        );
+        row("proxy: upstream errors", join(&self.proxy_upstream_errors));
+        row("settlements by rule", join(&self.settlements));
+        let l = self.ledger_end;
+        row(
+            "ledger at the end",
+            format!(
+                "reserved {} tokens, {} in flight, {} dropped unsettled",
+                l.reserved_tokens, l.in_flight_requests, l.unsettled_reservations
+            ),
+        );
+        let mib = |k: u64| format!("{:.1} MiB", k as f64 / 1024.0);
+        row(
+            "proxy RSS: after warm-up / end of load / after drain / peak",
+            format!(
+                "{} / {} / {} / {}",
+                mib(self.rss.start_kib),
+                mib(self.rss.end_kib),
+                mib(self.rss.after_drain_kib),
+                mib(self.rss.peak_kib)
+            ),
+        );
+        row("exit code after SIGTERM", format!("{:?}", self.exit_code));
+        row("last log line", format!("`{}`", self.last_log_line));
+        for c in &self.checks {
+            let verdict = if c.passed { "pass" } else { "FAIL" };
+            row(
+                &format!("check: {}", c.name),
+                format!("{verdict}: {}", c.detail),
+            );
+        }
+        out
+    }
+}
+
+/// Runs the soak of `s` and checks it.
+pub async fn run(s: &Scenario, o: &Options) -> anyhow::Result<SoakReport> {
+    let soak = s.soak.clone().context("not a soak scenario")?;
+    eprintln!(
+        "[{}] soak: {:.0} s of load through the proxy",
+        s.name, s.duration_secs
+    );
+    let sim = start_simulator(s).await?;
+    let proxy = start_proxy(s, o, sim.addr).await?;
+    let (pid, addr, log) = (proxy.pid(), proxy.addr, proxy.log.clone());
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let epoch = Instant::now();
+    let period = Duration::from_secs_f64(soak.sample_secs.min(s.duration_secs / 4.0).max(0.1));
+    let sampler = {
+        let samples = samples.clone();
+        tokio::spawn(async move {
+            loop {
+                let rss = memory_of(pid).rss_kib;
+                if let Ok(mut v) = samples.lock() {
+                    v.push((epoch.elapsed().as_secs_f64(), rss));
+                }
+                tokio::time::sleep(period).await;
+            }
+        })
+    };
+    let records = drive(s, addr, "proxy").await;
+    sampler.abort();
+    let after_drain = memory_of(pid);
+    let ledger = ledger_at_rest(addr).await?;
+    let metrics = http_get(addr, "/metrics").await?;
+    let exit_code = proxy.terminate(Duration::from_secs(60)).await?;
+    let last_log_line = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    let stats = sim.simulator.stats();
+    sim.shutdown().await;
+
+    let samples = samples.lock().map(|v| v.clone()).unwrap_or_default();
+    let rss = rss(&samples, s, after_drain.rss_kib, after_drain.hwm_kib);
+    let mut report = SoakReport {
+        requests: records.len() as u64,
+        answered: 0,
+        answers: answers(&records),
+        attempts: records.iter().map(|r| u64::from(r.attempts)).sum(),
+        faults_injected: stats.faults.clone(),
+        upstream: (&stats).into(),
+        proxy_upstream_statuses: series(&metrics, "tokengate_upstream_responses_total", "status"),
+        proxy_upstream_errors: series(&metrics, "tokengate_upstream_errors_total", "kind"),
+        settlements: series(&metrics, "tokengate_settlements_total", "rule"),
+        ledger_end: ledger,
+        rss,
+        exit_code,
+        last_log_line,
+        checks: Vec::new(),
+    };
+    let hang_ups = report.answers.get("hung_up").copied().unwrap_or(0);
+    report
+        .faults_injected
+        .insert("client_hang_up".into(), hang_ups);
+    report.answered = report
+        .answers
+        .iter()
+        .filter(|(k, _)| !UNANSWERED.contains(&k.as_str()))
+        .map(|(_, v)| v)
+        .sum();
+    report.checks = checks(&report, s, o.quick, soak.max_rss_growth);
+    Ok(report)
+}
+
+fn answers(records: &[Record]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for r in records {
+        *out.entry(r.outcome.clone()).or_insert(0) += 1;
+    }
+    out
+}
+
+fn rss(samples: &[(f64, u64)], s: &Scenario, after_drain: u64, peak: u64) -> Rss {
+    let under_load = |t: f64| t >= s.warmup_secs && t <= s.duration_secs;
+    let loaded: Vec<_> = samples.iter().filter(|(t, _)| under_load(*t)).collect();
+    Rss {
+        start_kib: loaded.first().map_or(0, |(_, k)| *k),
+        end_kib: loaded.last().map_or(0, |(_, k)| *k),
+        after_drain_kib: after_drain,
+        peak_kib: peak,
+        samples: samples.to_vec(),
+    }
+}
+
+fn checks(r: &SoakReport, s: &Scenario, quick: bool, max_growth: f64) -> Vec<Check> {
+    let unanswered = r.requests - r.answered;
+    let l = r.ledger_end;
+    let allowed = (r.rss.start_kib as f64 * (1.0 + max_growth)) as u64 + 4096;
+    let faults: u64 = r.faults_injected.values().sum();
+    let mut checks = vec![
+        Check {
+            name: "every call answered",
+            passed: unanswered == 0 && r.requests > 0,
+            detail: format!("{unanswered} of {} without an answer", r.requests),
+        },
+        Check {
+            name: "ledger at zero",
+            passed: l.reserved_tokens == 0
+                && l.in_flight_requests == 0
+                && l.unsettled_reservations == 0,
+            detail: format!(
+                "reserved {}, in flight {}, dropped unsettled {}",
+                l.reserved_tokens, l.in_flight_requests, l.unsettled_reservations
+            ),
+        },
+        Check {
+            name: "clean shutdown",
+            passed: r.exit_code == Some(0)
+                && r.last_log_line
+                    .contains("stopped: every reservation settled"),
+            detail: format!("exit {:?}", r.exit_code),
+        },
+    ];
+    if quick {
+        checks.push(Check {
+            name: "memory flat",
+            passed: true,
+            detail: "not checked in --quick (too short to say)".into(),
+        });
+    } else {
+        checks.push(Check {
+            name: "memory flat",
+            passed: r.rss.start_kib > 0 && r.rss.end_kib <= allowed,
+            detail: format!(
+                "{} KiB after the {:.0} s warm-up, {} KiB at the end of the load (at most {allowed})",
+                r.rss.start_kib, s.warmup_secs, r.rss.end_kib
+            ),
+        });
+        checks.push(Check {
+            name: "faults were injected",
+            passed: faults > 0,
+            detail: format!("{faults}"),
+        });
+    }
+    checks
+}
+
+/// Polls `/v1/pools` until nothing is reserved or in flight (calls cut off at the end of the
+/// drain settle as the proxy notices the hang-up), for up to 30 s; returns the last reading.
+async fn ledger_at_rest(addr: SocketAddr) -> anyhow::Result<LedgerEnd> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = http_get(addr, "/v1/pools").await?;
+        let v: serde_json::Value = serde_json::from_str(&body).context("/v1/pools JSON")?;
+        let mut end = LedgerEnd {
+            unsettled_reservations: v["unsettled_reservations"].as_u64().unwrap_or(u64::MAX),
+            ..LedgerEnd::default()
+        };
+        for pool in v["pools"].as_array().into_iter().flatten() {
+            let ledger = &pool["ledger"];
+            end.reserved_tokens += ledger["reserved_tokens"].as_u64().unwrap_or(u64::MAX / 4);
+            end.in_flight_requests += ledger["in_flight_requests"]
+                .as_u64()
+                .unwrap_or(u64::MAX / 4);
+        }
+        if (end.reserved_tokens == 0 && end.in_flight_requests == 0) || Instant::now() > deadline {
+            return Ok(end);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One `GET` over HTTP/1.1 (`connection: close`); the body of a response with a length.
+async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+        .await
+        .context("GET timed out")??;
+    let text = String::from_utf8(response).context("response is not UTF-8")?;
+    let (head, body) = text.split_once("\r\n\r\n").context("no response head")?;
+    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
+    Ok(body.to_string())
+}
+
+/// The samples of counter `name` by the value of `label` (summed over the other labels).
+fn series(metrics: &str, name: &str, label: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let prefix = format!("{name}{{");
+    for line in metrics.lines().filter(|l| l.starts_with(&prefix)) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let key = format!("{label}=\"");
+        let Some(v) = series
+            .split_once(&key)
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map(|(v, _)| v.to_string())
+        else {
+            continue;
+        };
+        let n = value.parse::<f64>().unwrap_or(0.0) as u64;
+        if n > 0 {
+            *out.entry(v).or_insert(0) += n;
+        }
+    }
+    out
+}
