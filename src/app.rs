@@ -51,6 +51,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub registry: Registry,
     pub max_body_bytes: usize,
+    /// How long a request body may take to arrive (`server.body_read_timeout_secs`).
+    pub body_read_timeout: std::time::Duration,
     /// False until started, and again once draining.
     pub ready: Arc<AtomicBool>,
 }

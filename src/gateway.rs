@@ -241,6 +241,7 @@ impl Gateway {
             metrics,
             registry,
             max_body_bytes: config.server.max_body_bytes,
+            body_read_timeout: config.server.body_read_timeout,
             ready: ready.clone(),
         });
         let addr = listener.local_addr()?;

@@ -58,9 +58,22 @@ async fn forward(
     if let Some(Err(e)) = head_identity {
         return e.into_response();
     }
-    let body = match axum::body::to_bytes(body, state.max_body_bytes).await {
-        Ok(b) => b,
-        Err(e) => return body_error(&e, state.max_body_bytes).into_response(),
+    // A client that sends a head and then trickles (or stalls) its body holds a connection but
+    // never a reservation; it gets an answer when the body is overdue.
+    let read = tokio::time::timeout(
+        state.body_read_timeout,
+        axum::body::to_bytes(body, state.max_body_bytes),
+    );
+    let body = match read.await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => return body_error(&e, state.max_body_bytes).into_response(),
+        Err(_) => {
+            return BedrockError::validation(format!(
+                "the request body did not arrive within {} s, the limit set by [server] body_read_timeout_secs; send the whole body at once",
+                state.body_read_timeout.as_secs()
+            ))
+            .into_response();
+        }
     };
     let route_name = match head_identity {
         Some(identity) => identity,

@@ -288,3 +288,52 @@ async fn idle_and_half_sent_connections_do_not_stop_requests_and_are_closed_afte
     );
     assert_ledger_zero(&proxy).await;
 }
+
+/// A client that sends a head and part of its body, then stalls, gets a clear 400 once
+/// `server.body_read_timeout_secs` passes; nothing reaches upstream or the ledger.
+#[tokio::test]
+async fn a_body_that_stalls_is_answered_when_it_is_overdue() {
+    let sim = start_simulator(FAST_SIM).await;
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nbody_read_timeout_secs = 1\n\n[upstream]\nregion = \"us-east-1\"\n\
+         endpoint = \"http://{}\"\n\n{}",
+        sim.addr,
+        sonnet_pool(1_000_000, 8)
+    );
+    let proxy = start_proxy(tokengate::config::Config::parse(&text).expect("config")).await;
+    let addr = proxy.addr;
+    let path = model_path(SONNET_US, "converse");
+    let part = converse_body("[sim:output=5] hello", Some(10));
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(post_head(addr, &path, part.len() + 100).as_bytes())
+        .await
+        .expect("head");
+    stream.write_all(part.as_bytes()).await.expect("part");
+    let started = Instant::now();
+    let (status, head, mut body) = read_head(&mut stream).await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "not before the timeout"
+    );
+    assert_eq!(status, 400, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("x-amzn-errortype: validationexception"),
+        "{head}"
+    );
+    let mut chunk = [0u8; 4096];
+    while !String::from_utf8_lossy(&body).contains('}') {
+        match tokio::time::timeout(Duration::from_secs(2), stream.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => body.extend_from_slice(&chunk[..n]),
+            _ => break,
+        }
+    }
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.contains("body_read_timeout_secs"),
+        "says which setting: {body}"
+    );
+    assert_ledger_zero(&proxy).await;
+    assert_eq!(sim.simulator.stats().calls(), 0, "nothing went upstream");
+}

@@ -67,6 +67,8 @@ pub struct ServerConfig {
     pub accept_grace: Duration,
     /// How long a connection may take to send a request head (or its first byte).
     pub header_read_timeout: Duration,
+    /// How long a request body may take to arrive, whole.
+    pub body_read_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -295,6 +297,10 @@ impl Config {
             header_read_timeout: Duration::from_secs(positive(
                 "server.header_read_timeout_secs",
                 raw.server.header_read_timeout_secs.unwrap_or(30),
+            )?),
+            body_read_timeout: Duration::from_secs(positive(
+                "server.body_read_timeout_secs",
+                raw.server.body_read_timeout_secs.unwrap_or(60),
             )?),
         };
         let upstream = validate_upstream(raw.upstream)?;

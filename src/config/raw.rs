@@ -40,6 +40,7 @@ pub struct RawServer {
     pub drain_secs: Option<u64>,
     pub accept_grace_secs: Option<u64>,
     pub header_read_timeout_secs: Option<u64>,
+    pub body_read_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
