@@ -91,25 +91,16 @@ pub enum ReloadError {
 /// The sections a reload cannot change in a running process: listeners, the upstream client,
 /// the ledger backend, logging, the simulator. Changes there are logged and wait for a restart.
 fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
-    let mut changed = Vec::new();
-    let differs =
-        |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
-    if differs(&old.server, &new.server) {
-        changed.push("[server]");
-    }
-    if differs(&old.upstream, &new.upstream) {
-        changed.push("[upstream]");
-    }
-    if old.ledger != new.ledger {
-        changed.push("[ledger]");
-    }
-    if differs(&old.log, &new.log) {
-        changed.push("[log]");
-    }
-    if differs(&old.simulator, &new.simulator) {
-        changed.push("[simulator]");
-    }
-    changed
+    [
+        ("[server]", old.server != new.server),
+        ("[upstream]", old.upstream != new.upstream),
+        ("[ledger]", old.ledger != new.ledger),
+        ("[log]", old.log != new.log),
+        ("[simulator]", old.simulator != new.simulator),
+    ]
+    .into_iter()
+    .filter_map(|(section, changed)| changed.then_some(section))
+    .collect()
 }
 
 /// One listener's serving task and the signal that stops it.

@@ -193,8 +193,7 @@ impl Admission {
         let route = &caller.route;
         let shadow = pool.config.shadow || route.config.shadow;
         if !route.allows(configured) {
-            self.count(&pool.name, operation, "not_allowed");
-            self.count_route(&pool, route, "not_allowed");
+            self.count_for(&pool, route, operation, "not_allowed");
             let error = BedrockError::new(
                 ErrorCode::AccessDenied,
                 format!(
@@ -207,8 +206,7 @@ impl Admission {
         let mut estimate = self
             .estimate(&pool, operation, &model, body)
             .inspect_err(|_| {
-                self.count(&pool.name, operation, "invalid");
-                self.count_route(&pool, route, "invalid");
+                self.count_for(&pool, route, operation, "invalid");
             })?;
         if let (InputEstimate::CountTokens, Some(counter)) =
             (pool.config.input_estimate, &self.counter)
@@ -228,8 +226,7 @@ impl Admission {
             match self.apply_ceiling(&pool, route, operation, &model, body, &mut estimate) {
                 Ok(rewritten) => rewritten,
                 Err(error) => {
-                    self.count(&pool.name, operation, "invalid");
-                    self.count_route(&pool, route, "invalid");
+                    self.count_for(&pool, route, operation, "invalid");
                     return self.enforce_or_shadow(
                         shadow,
                         &pool,
@@ -279,6 +276,12 @@ impl Admission {
             .with_label_values(&[&pool.name, &route.name, reason])
             .inc();
         self.count_route(pool, route, "shadow_rejected");
+    }
+
+    /// Counts an outcome in the pool's and the route's series.
+    fn count_for(&self, pool: &Pool, route: &Route, operation: Operation, outcome: &str) {
+        self.count(&pool.name, operation, outcome);
+        self.count_route(pool, route, outcome);
     }
 
     fn count_route(&self, pool: &Pool, route: &Route, outcome: &str) {
@@ -342,7 +345,7 @@ impl Admission {
         caller: &Caller,
     ) -> Result<Verdict, BedrockError> {
         let route = &caller.route;
-        if estimate.reservation() > pool.config.usable_tokens_per_minute() {
+        if !pool.config.can_ever_hold(estimate.reservation()) {
             self.count_shadow(&pool, route, "never_fits");
             return Ok(Verdict::Uncounted);
         }
@@ -449,10 +452,10 @@ impl Admission {
     ) -> Result<(), BedrockError> {
         let name = &*pool.name;
         let tokens = estimate.reservation();
-        let capacity = pool.config.usable_tokens_per_minute();
-        if tokens <= capacity {
+        if pool.config.can_ever_hold(tokens) {
             return Ok(());
         }
+        let capacity = pool.config.usable_tokens_per_minute();
         self.count(name, operation, "invalid");
         self.metrics
             .rejections

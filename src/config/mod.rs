@@ -52,7 +52,7 @@ pub struct Config {
     pub simulator: SimulatorConfig,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
     /// A second, plain-HTTP listener serving only the admin endpoints (health, readiness,
@@ -71,7 +71,7 @@ pub struct ServerConfig {
     pub body_read_timeout: Duration,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
@@ -88,7 +88,7 @@ pub enum Endpoint {
     Url(Uri),
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamConfig {
     pub region: String,
     pub endpoint: Endpoint,
@@ -159,7 +159,7 @@ pub enum LogFormat {
     Json,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LogConfig {
     pub format: LogFormat,
     pub level: String,
@@ -201,6 +201,11 @@ impl PoolConfig {
     /// Tokens per minute after headroom: the capacity admission works with.
     pub fn usable_tokens_per_minute(&self) -> u64 {
         ((self.tokens_per_minute as f64) * (1.0 - self.headroom)).floor() as u64
+    }
+
+    /// Whether a reservation of `tokens` fits the bucket at all (else it could never be admitted).
+    pub fn can_ever_hold(&self, tokens: u64) -> bool {
+        tokens <= self.usable_tokens_per_minute()
     }
 }
 

@@ -16,7 +16,7 @@ use super::{
     Clock, Decision, Ledger, LedgerError, Limit, Limits, PoolSnapshot, Rejection, Reservation,
     ReserveRequest, ShareHold, ShareRequest,
     bucket::TokenBucket,
-    shares::{Need, Plan, RouteStates},
+    shares::{Need, RouteStates},
 };
 
 #[derive(Debug)]
@@ -93,23 +93,18 @@ impl PoolState {
                 }
             }
         };
+        let protected = plan.map_or(0, |(_, n)| n.protected);
         let need = plan
             .map_or(tokens, |(_, need)| need.tokens)
             .saturating_add(hold_back);
         self.check(need).map_err(|mut rejection| {
             rejection.held_for_others = rejection.limit == Limit::Tokens
-                && plan.is_some_and(|(_, n)| n.protected > 0)
-                && self
-                    .tokens
-                    .fits(need - plan.map_or(0, |(_, n)| n.protected));
+                && protected > 0
+                && self.tokens.fits(need - protected);
             rejection
         })?;
         self.take(tokens, now);
-        Ok(plan.map(|(request, Need { hold, .. })| self.take_share(request, tokens, hold)))
-    }
-
-    fn take_share(&mut self, request: &ShareRequest<'_>, tokens: u64, plan: Plan) -> ShareHold {
-        self.routes.take(request, tokens, plan)
+        Ok(plan.map(|(request, Need { hold, .. })| self.routes.take(request, tokens, hold)))
     }
 
     /// Whether the token bucket holds `tokens` (a request's own plus what it must leave), a

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// `[simulator]` settings. Every key is optional; the defaults suit a newcomer trying the proxy
 /// against a plausible Bedrock (200 ms to first token, 150 tokens/s, no faults).
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SimulatorConfig {
     /// The Region on-demand buckets are in (an ARN's own Region wins). Default `us-east-1`.
