@@ -136,8 +136,7 @@ async fn a_wait_projected_beyond_max_wait_is_rejected_at_once() {
     let mut ok = admit(&adm, 100).await.expect("queued, then admitted");
     let waited = start.elapsed();
     let missing = ok.estimate().reservation() - left;
-    let refill = Duration::from_millis(missing * 10)
-        + Duration::from_nanos(tokengate::ledger::memory::UPSTREAM_TRANSIT_NS);
+    let refill = Duration::from_millis(missing * 10) + tokengate::ledger::units::UPSTREAM_TRANSIT;
     assert!(
         waited >= refill && waited <= refill + Duration::from_millis(5),
         "{waited:?} for {missing} missing tokens"

@@ -10,8 +10,10 @@
 
 use std::time::Duration;
 
+use super::units::NANOS_PER_MINUTE;
+
 /// Units per token: nanoseconds per minute.
-pub const SCALE: i128 = 60_000_000_000;
+pub const SCALE: i128 = NANOS_PER_MINUTE as i128;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenBucket {

@@ -17,6 +17,7 @@ use super::{
     ReserveRequest, ShareHold, ShareRequest,
     bucket::TokenBucket,
     shares::{Need, RouteStates},
+    units::UPSTREAM_TRANSIT_NS,
 };
 
 #[derive(Debug)]
@@ -156,11 +157,6 @@ impl PoolState {
         self.reserved_tokens += tokens;
     }
 }
-
-/// How long a request takes to reach upstream, at most: refill after a full bucket starts this
-/// long after the reservation ([`TokenBucket::take_in_transit`]). Costs a pool at most this much
-/// refill (100 ms of a minute: 0.17%) per idle spell.
-pub const UPSTREAM_TRANSIT_NS: u64 = 100_000_000;
 
 /// The single-process ledger.
 #[derive(Debug)]

@@ -21,6 +21,7 @@ pub mod fallback;
 pub mod memory;
 pub mod redis;
 pub mod shares;
+pub mod units;
 
 use std::{
     fmt,
@@ -32,7 +33,7 @@ use std::{
 };
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use clock::Clock;
 pub use fallback::FallbackLedger;
@@ -66,7 +67,7 @@ pub struct ReserveRequest<'a> {
 }
 
 /// Which limit turned a request away.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Limit {
     Tokens,
@@ -208,8 +209,8 @@ impl Drop for Reservation {
     }
 }
 
-/// A pool's live state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A pool's live state (also the Redis snapshot script's reply, field for field).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolSnapshot {
     /// Tokens in the bucket now; negative while repaying a burndown charge.
     pub tokens_available: i64,

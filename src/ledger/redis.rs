@@ -73,11 +73,14 @@ use redis::{
     FromRedisValue, Script, ScriptInvocation,
     aio::{ConnectionManager, ConnectionManagerConfig},
 };
+use serde::{Deserialize, de::DeserializeOwned};
 use tokio::task::AbortHandle;
 
 use super::{
     Decision, Ledger, LedgerError, LedgerMode, Limit, Limits, PoolSnapshot, Rejection, Reservation,
-    ReserveRequest, ShareHold, shares::share_tokens,
+    ReserveRequest, ShareHold,
+    shares::share_tokens,
+    units::{MILLIS_PER_MINUTE, UPSTREAM_TRANSIT_MS},
 };
 use crate::metrics::Metrics;
 
@@ -91,9 +94,26 @@ pub const MAX_TOKENS_PER_MINUTE: u64 = 1_000_000_000;
 const MAX_CHARGE: u64 = 10 * MAX_TOKENS_PER_MINUTE;
 /// Leases renewed per script call.
 const RENEW_BATCH: usize = 256;
+/// Expired leases reclaimed per script call (`PURGE_BATCH` in the scripts).
+const PURGE_BATCH: usize = 256;
+/// How long an idle pool's keys outlive the moment every lease has expired and both buckets are
+/// full again (`KEY_GRACE_MS` in the scripts).
+const KEY_GRACE: Duration = Duration::from_secs(60);
 const BACKEND: &str = "redis";
 
 const COMMON: &str = include_str!("lua/common.lua");
+
+/// The constants the scripts share with the Rust side, as Lua. Formatted into every script when
+/// it is built rather than passed with each call: they never change between calls, so arguments
+/// would only add bytes and parsing to every round trip, and formatted in they are part of each
+/// script's SHA1, so two builds whose constants differ never run each other's scripts.
+fn constants() -> String {
+    format!(
+        "local U = {MILLIS_PER_MINUTE}\nlocal TRANSIT_MS = {UPSTREAM_TRANSIT_MS}\n\
+         local PURGE_BATCH = {PURGE_BATCH}\nlocal KEY_GRACE_MS = {}\n",
+        KEY_GRACE.as_millis()
+    )
+}
 
 /// How to reach Redis and how long leases last.
 #[derive(Debug, Clone)]
@@ -116,7 +136,8 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Scripts {
-        let script = |body: &str| Script::new(&format!("{COMMON}\n{body}"));
+        let prelude = format!("{}{COMMON}", constants());
+        let script = |body: &str| Script::new(&format!("{prelude}\n{body}"));
         Scripts {
             admit: script(include_str!("lua/admit.lua")),
             settle: script(include_str!("lua/settle.lua")),
@@ -293,15 +314,42 @@ fn rpm_arg(limits: &Limits) -> i64 {
         .map_or(-1, |r| i64::try_from(r).unwrap_or(i64::MAX))
 }
 
-fn unexpected(op: &str, reply: &[i64]) -> LedgerError {
-    LedgerError {
-        backend: BACKEND,
-        message: format!("{op}: unexpected reply from the script: {reply:?}"),
-    }
+/// The admit script's reply.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+enum AdmitReply {
+    Granted {
+        purged: u64,
+        /// Tokens taken from the caller's guarantee.
+        guaranteed: u64,
+        /// Taken under the caller's recovery budget.
+        recovered: bool,
+    },
+    Refused {
+        purged: u64,
+        limit: Limit,
+        /// `None`: refill alone never makes room.
+        wait_ms: Option<u64>,
+        deficit: u64,
+        reserved: u64,
+        in_flight: u32,
+        held_for_others: bool,
+    },
 }
 
-fn count(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
+/// The settle script's reply.
+#[derive(Debug, Deserialize)]
+struct SettleReply {
+    /// The lease was live (not expired and purged before the settlement arrived).
+    held: bool,
+}
+
+/// Decodes a script's JSON reply; anything else is a [`LedgerError`] that quotes it.
+fn decode<T: DeserializeOwned>(op: &str, reply: &str) -> Result<T, LedgerError> {
+    serde_json::from_str(reply).map_err(|e| LedgerError {
+        backend: BACKEND,
+        message: format!("{op}: unexpected reply from the script ({e}): {reply}"),
+    })
 }
 
 // === impl Inner ===
@@ -428,8 +476,9 @@ impl Ledger for RedisLedger {
             .arg(u64::try_from(inner.lease.as_millis()).unwrap_or(u64::MAX))
             .arg(request.hold_back.min(MAX_TOKENS_PER_MINUTE));
         share_args(&mut invocation, request);
-        let reply: Vec<i64> = inner.run(&invocation, "admit", request.pool).await?;
-        let purged = reply.get(1).copied().unwrap_or(0);
+        let reply: String = inner.run(&invocation, "admit", request.pool).await?;
+        let reply: AdmitReply = decode("admit", &reply)?;
+        let (AdmitReply::Granted { purged, .. } | AdmitReply::Refused { purged, .. }) = reply;
         if purged > 0 {
             tracing::warn!(
                 pool = request.pool,
@@ -437,47 +486,40 @@ impl Ledger for RedisLedger {
                 "expired leases reclaimed: a replica stopped renewing (crashed, or lost Redis)"
             );
         }
-        match reply.as_slice() {
-            [1, _, guaranteed, recovered] => {
+        Ok(match reply {
+            AdmitReply::Granted {
+                guaranteed,
+                recovered,
+                ..
+            } => {
                 let pool: Arc<str> = Arc::from(request.pool);
                 inner.held.insert(id, (pool.clone(), request.tokens));
                 let hold = request.share.as_ref().map(|share| ShareHold {
                     route: share.caller().route.clone(),
-                    guaranteed: count(*guaranteed),
-                    recovered: *recovered == 1,
+                    guaranteed,
+                    recovered,
                 });
-                Ok(Decision::Admitted(
+                Decision::Admitted(
                     Reservation::new(pool, request.tokens, id, BACKEND).with_share(hold),
-                ))
+                )
             }
-            [
-                0,
-                _,
+            AdmitReply::Refused {
                 limit,
-                wait,
+                wait_ms,
                 deficit,
                 reserved,
                 in_flight,
                 held_for_others,
-            ] => {
-                let limit = match limit {
-                    1 => Limit::Tokens,
-                    2 => Limit::Requests,
-                    3 => Limit::Concurrency,
-                    4 => Limit::Share,
-                    _ => return Err(unexpected("admit", &reply)),
-                };
-                Ok(Decision::Rejected(Rejection {
-                    limit,
-                    refill_wait: (*wait >= 0).then(|| Duration::from_millis(count(*wait))),
-                    token_deficit: count(*deficit),
-                    in_flight_tokens: count(*reserved),
-                    in_flight_requests: u32::try_from(*in_flight).unwrap_or(u32::MAX),
-                    held_for_others: *held_for_others == 1,
-                }))
-            }
-            _ => Err(unexpected("admit", &reply)),
-        }
+                ..
+            } => Decision::Rejected(Rejection {
+                limit,
+                refill_wait: wait_ms.map(Duration::from_millis),
+                token_deficit: deficit,
+                in_flight_tokens: reserved,
+                in_flight_requests: in_flight,
+                held_for_others,
+            }),
+        })
     }
 
     async fn settle(
@@ -504,15 +546,12 @@ impl Ledger for RedisLedger {
                 .arg(hold.guaranteed)
                 .arg(u8::from(hold.recovered));
         }
-        let reply: Vec<i64> = inner.run(&invocation, "settle", &pool).await?;
-        match reply.as_slice() {
-            [1, _] => Ok(()),
-            [0, _] => {
-                tracing::warn!(pool = %pool, reserved, charged_tokens, "settled after the lease expired: it was charged in full");
-                Ok(())
-            }
-            _ => Err(unexpected("settle", &reply)),
+        let reply: String = inner.run(&invocation, "settle", &pool).await?;
+        let reply: SettleReply = decode("settle", &reply)?;
+        if !reply.held {
+            tracing::warn!(pool = %pool, reserved, charged_tokens, "settled after the lease expired: it was charged in full");
         }
+        Ok(())
     }
 
     async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError> {
@@ -524,17 +563,8 @@ impl Ledger for RedisLedger {
             .key(&keys[1])
             .arg(limits.tokens_per_minute)
             .arg(rpm_arg(limits));
-        let reply: Vec<i64> = self.inner.run(&invocation, "snapshot", pool).await?;
-        match reply.as_slice() {
-            [available, capacity, reserved, in_flight, requests] => Ok(PoolSnapshot {
-                tokens_available: *available,
-                tokens_capacity: count(*capacity),
-                reserved_tokens: count(*reserved),
-                in_flight_requests: u32::try_from(*in_flight).unwrap_or(u32::MAX),
-                requests_available: (*requests >= 0).then(|| count(*requests)),
-            }),
-            _ => Err(unexpected("snapshot", &reply)),
-        }
+        let reply: String = self.inner.run(&invocation, "snapshot", pool).await?;
+        decode("snapshot", &reply)
     }
 
     fn backend(&self) -> &'static str {
@@ -559,6 +589,39 @@ mod tests {
         let [state, leases] = keys("sonnet4-us");
         assert_eq!(state, "tg:v1:{sonnet4-us}:s");
         assert_eq!(leases, "tg:v1:{sonnet4-us}:l");
+    }
+
+    #[test]
+    fn replies_decode_by_name() {
+        let refused = r#"{"verdict":"refused","purged":0,"limit":"share","wait_ms":null,"deficit":12345678901234567,"reserved":3,"in_flight":1,"held_for_others":false}"#;
+        match decode::<AdmitReply>("admit", refused).expect("decodes") {
+            AdmitReply::Refused {
+                limit,
+                wait_ms,
+                deficit,
+                ..
+            } => {
+                assert_eq!(limit, Limit::Share);
+                assert_eq!(wait_ms, None);
+                assert_eq!(deficit, 12_345_678_901_234_567, "exact past 2^53 digits");
+            }
+            other => panic!("{other:?}"),
+        }
+        let granted = r#"{"verdict":"granted","purged":2,"guaranteed":10,"recovered":true}"#;
+        assert!(matches!(
+            decode::<AdmitReply>("admit", granted),
+            Ok(AdmitReply::Granted {
+                purged: 2,
+                guaranteed: 10,
+                recovered: true
+            })
+        ));
+        let e =
+            decode::<SettleReply>("settle", "[1,0]").expect_err("positional replies are refused");
+        assert!(
+            e.message.contains("settle") && e.message.contains("[1,0]"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,8 +1,11 @@
 -- tokengate ledger, key layout v1: KEYS[1] = tg:v1:{pool}:s (hash), KEYS[2] = tg:v1:{pool}:l (zset).
--- This prelude is prepended to every script (see src/ledger/redis.rs).
+-- This prelude is prepended to every script, after the constants src/ledger/redis.rs formats in
+-- from Rust (never copied here by hand): U (units per token: milliseconds per minute, from
+-- ledger/units.rs), TRANSIT_MS (ledger/units.rs UPSTREAM_TRANSIT), PURGE_BATCH (expired leases
+-- reclaimed per call) and KEY_GRACE_MS (how long an idle pool's keys outlive a full bucket).
 --
 -- Token buckets as in src/ledger/bucket.rs, at millisecond resolution: a level is kept in
--- "token-milliminutes" (one token is U = 60000 units) and a bucket of C tokens per minute refills
+-- "token-milliminutes" (one token is U units) and a bucket of C tokens per minute refills
 -- exactly C units per elapsed millisecond of Redis TIME. Integers only: Lua numbers are doubles,
 -- and every value here stays an integer below 2^53 (the client refuses limits that could pass it).
 -- Stored numbers are written with '%.0f', never tostring (which keeps only 14 digits).
@@ -12,10 +15,6 @@
 -- The lease zset: member "<id hex>:<tokens>", score = expiry in Redis ms. Its cardinality is the
 -- number of requests in flight.
 
-local U = 60000
--- src/ledger/memory.rs UPSTREAM_TRANSIT_NS, in milliseconds.
-local TRANSIT_MS = 100
-local PURGE_BATCH = 256
 local STATE, LEASES = KEYS[1], KEYS[2]
 
 local function now_ms()
@@ -36,6 +35,28 @@ end
 
 local function int(x)
   return string.format('%.0f', x)
+end
+
+-- A script's reply: a JSON object of `fields`, in order, each {name, value}; a nil value is null.
+-- Values are integers, booleans or fixed identifiers (no escaping needed). Written by hand rather
+-- than with cjson.encode, which prints numbers with 14 significant digits: integers here may
+-- have more, and must arrive exact. src/ledger/redis.rs decodes each reply with serde.
+local function reply(fields)
+  local out = {}
+  for i, f in ipairs(fields) do
+    local v, text = f[2], nil
+    if v == nil then
+      text = 'null'
+    elseif type(v) == 'boolean' then
+      text = tostring(v)
+    elseif type(v) == 'number' then
+      text = int(v)
+    else
+      text = '"' .. v .. '"'
+    end
+    out[i] = '"' .. f[1] .. '":' .. text
+  end
+  return '{' .. table.concat(out, ',') .. '}'
 end
 
 local function bucket_new(cap, now)
@@ -150,7 +171,7 @@ local function extend(key, ms)
 end
 
 -- Writes the state back. Both keys live until every lease has expired and both buckets are full
--- again, plus a minute: a pool that expired is indistinguishable from a fresh, full one.
+-- again, plus KEY_GRACE_MS: a pool that expired is indistinguishable from a fresh, full one.
 local function save(s, now)
   local t = s.tokens
   redis.call('HSET', STATE, 'tl', int(t.level), 'tc', int(t.cap), 'tt', int(t.ts), 'res', int(s.reserved))
@@ -165,7 +186,7 @@ local function save(s, now)
   if last[2] then
     ttl = math.max(ttl, tonumber(last[2]) - now)
   end
-  ttl = ttl + 60000
+  ttl = ttl + KEY_GRACE_MS
   extend(STATE, ttl)
   extend(LEASES, ttl)
 end
