@@ -35,7 +35,7 @@ use tokengate::{
     admission::{Admission, Verdict, body, estimate::estimate_input_tokens},
     bedrock::{Operation, Usage},
     config::Config,
-    ledger::{Clock, Decision, Ledger, Limits, MemoryLedger, ReserveRequest},
+    ledger::{Clock, Ledger, Limits, MemoryLedger, ReserveRequest, Verdict as LedgerVerdict},
     metrics::Metrics,
 };
 
@@ -59,7 +59,7 @@ fn reserve_settle(ledger: &MemoryLedger, pool: &str) {
     };
     let decision = ledger.reserve(black_box(&request)).now_or_never();
     match decision {
-        Some(Ok(Decision::Admitted(reservation))) => {
+        Some(Ok(LedgerVerdict::Granted(reservation))) => {
             let settled = ledger.settle(reservation, 0).now_or_never();
             assert!(matches!(settled, Some(Ok(()))), "settle: {settled:?}");
         }

@@ -22,7 +22,7 @@ use std::{
 
 use tokengate::{
     ledger::{
-        Clock, Decision, Ledger, Limits, MemoryLedger, RedisLedger, RedisOptions, ReserveRequest,
+        Clock, Ledger, Limits, MemoryLedger, RedisLedger, RedisOptions, ReserveRequest, Verdict,
     },
     metrics::Metrics,
 };
@@ -125,7 +125,7 @@ async fn pair(ledger: &dyn Ledger, pool: &str) -> (Duration, Duration) {
     let started = Instant::now();
     let decision = ledger.reserve(&request).await;
     let reserved = started.elapsed();
-    let Ok(Decision::Admitted(reservation)) = decision else {
+    let Ok(Verdict::Granted(reservation)) = decision else {
         panic!("the bench pool admits everything: {decision:?}");
     };
     let started = Instant::now();

@@ -36,8 +36,8 @@ use std::{
 
 use tokengate::{
     ledger::{
-        Clock, Decision, Ledger, Limit, Limits, MemoryLedger, PoolSnapshot, RedisLedger,
-        RedisOptions, Rejection, Reservation, ReserveRequest, RouteShare, ShareRequest,
+        Clock, Ledger, Limit, Limits, MemoryLedger, PoolSnapshot, RedisLedger, RedisOptions,
+        Rejection, Reservation, ReserveRequest, RouteShare, ShareRequest, Verdict,
     },
     metrics::Metrics,
 };
@@ -151,7 +151,7 @@ fn limits(
     }
 }
 
-async fn reserve(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -> Decision {
+async fn reserve(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -> Verdict {
     ledger
         .reserve(&ReserveRequest {
             pool,
@@ -166,15 +166,15 @@ async fn reserve(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -
 
 async fn admit(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -> Reservation {
     match reserve(ledger, pool, limits, tokens).await {
-        Decision::Admitted(r) => r,
-        Decision::Rejected(r) => panic!("expected {tokens} tokens admitted, got {r:?}"),
+        Verdict::Granted(r) => r,
+        Verdict::Refused(r) => panic!("expected {tokens} tokens admitted, got {r:?}"),
     }
 }
 
 async fn reject(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -> Rejection {
     match reserve(ledger, pool, limits, tokens).await {
-        Decision::Rejected(r) => r,
-        Decision::Admitted(r) => {
+        Verdict::Refused(r) => r,
+        Verdict::Granted(r) => {
             let id = r.id();
             ledger.settle(r, 0).await.expect("settle");
             panic!("expected {tokens} tokens rejected, but reservation {id} was admitted")
@@ -322,8 +322,8 @@ async fn race(
     let (mut admitted, mut rejected) = (Vec::new(), Vec::new());
     for task in tasks {
         match task.await.expect("task") {
-            Decision::Admitted(r) => admitted.push(r),
-            Decision::Rejected(r) => rejected.push(r),
+            Verdict::Granted(r) => admitted.push(r),
+            Verdict::Refused(r) => rejected.push(r),
         }
     }
     (admitted, rejected, start)
@@ -384,7 +384,7 @@ async fn churn_never_exceeds_concurrency(ledger: Arc<dyn Ledger>) {
             tokio::spawn(async move {
                 for _ in 0..ITERATIONS {
                     match reserve(&*ledger, &pool, l, 60).await {
-                        Decision::Admitted(r) => {
+                        Verdict::Granted(r) => {
                             admitted.fetch_add(1, Ordering::Relaxed);
                             let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
                             most_holders.fetch_max(now, Ordering::Relaxed);
@@ -393,7 +393,7 @@ async fn churn_never_exceeds_concurrency(ledger: Arc<dyn Ledger>) {
                             settle(&*ledger, r, 30).await;
                             settled.fetch_add(1, Ordering::Relaxed);
                         }
-                        Decision::Rejected(r) => {
+                        Verdict::Refused(r) => {
                             assert_eq!(r.limit, Limit::Concurrency, "{r:?}");
                             tokio::task::yield_now().await;
                         }
@@ -664,9 +664,9 @@ fn route(name: &str, priority: i32, min_share: f64, max_share: Option<f64>) -> R
 }
 
 /// No retry reserve, no priority margin, routes active for a minute after they ask.
-fn share_request(routes: &[RouteShare], caller: usize) -> ShareRequest<'_> {
+fn share_request(routes: &[RouteShare], caller: usize) -> ShareRequest {
     ShareRequest {
-        routes,
+        routes: routes.into(),
         caller,
         retry: false,
         retry_reserve: 0.0,
@@ -675,12 +675,7 @@ fn share_request(routes: &[RouteShare], caller: usize) -> ShareRequest<'_> {
     }
 }
 
-async fn reserve_as(
-    ledger: &dyn Ledger,
-    pool: &str,
-    tokens: u64,
-    share: ShareRequest<'_>,
-) -> Decision {
+async fn reserve_as(ledger: &dyn Ledger, pool: &str, tokens: u64, share: &ShareRequest) -> Verdict {
     ledger
         .reserve(&ReserveRequest {
             pool,
@@ -697,11 +692,11 @@ async fn admit_as(
     ledger: &dyn Ledger,
     pool: &str,
     tokens: u64,
-    share: ShareRequest<'_>,
+    share: &ShareRequest,
 ) -> Reservation {
     match reserve_as(ledger, pool, tokens, share).await {
-        Decision::Admitted(r) => r,
-        Decision::Rejected(r) => panic!("expected {tokens} tokens admitted, got {r:?}"),
+        Verdict::Granted(r) => r,
+        Verdict::Refused(r) => panic!("expected {tokens} tokens admitted, got {r:?}"),
     }
 }
 
@@ -709,11 +704,11 @@ async fn reject_as(
     ledger: &dyn Ledger,
     pool: &str,
     tokens: u64,
-    share: ShareRequest<'_>,
+    share: &ShareRequest,
 ) -> Rejection {
     match reserve_as(ledger, pool, tokens, share).await {
-        Decision::Rejected(r) => r,
-        Decision::Admitted(r) => {
+        Verdict::Refused(r) => r,
+        Verdict::Granted(r) => {
             let id = r.id();
             ledger.settle(r, 0).await.expect("settle");
             panic!("expected {tokens} tokens rejected, but reservation {id} was admitted")
@@ -730,7 +725,7 @@ async fn shares_guarantee_is_protected_from_borrowers(ledger: Arc<dyn Ledger>) {
         route("backlog", 0, 0.0, None),
     ];
     let (triage, backlog) = (share_request(&routes, 0), share_request(&routes, 1));
-    let first = admit_as(&*ledger, &pool, 10, triage).await;
+    let first = admit_as(&*ledger, &pool, 10, &triage).await;
     assert_eq!(
         first.share().map(|h| h.guaranteed),
         Some(10),
@@ -738,15 +733,15 @@ async fn shares_guarantee_is_protected_from_borrowers(ledger: Arc<dyn Ledger>) {
     );
     settle(&*ledger, first, 10).await;
     // Bucket 590, triage's unused guarantee 290: backlog may take 590 - 290 = 300.
-    let borrowed = admit_as(&*ledger, &pool, 250, backlog).await;
+    let borrowed = admit_as(&*ledger, &pool, 250, &backlog).await;
     assert_eq!(borrowed.share().map(|h| h.guaranteed), Some(0));
-    let refused = reject_as(&*ledger, &pool, 100, backlog).await;
+    let refused = reject_as(&*ledger, &pool, 100, &backlog).await;
     assert_eq!(refused.limit, Limit::Tokens);
     assert!(
         refused.token_deficit >= 40,
         "must leave triage's guarantee: {refused:?}"
     );
-    let owner = admit_as(&*ledger, &pool, 290, triage).await;
+    let owner = admit_as(&*ledger, &pool, 290, &triage).await;
     settle(&*ledger, owner, 290).await;
     settle(&*ledger, borrowed, 250).await;
     assert_idle(&snapshot(&*ledger, &pool, limits(TPM, None, 100)).await);
@@ -763,9 +758,9 @@ async fn shares_idle_guarantees_are_lent(ledger: Arc<dyn Ledger>) {
     let mut backlog = share_request(&routes, 1);
     triage.idle = Duration::ZERO;
     backlog.idle = Duration::ZERO;
-    let first = admit_as(&*ledger, &pool, 10, triage).await;
+    let first = admit_as(&*ledger, &pool, 10, &triage).await;
     settle(&*ledger, first, 10).await;
-    let all = admit_as(&*ledger, &pool, 580, backlog).await;
+    let all = admit_as(&*ledger, &pool, 580, &backlog).await;
     settle(&*ledger, all, 580).await;
 }
 
@@ -777,8 +772,8 @@ async fn shares_ceiling_binds_with_its_own_refill(ledger: Arc<dyn Ledger>) {
         route("app", 0, 0.0, None),
     ];
     let batch = share_request(&routes, 0);
-    let held = admit_as(&*ledger, &pool, 100, batch).await;
-    let refused = reject_as(&*ledger, &pool, 100, batch).await;
+    let held = admit_as(&*ledger, &pool, 100, &batch).await;
+    let refused = reject_as(&*ledger, &pool, 100, &batch).await;
     assert_eq!(refused.limit, Limit::Share);
     assert!((49..=50).contains(&refused.token_deficit), "{refused:?}");
     let wait = refused.refill_wait.expect("the ceiling refills");
@@ -787,10 +782,10 @@ async fn shares_ceiling_binds_with_its_own_refill(ledger: Arc<dyn Ledger>) {
         "50 tokens at 2.5 per second: {wait:?}"
     );
     // The pool itself still has room for other routes.
-    let other = admit_as(&*ledger, &pool, 300, share_request(&routes, 1)).await;
+    let other = admit_as(&*ledger, &pool, 300, &share_request(&routes, 1)).await;
     settle(&*ledger, other, 0).await;
     settle(&*ledger, held, 0).await;
-    let again = admit_as(&*ledger, &pool, 140, batch).await;
+    let again = admit_as(&*ledger, &pool, 140, &batch).await;
     settle(&*ledger, again, 0).await;
 }
 
@@ -802,20 +797,20 @@ async fn shares_retries_use_the_reserve_within_the_budget(ledger: Arc<dyn Ledger
     routes[0].recovery_share = 0.1;
     let mut first = share_request(&routes, 0);
     first.retry_reserve = 0.2;
-    let mut retry = first;
+    let mut retry = first.clone();
     retry.retry = true;
     assert_eq!(
-        reject_as(&*ledger, &pool, 500, first).await.limit,
+        reject_as(&*ledger, &pool, 500, &first).await.limit,
         Limit::Tokens
     );
-    let bulk = admit_as(&*ledger, &pool, 480, first).await;
+    let bulk = admit_as(&*ledger, &pool, 480, &first).await;
     assert_eq!(bulk.share().map(|h| h.recovered), Some(false));
     // 120 left: only the reserve. A first attempt cannot have it; a retry can.
-    reject_as(&*ledger, &pool, 10, first).await;
-    let recovering = admit_as(&*ledger, &pool, 50, retry).await;
+    reject_as(&*ledger, &pool, 10, &first).await;
+    let recovering = admit_as(&*ledger, &pool, 50, &retry).await;
     assert_eq!(recovering.share().map(|h| h.recovered), Some(true));
     // The budget has 10 left: the next retry of 50 waits like a first attempt.
-    reject_as(&*ledger, &pool, 50, retry).await;
+    reject_as(&*ledger, &pool, 50, &retry).await;
     settle(&*ledger, recovering, 50).await;
     settle(&*ledger, bulk, 480).await;
     assert_idle(&snapshot(&*ledger, &pool, limits(TPM, None, 100)).await);
@@ -833,14 +828,14 @@ async fn hold_back_stays_in_the_bucket(ledger: Arc<dyn Ledger>) {
         hold_back,
     };
     let refused = match ledger.reserve(&request(500, 200)).await.expect("ledger") {
-        Decision::Rejected(r) => r,
-        Decision::Admitted(r) => panic!("500 + 200 held back cannot fit 600: {r:?}"),
+        Verdict::Refused(r) => r,
+        Verdict::Granted(r) => panic!("500 + 200 held back cannot fit 600: {r:?}"),
     };
     assert_eq!(refused.limit, Limit::Tokens);
     assert_eq!(refused.token_deficit, 100);
     let fits = match ledger.reserve(&request(400, 200)).await.expect("ledger") {
-        Decision::Admitted(r) => r,
-        Decision::Rejected(r) => panic!("400 + 200 fits 600: {r:?}"),
+        Verdict::Granted(r) => r,
+        Verdict::Refused(r) => panic!("400 + 200 fits 600: {r:?}"),
     };
     settle(&*ledger, fits, 0).await;
     assert_idle(&snapshot(&*ledger, &pool, l).await);

@@ -34,7 +34,8 @@ use crate::{
         AdmissionConfig, InputEstimate, MaxTokensPolicy, PoolConfig, RouteConfig, UnknownModels,
     },
     ledger::{
-        Decision, Ledger, LedgerError, Limit, PoolSnapshot, Rejection, Reservation, ReserveRequest,
+        Ledger, LedgerError, Limit, PoolSnapshot, Rejection, Reservation, ReserveRequest,
+        Verdict as LedgerVerdict,
     },
     metrics::{Metrics, NO_POOL},
 };
@@ -353,10 +354,10 @@ impl Admission {
             .try_reserve(&pool, estimate.reservation(), caller)
             .await
         {
-            Ok(Decision::Admitted(reservation)) => {
+            Ok(LedgerVerdict::Granted(reservation)) => {
                 Ok(self.admitted(pool, reservation, operation, estimate))
             }
-            Ok(Decision::Rejected(rejection)) => {
+            Ok(LedgerVerdict::Refused(rejection)) => {
                 self.count_shadow(&pool, route, rejection.limit.label());
                 Ok(Verdict::Uncounted)
             }
@@ -411,10 +412,10 @@ impl Admission {
             None
         } else {
             match self.try_reserve(&pool, tokens, caller).await {
-                Ok(Decision::Admitted(reservation)) => {
+                Ok(LedgerVerdict::Granted(reservation)) => {
                     return Ok(self.admitted(pool, reservation, operation, estimate));
                 }
-                Ok(Decision::Rejected(rejection)) => Some(rejection),
+                Ok(LedgerVerdict::Refused(rejection)) => Some(rejection),
                 Err(e) => return Err(self.ledger_unavailable(&pool, operation, &e)),
             }
         };
@@ -479,11 +480,12 @@ impl Admission {
         pool: &Pool,
         tokens: u64,
         caller: &Caller,
-    ) -> Result<Decision, LedgerError> {
+    ) -> Result<LedgerVerdict, LedgerError> {
         let limits = pool.limits();
         pool.metrics
             .effective_tokens_per_minute
             .set(limits.tokens_per_minute as f64);
+        let share = pool.shares.request(&caller.route.name, caller.is_retry());
         let started = std::time::Instant::now();
         let decision = self
             .ledger
@@ -491,7 +493,7 @@ impl Admission {
                 pool: &pool.name,
                 limits,
                 tokens,
-                share: pool.shares.request(&caller.route.name, caller.is_retry()),
+                share: share.as_ref(),
                 hold_back: pool.pending_excess(),
             })
             .await;

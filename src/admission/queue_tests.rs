@@ -96,7 +96,7 @@ async fn drained(ledger: &MemoryLedger) -> Vec<Reservation> {
             })
             .await
         {
-            Ok(Decision::Admitted(r)) => r,
+            Ok(Verdict::Granted(r)) => r,
             other => panic!("setup reserve failed: {other:?}"),
         }
     };

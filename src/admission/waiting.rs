@@ -57,7 +57,7 @@ impl Admission {
         let class = WaiterClass {
             priority: caller.route.config.priority,
             route: caller.route.name.clone(),
-            demand: pool.shares.demand(&caller.route.name, caller.is_retry()),
+            demand: pool.shares.request(&caller.route.name, caller.is_retry()),
         };
         let Some(ticket) = queue.enqueue(&class, tokens, self.ledger.clone()) else {
             let reason = if queue.is_closed() {

@@ -33,8 +33,8 @@ use std::sync::{
 use async_trait::async_trait;
 
 use super::{
-    Decision, Ledger, LedgerError, LedgerMode, Limits, MemoryLedger, PoolSnapshot, RedisLedger,
-    Reservation, ReserveRequest,
+    Ledger, LedgerError, LedgerMode, Limits, MemoryLedger, Origin, PoolSnapshot, RedisLedger,
+    Reservation, ReserveRequest, Verdict,
 };
 use crate::metrics::Metrics;
 
@@ -92,7 +92,7 @@ impl FallbackLedger {
         }
     }
 
-    async fn reserve_local(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError> {
+    async fn reserve_local(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         let local = ReserveRequest {
             pool: request.pool,
             limits: self.local_share(&request.limits),
@@ -107,12 +107,12 @@ impl FallbackLedger {
 
 #[async_trait]
 impl Ledger for FallbackLedger {
-    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError> {
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         if self.shared.is_healthy() {
             match self.shared.reserve(request).await {
-                Ok(decision) => {
+                Ok(verdict) => {
                     self.enter_shared();
-                    return Ok(decision);
+                    return Ok(verdict);
                 }
                 Err(e) => {
                     self.metrics
@@ -136,10 +136,9 @@ impl Ledger for FallbackLedger {
         reservation: Reservation,
         charged_tokens: u64,
     ) -> Result<(), LedgerError> {
-        if reservation.backend() == self.local.backend() {
-            self.local.settle(reservation, charged_tokens).await
-        } else {
-            self.shared.settle(reservation, charged_tokens).await
+        match reservation.origin() {
+            Origin::Local => self.local.settle(reservation, charged_tokens).await,
+            Origin::Shared => self.shared.settle(reservation, charged_tokens).await,
         }
     }
 

@@ -13,15 +13,15 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 
 use super::{
-    Clock, Decision, Ledger, LedgerError, Limit, Limits, PoolSnapshot, Rejection, Reservation,
-    ReserveRequest, ShareHold, ShareRequest,
+    Clock, Ledger, LedgerError, Limit, Limits, Origin, PoolSnapshot, Rejection, Reservation,
+    ReserveRequest, ShareHold, ShareRequest, Verdict,
     bucket::TokenBucket,
     shares::{Need, RouteStates},
     units::UPSTREAM_TRANSIT_NS,
 };
 
 #[derive(Debug)]
-struct PoolState {
+struct PoolLedger {
     tokens: TokenBucket,
     requests: Option<TokenBucket>,
     max_concurrency: u32,
@@ -30,9 +30,9 @@ struct PoolState {
     routes: RouteStates,
 }
 
-impl PoolState {
+impl PoolLedger {
     fn new(limits: &Limits, now: u64) -> Self {
-        PoolState {
+        PoolLedger {
             tokens: TokenBucket::new(limits.tokens_per_minute, now),
             requests: limits
                 .requests_per_minute
@@ -68,7 +68,7 @@ impl PoolState {
         &mut self,
         tokens: u64,
         hold_back: u64,
-        share: Option<&ShareRequest<'_>>,
+        share: Option<&ShareRequest>,
         now: u64,
     ) -> Result<Option<ShareHold>, Rejection> {
         let plan = match share {
@@ -161,7 +161,7 @@ impl PoolState {
 /// The single-process ledger.
 #[derive(Debug)]
 pub struct MemoryLedger {
-    pools: DashMap<Arc<str>, Arc<Mutex<PoolState>>>,
+    pools: DashMap<Arc<str>, Arc<Mutex<PoolLedger>>>,
     clock: Clock,
     next_id: AtomicU64,
 }
@@ -175,7 +175,7 @@ impl MemoryLedger {
         }
     }
 
-    fn pool(&self, name: &str, limits: &Limits) -> (Arc<str>, Arc<Mutex<PoolState>>) {
+    fn pool(&self, name: &str, limits: &Limits) -> (Arc<str>, Arc<Mutex<PoolLedger>>) {
         if let Some(entry) = self.pools.get(name) {
             return (entry.key().clone(), entry.value().clone());
         }
@@ -183,7 +183,7 @@ impl MemoryLedger {
         let state = self
             .pools
             .entry(key.clone())
-            .or_insert_with(|| Arc::new(Mutex::new(PoolState::new(limits, self.clock.now_ns()))))
+            .or_insert_with(|| Arc::new(Mutex::new(PoolLedger::new(limits, self.clock.now_ns()))))
             .clone();
         (key, state)
     }
@@ -191,7 +191,7 @@ impl MemoryLedger {
 
 /// A poisoned lock means a panic mid-update elsewhere; the state itself is still consistent
 /// (every update is a handful of integer writes), so keep serving.
-fn lock(state: &Mutex<PoolState>) -> MutexGuard<'_, PoolState> {
+fn lock(state: &Mutex<PoolLedger>) -> MutexGuard<'_, PoolLedger> {
     state
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -199,25 +199,20 @@ fn lock(state: &Mutex<PoolState>) -> MutexGuard<'_, PoolState> {
 
 #[async_trait]
 impl Ledger for MemoryLedger {
-    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError> {
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         let (key, state) = self.pool(request.pool, &request.limits);
         let now = self.clock.now_ns();
         let mut state = lock(&state);
         state.sync(&request.limits, now);
         Ok(
-            match state.reserve(
-                request.tokens,
-                request.hold_back,
-                request.share.as_ref(),
-                now,
-            ) {
+            match state.reserve(request.tokens, request.hold_back, request.share, now) {
                 Ok(hold) => {
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                    Decision::Admitted(
-                        Reservation::new(key, request.tokens, id, "memory").with_share(hold),
+                    Verdict::Granted(
+                        Reservation::new(key, request.tokens, id, Origin::Local).with_share(hold),
                     )
                 }
-                Err(rejection) => Decision::Rejected(rejection),
+                Err(rejection) => Verdict::Refused(rejection),
             },
         )
     }

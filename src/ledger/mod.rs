@@ -39,7 +39,7 @@ pub use clock::Clock;
 pub use fallback::FallbackLedger;
 pub use memory::MemoryLedger;
 pub use redis::{RedisLedger, RedisOptions};
-pub use shares::{RouteDemand, RouteShare, ShareHold, ShareRequest};
+pub use shares::{RouteShare, ShareHold, ShareRequest};
 
 /// The limits of one pool, as admission currently applies them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +59,7 @@ pub struct ReserveRequest<'a> {
     pub tokens: u64,
     /// The calling route and the shares of every route in the pool; `None` checks the pool's
     /// limits alone.
-    pub share: Option<ShareRequest<'a>>,
+    pub share: Option<&'a ShareRequest>,
     /// Tokens the bucket must hold beyond this request: charges admission expects but has not
     /// settled yet (the burndown excess of streams in flight, which upstream deducts when they
     /// end, a moment before their usage reaches the proxy).
@@ -107,11 +107,22 @@ pub struct Rejection {
     pub held_for_others: bool,
 }
 
-/// The outcome of [`Ledger::reserve`].
+/// The ledger's answer to [`Ledger::reserve`].
 #[derive(Debug)]
-pub enum Decision {
-    Admitted(Reservation),
-    Rejected(Rejection),
+pub enum Verdict {
+    /// Everything was taken: settle the reservation exactly once.
+    Granted(Reservation),
+    /// Nothing was taken.
+    Refused(Rejection),
+}
+
+/// Which ledger issued a reservation, and so must settle it: a [`FallbackLedger`] holds both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// This process's memory (the memory backend, or a fallback's local share).
+    Local,
+    /// The shared (Redis) ledger.
+    Shared,
 }
 
 static UNSETTLED_DROPS: AtomicU64 = AtomicU64::new(0);
@@ -127,18 +138,18 @@ pub struct Reservation {
     pool: Arc<str>,
     tokens: u64,
     id: u64,
-    backend: &'static str,
+    origin: Origin,
     share: Option<ShareHold>,
     settled: bool,
 }
 
 impl Reservation {
-    pub(crate) fn new(pool: Arc<str>, tokens: u64, id: u64, backend: &'static str) -> Self {
+    pub(crate) fn new(pool: Arc<str>, tokens: u64, id: u64, origin: Origin) -> Self {
         Reservation {
             pool,
             tokens,
             id,
-            backend,
+            origin,
             share: None,
             settled: false,
         }
@@ -155,9 +166,9 @@ impl Reservation {
         self.share.as_ref()
     }
 
-    /// The backend that issued it (`memory`, `redis`): a reservation is settled where it was taken.
-    pub fn backend(&self) -> &'static str {
-        self.backend
+    /// The ledger that issued it: a reservation is settled where it was taken.
+    pub fn origin(&self) -> Origin {
+        self.origin
     }
 
     pub fn pool(&self) -> &str {
@@ -194,7 +205,7 @@ impl fmt::Debug for Reservation {
             .field("pool", &self.pool)
             .field("tokens", &self.tokens)
             .field("id", &self.id)
-            .field("backend", &self.backend)
+            .field("origin", &self.origin)
             .field("share", &self.share)
             .finish()
     }
@@ -270,7 +281,7 @@ impl LedgerMode {
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Takes `tokens` from the token bucket, one request from the request bucket (if limited)
     /// and one concurrency permit, all or nothing.
-    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError>;
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError>;
 
     /// Settles a reservation to the actual charge: credits back `reserved - charged` (or debits
     /// the excess), releases the permit. The request stays counted in the request bucket.

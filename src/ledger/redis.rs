@@ -77,8 +77,8 @@ use serde::{Deserialize, de::DeserializeOwned};
 use tokio::task::AbortHandle;
 
 use super::{
-    Decision, Ledger, LedgerError, LedgerMode, Limit, Limits, PoolSnapshot, Rejection, Reservation,
-    ReserveRequest, ShareHold,
+    Ledger, LedgerError, LedgerMode, Limit, Limits, Origin, PoolSnapshot, Rejection, Reservation,
+    ReserveRequest, ShareHold, Verdict,
     shares::share_tokens,
     units::{MILLIS_PER_MINUTE, UPSTREAM_TRANSIT_MS},
 };
@@ -285,7 +285,7 @@ fn check_limits(pool: &str, limits: &Limits) -> Result<(), LedgerError> {
 
 /// The admit script's route-share arguments (see admit.lua): `0` without shares.
 fn share_args(invocation: &mut ScriptInvocation<'_>, request: &ReserveRequest<'_>) {
-    let Some(share) = &request.share else {
+    let Some(share) = request.share else {
         invocation.arg(0);
         return;
     };
@@ -297,7 +297,7 @@ fn share_args(invocation: &mut ScriptInvocation<'_>, request: &ReserveRequest<'_
         .arg(share_tokens(share.retry_reserve, tpm))
         .arg(share_tokens(share.priority_margin, tpm))
         .arg(u64::try_from(share.idle.as_millis()).unwrap_or(u64::MAX));
-    for route in share.routes {
+    for route in share.routes.iter() {
         let (guaranteed, ceiling, recovery) = route.capacities(tpm);
         invocation
             .arg(&*route.route)
@@ -458,7 +458,7 @@ impl Inner {
 
 #[async_trait]
 impl Ledger for RedisLedger {
-    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError> {
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         let inner = &self.inner;
         let limits = &request.limits;
         check_limits(request.pool, limits)?;
@@ -494,13 +494,13 @@ impl Ledger for RedisLedger {
             } => {
                 let pool: Arc<str> = Arc::from(request.pool);
                 inner.held.insert(id, (pool.clone(), request.tokens));
-                let hold = request.share.as_ref().map(|share| ShareHold {
+                let hold = request.share.map(|share| ShareHold {
                     route: share.caller().route.clone(),
                     guaranteed,
                     recovered,
                 });
-                Decision::Admitted(
-                    Reservation::new(pool, request.tokens, id, BACKEND).with_share(hold),
+                Verdict::Granted(
+                    Reservation::new(pool, request.tokens, id, Origin::Shared).with_share(hold),
                 )
             }
             AdmitReply::Refused {
@@ -511,7 +511,7 @@ impl Ledger for RedisLedger {
                 in_flight,
                 held_for_others,
                 ..
-            } => Decision::Rejected(Rejection {
+            } => Verdict::Refused(Rejection {
                 limit,
                 refill_wait: wait_ms.map(Duration::from_millis),
                 token_deficit: deficit,

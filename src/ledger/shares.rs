@@ -59,11 +59,12 @@ impl RouteShare {
     }
 }
 
-/// Who asks, among the routes that share a pool.
-#[derive(Debug, Clone, Copy)]
-pub struct ShareRequest<'a> {
+/// Who asks, among the routes that share a pool. Owned and cheap to clone (the route list is
+/// shared), so a request waiting in the admission queue keeps its own.
+#[derive(Debug, Clone)]
+pub struct ShareRequest {
     /// Every route that uses the pool.
-    pub routes: &'a [RouteShare],
+    pub routes: Arc<[RouteShare]>,
     /// Index of the calling route in `routes`.
     pub caller: usize,
     /// The request is an SDK retry (attempt > 1).
@@ -76,33 +77,9 @@ pub struct ShareRequest<'a> {
     pub idle: Duration,
 }
 
-impl ShareRequest<'_> {
+impl ShareRequest {
     pub fn caller(&self) -> &RouteShare {
         &self.routes[self.caller]
-    }
-}
-
-/// A [`ShareRequest`] that owns its route list, for requests that wait in the admission queue.
-#[derive(Debug, Clone)]
-pub struct RouteDemand {
-    pub routes: Arc<[RouteShare]>,
-    pub caller: usize,
-    pub retry: bool,
-    pub retry_reserve: f64,
-    pub priority_margin: f64,
-    pub idle: Duration,
-}
-
-impl RouteDemand {
-    pub fn request(&self) -> ShareRequest<'_> {
-        ShareRequest {
-            routes: &self.routes,
-            caller: self.caller,
-            retry: self.retry,
-            retry_reserve: self.retry_reserve,
-            priority_margin: self.priority_margin,
-            idle: self.idle,
-        }
     }
 }
 
@@ -193,8 +170,8 @@ pub(crate) struct RouteStates {
 impl RouteStates {
     /// Brings every route of `request` up to `now` in a pool of `tpm` tokens per minute,
     /// creating new ones full.
-    pub fn sync(&mut self, request: &ShareRequest<'_>, tpm: u64, now: u64) {
-        for share in request.routes {
+    pub fn sync(&mut self, request: &ShareRequest, tpm: u64, now: u64) {
+        for share in request.routes.iter() {
             match self.routes.get_mut(&share.route) {
                 Some(state) => state.sync(share, tpm, now),
                 None => {
@@ -209,7 +186,7 @@ impl RouteStates {
     /// `tokens` from the caller, or the caller's ceiling refusing. Marks the caller active.
     pub fn need(
         &mut self,
-        request: &ShareRequest<'_>,
+        request: &ShareRequest,
         tokens: u64,
         pool_level: i64,
         tpm: u64,
@@ -263,7 +240,7 @@ impl RouteStates {
 
     /// What a borrower from the caller must leave: the unused guarantees of the other active
     /// routes, and the priority margin if an active route outranks it.
-    fn protected(&self, request: &ShareRequest<'_>, tpm: u64, now: u64) -> u64 {
+    fn protected(&self, request: &ShareRequest, tpm: u64, now: u64) -> u64 {
         let caller = request.caller();
         let mut protected = 0u64;
         let mut outranked = false;
@@ -287,7 +264,7 @@ impl RouteStates {
     }
 
     /// Takes an admitted request's tokens from the caller's buckets.
-    pub fn take(&mut self, request: &ShareRequest<'_>, tokens: u64, plan: Plan) -> ShareHold {
+    pub fn take(&mut self, request: &ShareRequest, tokens: u64, plan: Plan) -> ShareHold {
         let route = request.caller().route.clone();
         if let Some(state) = self.routes.get_mut(&route) {
             state.guarantee.take(plan.guaranteed);
@@ -354,9 +331,9 @@ mod tests {
         }
     }
 
-    fn request(routes: &[RouteShare], caller: usize) -> ShareRequest<'_> {
+    fn request(routes: &[RouteShare], caller: usize) -> ShareRequest {
         ShareRequest {
-            routes,
+            routes: routes.into(),
             caller,
             retry: false,
             retry_reserve: 0.0,
