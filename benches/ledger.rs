@@ -20,11 +20,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokengate::{
-    ledger::{
-        Clock, Ledger, Limits, MemoryLedger, RedisLedger, RedisOptions, ReserveRequest, Verdict,
-    },
-    metrics::Metrics,
+use tokengate::ledger::{
+    Clock, Ledger, Limits, MemoryLedger, RedisLedger, RedisOptions, ReserveRequest, Verdict,
 };
 
 const LIMITS: Limits = Limits {
@@ -66,11 +63,8 @@ async fn run() {
             timeout: Duration::from_secs(2),
             lease: Duration::from_secs(600),
         };
-        let ledger: Arc<dyn Ledger> = Arc::new(
-            RedisLedger::connect(options, Arc::new(Metrics::standalone().1))
-                .await
-                .expect("redis ledger"),
-        );
+        let ledger: Arc<dyn Ledger> =
+            Arc::new(RedisLedger::connect(options).await.expect("redis ledger"));
         report(name, &ledger, Some(&url)).await;
     }
 }

@@ -17,7 +17,7 @@
 
 use std::sync::{
     Arc,
-    atomic::{AtomicBool, Ordering},
+    atomic::{AtomicBool, AtomicU64, Ordering},
 };
 
 use axum::{
@@ -27,12 +27,14 @@ use axum::{
     routing::get,
 };
 use http::{StatusCode, header};
-use prometheus::Registry;
+use prometheus::{IntCounter, Registry};
 use serde_json::json;
 
 use arc_swap::ArcSwap;
 
-use crate::{admission::Admission, auth::Authenticator, metrics::Metrics, upstream::Upstream};
+use crate::{
+    admission::Admission, auth::Authenticator, ledger::Ledger, metrics::Metrics, upstream::Upstream,
+};
 
 /// What a config reload replaces: pools, routes and who may call. A request loads it once, at
 /// its start, and keeps that generation to the end (its reservation settles in the same ledger
@@ -55,6 +57,48 @@ pub struct AppState {
     pub body_read_timeout: std::time::Duration,
     /// False until started, and again once draining.
     pub ready: Arc<AtomicBool>,
+    /// How much of the ledger's own counts `/metrics` has published so far.
+    pub ledger_published: PublishedLedgerStats,
+}
+
+/// The part of each of the ledger's counts ([`crate::ledger::LedgerStats`]) already added to its
+/// metric: the ledger counts, `/metrics` publishes the growth at scrape time.
+#[derive(Debug, Default)]
+pub struct PublishedLedgerStats {
+    unsettled_drops: AtomicU64,
+    absorbed_errors: AtomicU64,
+    fallbacks: AtomicU64,
+}
+
+impl PublishedLedgerStats {
+    /// Brings `tokengate_unsettled_reservations_total`, `tokengate_ledger_fallback_total` and
+    /// `tokengate_ledger_errors_total{backend}` up to the ledger's counts. The errors family also
+    /// counts the errors admission handles itself (it writes those directly): this adds only the
+    /// ones the ledger absorbed.
+    fn publish(&self, ledger: &dyn Ledger, metrics: &Metrics) {
+        let stats = ledger.stats();
+        let errors = metrics.ledger_errors.with_label_values(&[ledger.backend()]);
+        publish_growth(
+            &metrics.unsettled_reservations,
+            &self.unsettled_drops,
+            stats.unsettled_drops(),
+        );
+        publish_growth(&errors, &self.absorbed_errors, stats.absorbed_errors());
+        publish_growth(
+            &metrics.ledger_fallbacks,
+            &self.fallbacks,
+            stats.fallbacks(),
+        );
+    }
+}
+
+/// Adds to `counter` what `total` (a count that only grows) gained since it was last published.
+/// Concurrent scrapes add each unit once: whoever moves the mark adds the difference.
+fn publish_growth(counter: &IntCounter, published: &AtomicU64, total: u64) {
+    let before = published.fetch_max(total, Ordering::AcqRel);
+    if total > before {
+        counter.inc_by(total - before);
+    }
 }
 
 impl AppState {
@@ -103,12 +147,10 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    state.metrics.unsettled_reservations.reset();
-    state
-        .metrics
-        .unsettled_reservations
-        .inc_by(crate::ledger::unsettled_drops());
     let admission = state.policy().admission.clone();
+    state
+        .ledger_published
+        .publish(admission.ledger().as_ref(), &state.metrics);
     let mode = admission.ledger().mode();
     for m in crate::ledger::LedgerMode::ALL {
         state
@@ -134,7 +176,7 @@ async fn pools(State(state): State<Arc<AppState>>) -> Response {
     let pools = admission.pool_states().await;
     Json(json!({
         "ledger": admission.ledger().backend(),
-        "unsettled_reservations": crate::ledger::unsettled_drops(),
+        "unsettled_reservations": admission.ledger().stats().unsettled_drops(),
         "pools": pools,
     }))
     .into_response()

@@ -207,7 +207,7 @@ impl Gateway {
         let clock = options.clock.unwrap_or_default();
         let ledger: Arc<dyn Ledger> = match &config.ledger {
             LedgerConfig::Memory => Arc::new(MemoryLedger::new(clock)),
-            LedgerConfig::Redis(redis) => redis_ledger(redis, clock, metrics.clone()).await?,
+            LedgerConfig::Redis(redis) => redis_ledger(redis, clock).await?,
         };
         let upstream = Arc::new(upstream);
         let admission = Arc::new(
@@ -234,6 +234,7 @@ impl Gateway {
             max_body_bytes: config.server.max_body_bytes,
             body_read_timeout: config.server.body_read_timeout,
             ready: ready.clone(),
+            ledger_published: Default::default(),
         });
         let addr = listener.local_addr()?;
         // Probes and scrapes over plain HTTP, whether or not the proxy listener has TLS.
@@ -374,7 +375,7 @@ impl Gateway {
         }
         let result = self.proxy.stop().await;
         let settled_by = tokio::time::Instant::now() + SETTLEMENT_WAIT;
-        while crate::admission::settle::pending_settlements() > 0
+        while admission.ledger().stats().settlements_in_flight() > 0
             && tokio::time::Instant::now() < settled_by
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -401,8 +402,8 @@ pub struct ShutdownReport {
     /// Requests this replica admitted and did not settle.
     pub in_flight: i64,
     /// Settlements handed to the ledger that did not complete.
-    pub pending_settlements: usize,
-    /// Reservations dropped unsettled since the process started (a bug if non-zero).
+    pub pending_settlements: u64,
+    /// Reservations the ledger issued that were dropped unsettled (a bug if non-zero).
     pub unsettled_drops: u64,
 }
 
@@ -415,8 +416,8 @@ impl ShutdownReport {
                 .iter()
                 .map(|p| p.metrics.inflight_requests.get())
                 .sum(),
-            pending_settlements: crate::admission::settle::pending_settlements(),
-            unsettled_drops: crate::ledger::unsettled_drops(),
+            pending_settlements: admission.ledger().stats().settlements_in_flight(),
+            unsettled_drops: admission.ledger().stats().unsettled_drops(),
         }
     }
 
@@ -436,14 +437,13 @@ impl ShutdownReport {
 async fn redis_ledger(
     config: &RedisLedgerConfig,
     clock: Clock,
-    metrics: Arc<Metrics>,
 ) -> Result<Arc<dyn Ledger>, StartError> {
     let options = RedisOptions {
         url: config.url.clone(),
         timeout: config.timeout,
         lease: config.lease,
     };
-    let shared = RedisLedger::connect(options, metrics.clone())
+    let shared = RedisLedger::connect(options)
         .await
         .map_err(|e| StartError::Ledger(e.message))?;
     if !shared.is_healthy() {
@@ -451,12 +451,9 @@ async fn redis_ledger(
     }
     Ok(match config.on_error {
         OnLedgerError::FailClosed => Arc::new(shared),
-        OnLedgerError::Local { expected_replicas } => Arc::new(FallbackLedger::new(
-            shared,
-            MemoryLedger::new(clock),
-            expected_replicas,
-            metrics,
-        )),
+        OnLedgerError::Local { expected_replicas } => {
+            Arc::new(FallbackLedger::new(shared, clock, expected_replicas))
+        }
     })
 }
 

@@ -15,7 +15,8 @@
 //! - **route shares**: a route within its guarantee is admitted when borrowers are not; an idle
 //!   route's guarantee is lent; a route's `max_share` binds with its own refill; retries use the
 //!   retry reserve within their recovery budget and first attempts never do;
-//! - no reservation is ever dropped unsettled (`unsettled_drops() == 0` after every case).
+//! - no reservation is ever dropped unsettled (the ledger's `stats().unsettled_drops() == 0`
+//!   after every case).
 //!
 //! The Redis backend runs against a private `redis-server` per case (see
 //! `common/redis_server.rs`): always under CI, and locally whenever `redis-server` is installed.
@@ -34,12 +35,9 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use tokengate::{
-    ledger::{
-        Clock, Ledger, Limit, Limits, MemoryLedger, PoolSnapshot, RedisLedger, RedisOptions,
-        Rejection, Reservation, ReserveRequest, RouteShare, ShareRequest, Verdict,
-    },
-    metrics::Metrics,
+use tokengate::ledger::{
+    Clock, Ledger, Limit, Limits, MemoryLedger, PoolSnapshot, RedisLedger, RedisOptions, Rejection,
+    Reservation, ReserveRequest, RouteShare, ShareRequest, Verdict,
 };
 use tokio::sync::Barrier;
 
@@ -95,7 +93,7 @@ macro_rules! contract_suite {
                         return;
                     };
                     super::$case(backend.ledger.clone()).await;
-                    assert_eq!(tokengate::ledger::unsettled_drops(), 0, "a reservation was dropped unsettled");
+                    assert_eq!(backend.ledger.stats().unsettled_drops(), 0, "a reservation was dropped unsettled");
                 }
             )*
         }
@@ -116,9 +114,7 @@ async fn redis_ledger() -> Option<Backend> {
         timeout: Duration::from_secs(5),
         lease: Duration::from_secs(60),
     };
-    let ledger = RedisLedger::connect(options, Arc::new(Metrics::standalone().1))
-        .await
-        .expect("redis ledger");
+    let ledger = RedisLedger::connect(options).await.expect("redis ledger");
     assert!(ledger.is_healthy(), "the private redis-server answers");
     Some(Backend {
         ledger: Arc::new(ledger),

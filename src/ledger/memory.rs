@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 
 use super::{
-    Clock, Ledger, LedgerError, Limit, Limits, Origin, PoolSnapshot, Rejection, Reservation,
-    ReserveRequest, ShareHold, ShareRequest, Verdict,
+    Clock, Ledger, LedgerError, LedgerStats, Limit, Limits, Origin, PoolSnapshot, Rejection,
+    Reservation, ReserveRequest, ShareHold, ShareRequest, Verdict,
     bucket::TokenBucket,
     shares::{Need, RouteStates},
     units::UPSTREAM_TRANSIT_NS,
@@ -164,14 +164,22 @@ pub struct MemoryLedger {
     pools: DashMap<Arc<str>, Arc<Mutex<PoolLedger>>>,
     clock: Clock,
     next_id: AtomicU64,
+    stats: Arc<LedgerStats>,
 }
 
 impl MemoryLedger {
     pub fn new(clock: Clock) -> Self {
+        Self::with_stats(clock, Arc::default())
+    }
+
+    /// A memory ledger counting into `stats` (a fallback's local share counts with the shared
+    /// ledger).
+    pub(crate) fn with_stats(clock: Clock, stats: Arc<LedgerStats>) -> Self {
         MemoryLedger {
             pools: DashMap::new(),
             clock,
             next_id: AtomicU64::new(1),
+            stats,
         }
     }
 
@@ -209,7 +217,14 @@ impl Ledger for MemoryLedger {
                 Ok(hold) => {
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                     Verdict::Granted(
-                        Reservation::new(key, request.tokens, id, Origin::Local).with_share(hold),
+                        Reservation::new(
+                            key,
+                            request.tokens,
+                            id,
+                            Origin::Local,
+                            self.stats.clone(),
+                        )
+                        .with_share(hold),
                     )
                 }
                 Err(rejection) => Verdict::Refused(rejection),
@@ -260,5 +275,43 @@ impl Ledger for MemoryLedger {
 
     fn backend(&self) -> &'static str {
         "memory"
+    }
+
+    fn stats(&self) -> &LedgerStats {
+        &self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn each_ledger_counts_its_own_unsettled_drops() {
+        let (a, b) = (
+            MemoryLedger::new(Clock::manual()),
+            MemoryLedger::new(Clock::manual()),
+        );
+        let request = ReserveRequest {
+            pool: "p",
+            limits: Limits {
+                tokens_per_minute: 1_000,
+                requests_per_minute: None,
+                max_concurrency: 4,
+            },
+            tokens: 10,
+            share: None,
+            hold_back: 0,
+        };
+        let Ok(Verdict::Granted(settled)) = a.reserve(&request).await else {
+            panic!("admitted");
+        };
+        a.settle(settled, 10).await.expect("settles");
+        let Ok(Verdict::Granted(dropped)) = a.reserve(&request).await else {
+            panic!("admitted");
+        };
+        drop(dropped); // unsettled, on purpose
+        assert_eq!(a.stats().unsettled_drops(), 1);
+        assert_eq!(b.stats().unsettled_drops(), 0, "another ledger's drop");
     }
 }

@@ -21,16 +21,10 @@ pub mod fallback;
 pub mod memory;
 pub mod redis;
 pub mod shares;
+pub mod stats;
 pub mod units;
 
-use std::{
-    fmt,
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::Duration,
-};
+use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -40,6 +34,7 @@ pub use fallback::FallbackLedger;
 pub use memory::MemoryLedger;
 pub use redis::{RedisLedger, RedisOptions};
 pub use shares::{RouteShare, ShareHold, ShareRequest};
+pub use stats::LedgerStats;
 
 /// The limits of one pool, as admission currently applies them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,13 +120,6 @@ pub enum Origin {
     Shared,
 }
 
-static UNSETTLED_DROPS: AtomicU64 = AtomicU64::new(0);
-
-/// Reservations dropped without being settled since the process started (a bug if non-zero).
-pub fn unsettled_drops() -> u64 {
-    UNSETTLED_DROPS.load(Ordering::Relaxed)
-}
-
 /// Tokens, a request and a concurrency permit held in one pool until settled.
 #[must_use = "a reservation must be settled with Ledger::settle"]
 pub struct Reservation {
@@ -140,17 +128,26 @@ pub struct Reservation {
     id: u64,
     origin: Origin,
     share: Option<ShareHold>,
+    /// The issuing ledger's stats, where an unsettled drop is counted.
+    stats: Arc<LedgerStats>,
     settled: bool,
 }
 
 impl Reservation {
-    pub(crate) fn new(pool: Arc<str>, tokens: u64, id: u64, origin: Origin) -> Self {
+    pub(crate) fn new(
+        pool: Arc<str>,
+        tokens: u64,
+        id: u64,
+        origin: Origin,
+        stats: Arc<LedgerStats>,
+    ) -> Self {
         Reservation {
             pool,
             tokens,
             id,
             origin,
             share: None,
+            stats,
             settled: false,
         }
     }
@@ -214,7 +211,7 @@ impl fmt::Debug for Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.settled {
-            UNSETTLED_DROPS.fetch_add(1, Ordering::Relaxed);
+            self.stats.count_unsettled_drop();
             tracing::error!(pool = %self.pool, tokens = self.tokens, id = self.id, "reservation dropped without settlement");
         }
     }
@@ -296,6 +293,9 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
 
     /// `memory`, `redis`, ...: for logs and metrics.
     fn backend(&self) -> &'static str;
+
+    /// What this ledger counts about itself (shared by a fallback and the ledgers inside it).
+    fn stats(&self) -> &LedgerStats;
 
     /// How the ledger is serving now (readiness follows it). A backend that cannot fail is
     /// always [`LedgerMode::Memory`].

@@ -77,12 +77,11 @@ use serde::{Deserialize, de::DeserializeOwned};
 use tokio::task::AbortHandle;
 
 use super::{
-    Ledger, LedgerError, LedgerMode, Limit, Limits, Origin, PoolSnapshot, Rejection, Reservation,
-    ReserveRequest, ShareHold, Verdict,
+    Ledger, LedgerError, LedgerMode, LedgerStats, Limit, Limits, Origin, PoolSnapshot, Rejection,
+    Reservation, ReserveRequest, ShareHold, Verdict,
     shares::share_tokens,
     units::{MILLIS_PER_MINUTE, UPSTREAM_TRANSIT_MS},
 };
-use crate::metrics::Metrics;
 
 /// The version of the key layout and scripts, in every key: bump it with any change to either.
 pub const LAYOUT_VERSION: &str = "v1";
@@ -163,7 +162,7 @@ struct Inner {
     /// Leases this replica holds and renews: id -> (pool, tokens).
     held: DashMap<u64, (Arc<str>, u64)>,
     healthy: AtomicBool,
-    metrics: Arc<Metrics>,
+    stats: Arc<LedgerStats>,
 }
 
 // === impl RedisLedger ===
@@ -171,10 +170,7 @@ struct Inner {
 impl RedisLedger {
     /// Connects (lazily: an unreachable Redis makes the ledger unavailable, not the start fail)
     /// and starts lease renewal. Errors only on a URL that cannot be used.
-    pub async fn connect(
-        options: RedisOptions,
-        metrics: Arc<Metrics>,
-    ) -> Result<RedisLedger, LedgerError> {
+    pub async fn connect(options: RedisOptions) -> Result<RedisLedger, LedgerError> {
         let client = redis::Client::open(options.url.as_str()).map_err(|e| LedgerError {
             backend: BACKEND,
             message: format!("ledger.url is not a usable Redis URL: {e}"),
@@ -196,7 +192,7 @@ impl RedisLedger {
             lease: options.lease,
             held: DashMap::new(),
             healthy: AtomicBool::new(true),
-            metrics,
+            stats: Arc::default(),
         });
         inner.probe().await;
         let maintenance = tokio::spawn(maintain(Arc::downgrade(&inner))).abort_handle();
@@ -211,6 +207,11 @@ impl RedisLedger {
     /// Leases this replica holds (and renews).
     pub fn held_leases(&self) -> usize {
         self.inner.held.len()
+    }
+
+    /// The stats, to share with a fallback's local ledger.
+    pub(crate) fn stats_handle(&self) -> Arc<LedgerStats> {
+        self.inner.stats.clone()
     }
 
     /// Renews every lease this replica holds now (the background task does this every
@@ -398,10 +399,7 @@ impl Inner {
     /// Errors this ledger absorbs (renewal, probes) are counted here; errors returned to the
     /// caller are counted by whoever handles them, so each is counted once.
     fn count_absorbed_error(&self) {
-        self.metrics
-            .ledger_errors
-            .with_label_values(&[BACKEND])
-            .inc();
+        self.stats.count_absorbed_error();
     }
 
     async fn probe(&self) {
@@ -500,7 +498,14 @@ impl Ledger for RedisLedger {
                     recovered,
                 });
                 Verdict::Granted(
-                    Reservation::new(pool, request.tokens, id, Origin::Shared).with_share(hold),
+                    Reservation::new(
+                        pool,
+                        request.tokens,
+                        id,
+                        Origin::Shared,
+                        inner.stats.clone(),
+                    )
+                    .with_share(hold),
                 )
             }
             AdmitReply::Refused {
@@ -528,6 +533,7 @@ impl Ledger for RedisLedger {
         charged_tokens: u64,
     ) -> Result<(), LedgerError> {
         let inner = &self.inner;
+        let _in_flight = inner.stats.settlement_started();
         let (pool, reserved, id, hold) = reservation.disarm_with_share();
         // Whatever happens next, this replica stops renewing it: a settle that fails leaves a
         // lease that expires.
@@ -569,6 +575,10 @@ impl Ledger for RedisLedger {
 
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn stats(&self) -> &LedgerStats {
+        &self.inner.stats
     }
 
     fn mode(&self) -> LedgerMode {
