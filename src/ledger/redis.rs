@@ -77,8 +77,8 @@ use serde::{Deserialize, de::DeserializeOwned};
 use tokio::task::AbortHandle;
 
 use super::{
-    Ledger, LedgerError, LedgerMode, LedgerStats, Limit, Limits, Origin, PoolSnapshot, Rejection,
-    Reservation, ReserveRequest, ShareHold, Verdict,
+    Clock, Ledger, LedgerError, LedgerMode, LedgerStats, Limit, Limits, Origin, PoolSnapshot,
+    Rejection, Reservation, ReserveRequest, ShareHold, Verdict,
     shares::share_tokens,
     units::{MILLIS_PER_MINUTE, UPSTREAM_TRANSIT_MS},
 };
@@ -101,6 +101,7 @@ const KEY_GRACE: Duration = Duration::from_secs(60);
 const BACKEND: &str = "redis";
 
 const COMMON: &str = include_str!("lua/common.lua");
+const TEST_CLOCK: &str = include_str!("lua/test_clock.lua");
 
 /// The constants the scripts share with the Rust side, as Lua. Formatted into every script when
 /// it is built rather than passed with each call: they never change between calls, so arguments
@@ -134,8 +135,10 @@ struct Scripts {
 }
 
 impl Scripts {
-    fn new() -> Scripts {
-        let prelude = format!("{}{COMMON}", constants());
+    /// The scripts, reading Redis `TIME`, or with `test_clock` the time passed with each call.
+    fn new(test_clock: bool) -> Scripts {
+        let clock = if test_clock { TEST_CLOCK } else { "" };
+        let prelude = format!("{}{COMMON}{clock}", constants());
         let script = |body: &str| Script::new(&format!("{prelude}\n{body}"));
         Scripts {
             admit: script(include_str!("lua/admit.lua")),
@@ -163,6 +166,9 @@ struct Inner {
     held: DashMap<u64, (Arc<str>, u64)>,
     healthy: AtomicBool,
     stats: Arc<LedgerStats>,
+    /// Tests only ([`RedisLedger::connect_with_clock`]): the clock whose milliseconds every
+    /// script call carries, instead of the scripts reading Redis `TIME`.
+    test_clock: Option<Clock>,
 }
 
 // === impl RedisLedger ===
@@ -171,6 +177,25 @@ impl RedisLedger {
     /// Connects (lazily: an unreachable Redis makes the ledger unavailable, not the start fail)
     /// and starts lease renewal. Errors only on a URL that cannot be used.
     pub async fn connect(options: RedisOptions) -> Result<RedisLedger, LedgerError> {
+        Self::start(options, None).await
+    }
+
+    /// [`RedisLedger::connect`], with the scripts taking the time from `clock` (its milliseconds
+    /// are passed with every call) instead of reading Redis `TIME`. **For tests only**, which
+    /// must drive both backends through the same instants to compare them exactly; production
+    /// never calls it (the gateway uses [`RedisLedger::connect`]), because replicas' clocks
+    /// differ and the shared state must follow one clock.
+    pub async fn connect_with_clock(
+        options: RedisOptions,
+        clock: Clock,
+    ) -> Result<RedisLedger, LedgerError> {
+        Self::start(options, Some(clock)).await
+    }
+
+    async fn start(
+        options: RedisOptions,
+        test_clock: Option<Clock>,
+    ) -> Result<RedisLedger, LedgerError> {
         let client = redis::Client::open(options.url.as_str()).map_err(|e| LedgerError {
             backend: BACKEND,
             message: format!("ledger.url is not a usable Redis URL: {e}"),
@@ -187,12 +212,13 @@ impl RedisLedger {
             })?;
         let inner = Arc::new(Inner {
             conn,
-            scripts: Scripts::new(),
+            scripts: Scripts::new(test_clock.is_some()),
             timeout: options.timeout,
             lease: options.lease,
             held: DashMap::new(),
             healthy: AtomicBool::new(true),
             stats: Arc::default(),
+            test_clock,
         });
         inner.probe().await;
         let maintenance = tokio::spawn(maintain(Arc::downgrade(&inner))).abort_handle();
@@ -359,10 +385,14 @@ impl Inner {
     /// Runs one script call within the timeout; records health.
     async fn run<T: FromRedisValue>(
         &self,
-        invocation: &ScriptInvocation<'_>,
+        mut invocation: ScriptInvocation<'_>,
         op: &str,
         pool: &str,
     ) -> Result<T, LedgerError> {
+        if let Some(clock) = &self.test_clock {
+            // The last argument: lua/test_clock.lua's now_ms() takes it.
+            invocation.arg(clock.now_ns() / 1_000_000);
+        }
         let mut conn = self.conn.clone();
         let outcome = tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await;
         let message = match outcome {
@@ -436,7 +466,7 @@ impl Inner {
                 for m in batch {
                     invocation.arg(m);
                 }
-                match self.run::<Vec<String>>(&invocation, "renew", &pool).await {
+                match self.run::<Vec<String>>(invocation, "renew", &pool).await {
                     Ok(missing) => {
                         for id in missing.iter().filter_map(|m| lease_id(m)) {
                             self.held.remove(&id);
@@ -474,7 +504,7 @@ impl Ledger for RedisLedger {
             .arg(u64::try_from(inner.lease.as_millis()).unwrap_or(u64::MAX))
             .arg(request.hold_back.min(MAX_TOKENS_PER_MINUTE));
         share_args(&mut invocation, request);
-        let reply: String = inner.run(&invocation, "admit", request.pool).await?;
+        let reply: String = inner.run(invocation, "admit", request.pool).await?;
         let reply: AdmitReply = decode("admit", &reply)?;
         let (AdmitReply::Granted { purged, .. } | AdmitReply::Refused { purged, .. }) = reply;
         if purged > 0 {
@@ -552,7 +582,7 @@ impl Ledger for RedisLedger {
                 .arg(hold.guaranteed)
                 .arg(u8::from(hold.recovered));
         }
-        let reply: String = inner.run(&invocation, "settle", &pool).await?;
+        let reply: String = inner.run(invocation, "settle", &pool).await?;
         let reply: SettleReply = decode("settle", &reply)?;
         if !reply.held {
             tracing::warn!(pool = %pool, reserved, charged_tokens, "settled after the lease expired: it was charged in full");
@@ -569,7 +599,7 @@ impl Ledger for RedisLedger {
             .key(&keys[1])
             .arg(limits.tokens_per_minute)
             .arg(rpm_arg(limits));
-        let reply: String = self.inner.run(&invocation, "snapshot", pool).await?;
+        let reply: String = self.inner.run(invocation, "snapshot", pool).await?;
         decode("snapshot", &reply)
     }
 

@@ -4,8 +4,8 @@
 -- expired was charged in full when it was purged: only a charge above the reservation is debited,
 -- and the route's buckets keep what they lent.
 -- Replies (JSON) {"held":_ (whether the lease was live),"purged":_}.
-local member, reserved, charged = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
+local member, reserved, charged = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local s = load(now)
 if not s then
   return reply({ { 'held', false }, { 'purged', 0 } })

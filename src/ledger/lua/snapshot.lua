@@ -1,8 +1,8 @@
 -- tokengate ledger v1: snapshot. ARGV: tpm, rpm (-1: none).
 -- Replies (JSON) with the fields of ledger::PoolSnapshot: {"tokens_available":_,"tokens_capacity":_,
 -- "reserved_tokens":_,"in_flight_requests":_,"requests_available":_ (null: no request limit)}.
-local tpm, rpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
+local tpm, rpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local s = load_synced(tpm, rpm, now)
 purge(s, now)
 save(s, now)
