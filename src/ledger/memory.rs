@@ -75,7 +75,6 @@ impl PoolLedger {
             None => None,
             Some(request) => {
                 let tpm = self.tokens.capacity();
-                self.routes.sync(request, tpm, now);
                 match self
                     .routes
                     .need(request, tokens, self.tokens.level(), tpm, now)

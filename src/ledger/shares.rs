@@ -124,6 +124,14 @@ impl RouteState {
         }
     }
 
+    /// The guarantee's whole tokens now, within the current capacity `guaranteed`, as another
+    /// route sees it: read, not written (the route's own calls bring it up to date).
+    fn unused_guarantee(&self, guaranteed: u64, now: u64) -> u64 {
+        let mut bucket = self.guarantee.clone();
+        bucket.refill(now);
+        bucket.available().min(guaranteed)
+    }
+
     fn active(&self, now: u64, idle: Duration) -> bool {
         let idle = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
         self.last_seen_ns
@@ -168,22 +176,10 @@ pub(crate) struct RouteStates {
 }
 
 impl RouteStates {
-    /// Brings every route of `request` up to `now` in a pool of `tpm` tokens per minute,
-    /// creating new ones full.
-    pub fn sync(&mut self, request: &ShareRequest, tpm: u64, now: u64) {
-        for share in request.routes.iter() {
-            match self.routes.get_mut(&share.route) {
-                Some(state) => state.sync(share, tpm, now),
-                None => {
-                    self.routes
-                        .insert(share.route.clone(), RouteState::new(share, tpm, now));
-                }
-            }
-        }
-    }
-
     /// What the pool's bucket (`pool_level` whole tokens now, `tpm` capacity) must hold for
-    /// `tokens` from the caller, or the caller's ceiling refusing. Marks the caller active.
+    /// `tokens` from the caller, or the caller's ceiling refusing. Marks the caller active, and
+    /// brings its buckets to `now` under the capacities of `tpm` (created full the first time it
+    /// asks). Other routes' buckets change only when they ask or settle.
     pub fn need(
         &mut self,
         request: &ShareRequest,
@@ -196,8 +192,9 @@ impl RouteStates {
         let (guarantee, recovery_fits) = {
             let state = self
                 .routes
-                .get_mut(&caller.route)
-                .expect("sync creates every route");
+                .entry(caller.route.clone())
+                .and_modify(|state| state.sync(caller, tpm, now))
+                .or_insert_with(|| RouteState::new(caller, tpm, now));
             state.last_seen_ns = Some(now);
             if let Some(ceiling) = &state.ceiling
                 && !ceiling.fits(tokens)
@@ -254,7 +251,8 @@ impl RouteStates {
             if !state.active(now, request.idle) {
                 continue;
             }
-            protected = protected.saturating_add(state.guarantee.available());
+            let (guaranteed, _, _) = share.capacities(tpm);
+            protected = protected.saturating_add(state.unused_guarantee(guaranteed, now));
             outranked |= share.priority > caller.priority;
         }
         if outranked {
@@ -347,7 +345,6 @@ mod tests {
         let routes = [share("triage", 10, 0.6), share("backlog", 0, 0.0)];
         let mut states = RouteStates::default();
         let r = request(&routes, 0);
-        states.sync(&r, TPM, 0);
         let need = states.need(&r, 500, 1_000, TPM, 0).unwrap();
         assert_eq!(need.tokens, 500);
         assert_eq!(need.hold.guaranteed, 500);
@@ -357,13 +354,11 @@ mod tests {
     fn borrower_leaves_active_guarantees_and_idle_ones_are_lent() {
         let routes = [share("triage", 10, 0.6), share("backlog", 0, 0.0)];
         let mut states = RouteStates::default();
-        states.sync(&request(&routes, 0), TPM, 0);
         // Triage asked at t=0: active for 5 s.
         states.need(&request(&routes, 0), 1, 1_000, TPM, 0).unwrap();
         let b = request(&routes, 1);
         assert_eq!(states.need(&b, 100, 1_000, TPM, SEC).unwrap().tokens, 700);
         // Six seconds later triage is idle: its guarantee is lent.
-        states.sync(&b, TPM, 6 * SEC);
         assert_eq!(
             states.need(&b, 100, 1_000, TPM, 6 * SEC).unwrap().tokens,
             100
@@ -375,12 +370,10 @@ mod tests {
         let routes = [share("triage", 0, 0.6), share("backlog", 0, 0.0)];
         let mut states = RouteStates::default();
         let t = request(&routes, 0);
-        states.sync(&t, TPM, 0);
         let need = states.need(&t, 100, 1_000, TPM, 0).unwrap();
         let hold = states.take(&t, 100, need.hold);
         let b = request(&routes, 1);
         // A minute later triage has not asked again: idle, its guarantee is lent.
-        states.sync(&b, TPM, 60 * SEC);
         assert_eq!(
             states.need(&b, 100, 1_000, TPM, 60 * SEC).unwrap().tokens,
             100
@@ -401,7 +394,6 @@ mod tests {
         h.priority_margin = 0.05;
         let mut l = request(&routes, 1);
         l.priority_margin = 0.05;
-        states.sync(&h, TPM, 0);
         states.need(&h, 1, 1_000, TPM, 0).unwrap();
         states.need(&l, 1, 1_000, TPM, 0).unwrap();
         assert_eq!(states.need(&l, 100, 1_000, TPM, 0).unwrap().tokens, 150);
@@ -415,7 +407,6 @@ mod tests {
         let mut states = RouteStates::default();
         let mut r = request(&routes, 0);
         r.retry_reserve = 0.2;
-        states.sync(&r, TPM, 0);
         // The bucket holds 250: a first attempt of 100 must leave 200.
         assert_eq!(states.need(&r, 100, 250, TPM, 0).unwrap().tokens, 300);
         r.retry = true;
@@ -437,7 +428,6 @@ mod tests {
         routes[0].max_share = Some(0.6);
         let mut states = RouteStates::default();
         let r = request(&routes, 0);
-        states.sync(&r, TPM, 0);
         let need = states.need(&r, 500, 10_000, TPM, 0).unwrap();
         states.take(&r, 500, need.hold);
         let over = states.need(&r, 200, 10_000, TPM, 0).unwrap_err();

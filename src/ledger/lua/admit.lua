@@ -9,10 +9,10 @@
 --    "wait_ms":_ (null: refill never makes room),"deficit":_,"reserved":_,"in_flight":_,
 --    "held_for_others":_ (the bucket held the request but not what it must leave for other routes)}
 -- purged: expired leases reclaimed by this call.
+local now = now_ms()
 local member, tokens = ARGV[1], tonumber(ARGV[2])
 local tpm, rpm, max_concurrency, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local hold_back = tonumber(ARGV[7])
-local now = now_ms()
 local s = load_synced(tpm, rpm, now)
 local purged = purge(s, now)
 local in_flight = redis.call('ZCARD', LEASES)
@@ -64,9 +64,10 @@ if n > 0 then
     local outranked = false
     for i = 1, n do
       if i ~= caller then
+        -- Read, not written: another route's buckets change only when it asks or settles.
         local other = route_get(routes[i].name, now)
         if other and active(other, now, idle_ms) then
-          protected = protected + math.max(whole(other.g), 0)
+          protected = protected + math.max(math.min(whole(other.g), routes[i].g), 0)
           if routes[i].priority > me.priority then
             outranked = true
           end

@@ -17,6 +17,8 @@
 
 local STATE, LEASES = KEYS[1], KEYS[2]
 
+-- The time in milliseconds: Redis TIME, never a replica's clock. Every script calls it first
+-- (a test build replaces it with lua/test_clock.lua, which takes the time from the arguments).
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -193,7 +195,10 @@ end
 
 -- Route shares (see src/ledger/shares.rs for the rules). A route's buckets in a pool live in the
 -- state hash, field 'r:<route>' = "gl gc gt cl cc ct vl vc vt seen": guarantee, ceiling (cc = -1:
--- none) and recovery buckets, and when the route last asked or settled (ms; 0: never).
+-- none) and recovery buckets, and when the route last asked or settled (ms; NEVER: not yet. A
+-- record written before NEVER existed says 0, which reads as an instant long past: the same).
+
+local NEVER = -1
 
 local function sync(b, cap, now)
   if b.cap ~= cap then
@@ -230,7 +235,7 @@ end
 local function route_load(name, g, c, v, now)
   local r = route_get(name, now)
   if not r then
-    r = { g = bucket_new(g, now), v = bucket_new(v, now), seen = 0 }
+    r = { g = bucket_new(g, now), v = bucket_new(v, now), seen = NEVER }
     if c >= 0 then
       r.c = bucket_new(c, now)
     end
@@ -257,5 +262,5 @@ local function route_save(name, r)
 end
 
 local function active(r, now, idle_ms)
-  return r.seen > 0 and now - r.seen < idle_ms
+  return r.seen ~= NEVER and now - r.seen < idle_ms
 end
