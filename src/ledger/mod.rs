@@ -20,6 +20,7 @@ pub mod clock;
 pub mod fallback;
 pub mod memory;
 pub mod redis;
+mod scripts;
 pub mod shares;
 pub mod stats;
 pub mod units;

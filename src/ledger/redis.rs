@@ -70,50 +70,21 @@ use std::{
 use async_trait::async_trait;
 use dashmap::DashMap;
 use redis::{
-    FromRedisValue, Script, ScriptInvocation,
+    FromRedisValue, ScriptInvocation,
     aio::{ConnectionManager, ConnectionManagerConfig},
 };
-use serde::{Deserialize, de::DeserializeOwned};
 use tokio::task::AbortHandle;
 
 use super::{
-    Clock, Ledger, LedgerError, LedgerMode, LedgerStats, Limit, Limits, Origin, PoolSnapshot,
-    Rejection, Reservation, ReserveRequest, ShareHold, Verdict,
-    shares::share_tokens,
-    units::{MILLIS_PER_MINUTE, UPSTREAM_TRANSIT_MS},
+    Clock, Ledger, LedgerError, LedgerMode, LedgerStats, Limits, Origin, PoolSnapshot, Rejection,
+    Reservation, ReserveRequest, ShareHold, Verdict,
+    scripts::{AdmitReply, BACKEND, Scripts, SettleReply, check_limits, decode, lease_id, member},
 };
 
-/// The version of the key layout and scripts, in every key: bump it with any change to either.
-pub const LAYOUT_VERSION: &str = "v1";
+pub use super::scripts::{LAYOUT_VERSION, MAX_TOKENS_PER_MINUTE};
 
-/// The largest `tokens_per_minute` the scripts keep exact: a full bucket is `tpm x 60,000` units,
-/// and levels (including burndown debt) must stay far below 2^53.
-pub const MAX_TOKENS_PER_MINUTE: u64 = 1_000_000_000;
-/// Charges above this are debited as this much (ten of the largest buckets): same reason.
-const MAX_CHARGE: u64 = 10 * MAX_TOKENS_PER_MINUTE;
 /// Leases renewed per script call.
 const RENEW_BATCH: usize = 256;
-/// Expired leases reclaimed per script call (`PURGE_BATCH` in the scripts).
-const PURGE_BATCH: usize = 256;
-/// How long an idle pool's keys outlive the moment every lease has expired and both buckets are
-/// full again (`KEY_GRACE_MS` in the scripts).
-const KEY_GRACE: Duration = Duration::from_secs(60);
-const BACKEND: &str = "redis";
-
-const COMMON: &str = include_str!("lua/common.lua");
-const TEST_CLOCK: &str = include_str!("lua/test_clock.lua");
-
-/// The constants the scripts share with the Rust side, as Lua. Formatted into every script when
-/// it is built rather than passed with each call: they never change between calls, so arguments
-/// would only add bytes and parsing to every round trip, and formatted in they are part of each
-/// script's SHA1, so two builds whose constants differ never run each other's scripts.
-fn constants() -> String {
-    format!(
-        "local U = {MILLIS_PER_MINUTE}\nlocal TRANSIT_MS = {UPSTREAM_TRANSIT_MS}\n\
-         local PURGE_BATCH = {PURGE_BATCH}\nlocal KEY_GRACE_MS = {}\n",
-        KEY_GRACE.as_millis()
-    )
-}
 
 /// How to reach Redis and how long leases last.
 #[derive(Debug, Clone)]
@@ -124,29 +95,6 @@ pub struct RedisOptions {
     pub timeout: Duration,
     /// How long a reservation outlives the last renewal by its holder.
     pub lease: Duration,
-}
-
-#[derive(Debug)]
-struct Scripts {
-    admit: Script,
-    settle: Script,
-    renew: Script,
-    snapshot: Script,
-}
-
-impl Scripts {
-    /// The scripts, reading Redis `TIME`, or with `test_clock` the time passed with each call.
-    fn new(test_clock: bool) -> Scripts {
-        let clock = if test_clock { TEST_CLOCK } else { "" };
-        let prelude = format!("{}{COMMON}{clock}", constants());
-        let script = |body: &str| Script::new(&format!("{prelude}\n{body}"));
-        Scripts {
-            admit: script(include_str!("lua/admit.lua")),
-            settle: script(include_str!("lua/settle.lua")),
-            renew: script(include_str!("lua/renew.lua")),
-            snapshot: script(include_str!("lua/snapshot.lua")),
-        }
-    }
 }
 
 /// The Redis-backed ledger. Cheap to share behind an `Arc`; dropping it stops lease renewal.
@@ -277,108 +225,6 @@ async fn maintain(inner: Weak<Inner>) {
     }
 }
 
-fn keys(pool: &str) -> [String; 2] {
-    [
-        format!("tg:{LAYOUT_VERSION}:{{{pool}}}:s"),
-        format!("tg:{LAYOUT_VERSION}:{{{pool}}}:l"),
-    ]
-}
-
-/// The lease's member in the pool's sorted set: its id and the tokens it holds.
-fn member(id: u64, tokens: u64) -> String {
-    format!("{id:016x}:{tokens}")
-}
-
-fn lease_id(member: &str) -> Option<u64> {
-    let (id, _) = member.split_once(':')?;
-    u64::from_str_radix(id, 16).ok()
-}
-
-fn check_limits(pool: &str, limits: &Limits) -> Result<(), LedgerError> {
-    let too_big = |what: &str, v: u64| LedgerError {
-        backend: BACKEND,
-        message: format!(
-            "pool {pool:?}: {what} = {v} is above the redis ledger's exact range ({MAX_TOKENS_PER_MINUTE})"
-        ),
-    };
-    if limits.tokens_per_minute > MAX_TOKENS_PER_MINUTE {
-        return Err(too_big("tokens_per_minute", limits.tokens_per_minute));
-    }
-    match limits.requests_per_minute {
-        Some(rpm) if rpm > MAX_TOKENS_PER_MINUTE => Err(too_big("requests_per_minute", rpm)),
-        _ => Ok(()),
-    }
-}
-
-/// The admit script's route-share arguments (see admit.lua): `0` without shares.
-fn share_args(invocation: &mut ScriptInvocation<'_>, request: &ReserveRequest<'_>) {
-    let Some(share) = request.share else {
-        invocation.arg(0);
-        return;
-    };
-    let tpm = request.limits.tokens_per_minute;
-    invocation
-        .arg(share.routes.len())
-        .arg(share.caller + 1)
-        .arg(u8::from(share.retry))
-        .arg(share_tokens(share.retry_reserve, tpm))
-        .arg(share_tokens(share.priority_margin, tpm))
-        .arg(u64::try_from(share.idle.as_millis()).unwrap_or(u64::MAX));
-    for route in share.routes.iter() {
-        let (guaranteed, ceiling, recovery) = route.capacities(tpm);
-        invocation
-            .arg(&*route.route)
-            .arg(route.priority)
-            .arg(guaranteed)
-            .arg(ceiling.map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX)))
-            .arg(recovery);
-    }
-}
-
-fn rpm_arg(limits: &Limits) -> i64 {
-    limits
-        .requests_per_minute
-        .map_or(-1, |r| i64::try_from(r).unwrap_or(i64::MAX))
-}
-
-/// The admit script's reply.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "verdict", rename_all = "snake_case")]
-enum AdmitReply {
-    Granted {
-        purged: u64,
-        /// Tokens taken from the caller's guarantee.
-        guaranteed: u64,
-        /// Taken under the caller's recovery budget.
-        recovered: bool,
-    },
-    Refused {
-        purged: u64,
-        limit: Limit,
-        /// `None`: refill alone never makes room.
-        wait_ms: Option<u64>,
-        deficit: u64,
-        reserved: u64,
-        in_flight: u32,
-        held_for_others: bool,
-    },
-}
-
-/// The settle script's reply.
-#[derive(Debug, Deserialize)]
-struct SettleReply {
-    /// The lease was live (not expired and purged before the settlement arrived).
-    held: bool,
-}
-
-/// Decodes a script's JSON reply; anything else is a [`LedgerError`] that quotes it.
-fn decode<T: DeserializeOwned>(op: &str, reply: &str) -> Result<T, LedgerError> {
-    serde_json::from_str(reply).map_err(|e| LedgerError {
-        backend: BACKEND,
-        message: format!("{op}: unexpected reply from the script ({e}): {reply}"),
-    })
-}
-
 // === impl Inner ===
 
 impl Inner {
@@ -457,15 +303,9 @@ impl Inner {
                 .or_default()
                 .push(member(*entry.key(), *tokens));
         }
-        let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
         for (pool, members) in by_pool {
-            let keys = keys(&pool);
             for batch in members.chunks(RENEW_BATCH) {
-                let mut invocation = self.scripts.renew.prepare_invoke();
-                invocation.key(&keys[0]).key(&keys[1]).arg(lease_ms);
-                for m in batch {
-                    invocation.arg(m);
-                }
+                let invocation = self.scripts.renew(&pool, self.lease, batch);
                 match self.run::<Vec<String>>(invocation, "renew", &pool).await {
                     Ok(missing) => {
                         for id in missing.iter().filter_map(|m| lease_id(m)) {
@@ -488,25 +328,14 @@ impl Inner {
 impl Ledger for RedisLedger {
     async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         let inner = &self.inner;
-        let limits = &request.limits;
-        check_limits(request.pool, limits)?;
+        check_limits(request.pool, &request.limits)?;
         let id: u64 = rand::random();
-        let keys = keys(request.pool);
-        let mut invocation = inner.scripts.admit.prepare_invoke();
-        invocation
-            .key(&keys[0])
-            .key(&keys[1])
-            .arg(member(id, request.tokens))
-            .arg(request.tokens)
-            .arg(limits.tokens_per_minute)
-            .arg(rpm_arg(limits))
-            .arg(limits.max_concurrency)
-            .arg(u64::try_from(inner.lease.as_millis()).unwrap_or(u64::MAX))
-            .arg(request.hold_back.min(MAX_TOKENS_PER_MINUTE));
-        share_args(&mut invocation, request);
+        let invocation = inner
+            .scripts
+            .admit(request, &member(id, request.tokens), inner.lease);
         let reply: String = inner.run(invocation, "admit", request.pool).await?;
         let reply: AdmitReply = decode("admit", &reply)?;
-        let (AdmitReply::Granted { purged, .. } | AdmitReply::Refused { purged, .. }) = reply;
+        let purged = reply.purged();
         if purged > 0 {
             tracing::warn!(
                 pool = request.pool,
@@ -568,20 +397,12 @@ impl Ledger for RedisLedger {
         // Whatever happens next, this replica stops renewing it: a settle that fails leaves a
         // lease that expires.
         inner.held.remove(&id);
-        let keys = keys(&pool);
-        let mut invocation = inner.scripts.settle.prepare_invoke();
-        invocation
-            .key(&keys[0])
-            .key(&keys[1])
-            .arg(member(id, reserved))
-            .arg(reserved)
-            .arg(charged_tokens.min(MAX_CHARGE));
-        if let Some(hold) = &hold {
-            invocation
-                .arg(&*hold.route)
-                .arg(hold.guaranteed)
-                .arg(u8::from(hold.recovered));
-        }
+        let invocation = inner.scripts.settle(
+            &pool,
+            &member(id, reserved),
+            (reserved, charged_tokens),
+            hold.as_ref(),
+        );
         let reply: String = inner.run(invocation, "settle", &pool).await?;
         let reply: SettleReply = decode("settle", &reply)?;
         if !reply.held {
@@ -592,13 +413,7 @@ impl Ledger for RedisLedger {
 
     async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError> {
         check_limits(pool, limits)?;
-        let keys = keys(pool);
-        let mut invocation = self.inner.scripts.snapshot.prepare_invoke();
-        invocation
-            .key(&keys[0])
-            .key(&keys[1])
-            .arg(limits.tokens_per_minute)
-            .arg(rpm_arg(limits));
+        let invocation = self.inner.scripts.snapshot(pool, limits);
         let reply: String = self.inner.run(invocation, "snapshot", pool).await?;
         decode("snapshot", &reply)
     }
@@ -617,58 +432,5 @@ impl Ledger for RedisLedger {
         } else {
             LedgerMode::Unavailable
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_share_one_hash_tag_per_pool() {
-        let [state, leases] = keys("sonnet4-us");
-        assert_eq!(state, "tg:v1:{sonnet4-us}:s");
-        assert_eq!(leases, "tg:v1:{sonnet4-us}:l");
-    }
-
-    #[test]
-    fn replies_decode_by_name() {
-        let refused = r#"{"verdict":"refused","purged":0,"limit":"share","wait_ms":null,"deficit":12345678901234567,"reserved":3,"in_flight":1,"held_for_others":false}"#;
-        match decode::<AdmitReply>("admit", refused).expect("decodes") {
-            AdmitReply::Refused {
-                limit,
-                wait_ms,
-                deficit,
-                ..
-            } => {
-                assert_eq!(limit, Limit::Share);
-                assert_eq!(wait_ms, None);
-                assert_eq!(deficit, 12_345_678_901_234_567, "exact past 2^53 digits");
-            }
-            other => panic!("{other:?}"),
-        }
-        let granted = r#"{"verdict":"granted","purged":2,"guaranteed":10,"recovered":true}"#;
-        assert!(matches!(
-            decode::<AdmitReply>("admit", granted),
-            Ok(AdmitReply::Granted {
-                purged: 2,
-                guaranteed: 10,
-                recovered: true
-            })
-        ));
-        let e =
-            decode::<SettleReply>("settle", "[1,0]").expect_err("positional replies are refused");
-        assert!(
-            e.message.contains("settle") && e.message.contains("[1,0]"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn lease_members_carry_id_and_tokens() {
-        let m = member(0xabc, 1_500);
-        assert_eq!(m, "0000000000000abc:1500");
-        assert_eq!(lease_id(&m), Some(0xabc));
-        assert_eq!(lease_id("nonsense"), None);
     }
 }
