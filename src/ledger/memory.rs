@@ -10,11 +10,11 @@ use std::sync::{
 };
 
 use async_trait::async_trait;
-use dashmap::DashMap;
+use dashmap::{DashMap, mapref::one::Ref};
 
 use super::{
-    Clock, Ledger, LedgerError, LedgerStats, Limit, Limits, Origin, PoolSnapshot, Rejection,
-    Reservation, ReserveRequest, ShareHold, ShareRequest, Verdict,
+    Clock, Issuer, Ledger, LedgerError, LedgerStats, Limit, Limits, Origin, PoolSnapshot,
+    Rejection, Reservation, ReserveRequest, ShareHold, ShareRequest, Verdict,
     bucket::TokenBucket,
     shares::{Need, RouteStates},
     units::UPSTREAM_TRANSIT_NS,
@@ -160,10 +160,17 @@ impl PoolLedger {
 /// The single-process ledger.
 #[derive(Debug)]
 pub struct MemoryLedger {
-    pools: DashMap<Arc<str>, Arc<Mutex<PoolLedger>>>,
+    pools: DashMap<Arc<str>, MemoryPool>,
     clock: Clock,
     next_id: AtomicU64,
     stats: Arc<LedgerStats>,
+}
+
+/// One pool: its state, and the issuer its reservations share.
+#[derive(Debug)]
+struct MemoryPool {
+    issuer: Arc<Issuer>,
+    state: Mutex<PoolLedger>,
 }
 
 impl MemoryLedger {
@@ -182,17 +189,24 @@ impl MemoryLedger {
         }
     }
 
-    fn pool(&self, name: &str, limits: &Limits) -> (Arc<str>, Arc<Mutex<PoolLedger>>) {
-        if let Some(entry) = self.pools.get(name) {
-            return (entry.key().clone(), entry.value().clone());
+    /// The pool, created on first use from `limits`. The map's read guard is held while the
+    /// caller works on the pool (a few integer updates): creating another pool waits for it.
+    fn pool(&self, name: &str, limits: &Limits) -> Ref<'_, Arc<str>, MemoryPool> {
+        if let Some(pool) = self.pools.get(name) {
+            return pool;
         }
         let key: Arc<str> = Arc::from(name);
-        let state = self
-            .pools
+        self.pools
             .entry(key.clone())
-            .or_insert_with(|| Arc::new(Mutex::new(PoolLedger::new(limits, self.clock.now_ns()))))
-            .clone();
-        (key, state)
+            .or_insert_with(|| MemoryPool {
+                issuer: Arc::new(Issuer {
+                    pool: key,
+                    origin: Origin::Local,
+                    stats: self.stats.clone(),
+                }),
+                state: Mutex::new(PoolLedger::new(limits, self.clock.now_ns())),
+            })
+            .downgrade()
     }
 }
 
@@ -207,23 +221,16 @@ fn lock(state: &Mutex<PoolLedger>) -> MutexGuard<'_, PoolLedger> {
 #[async_trait]
 impl Ledger for MemoryLedger {
     async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
-        let (key, state) = self.pool(request.pool, &request.limits);
+        let pool = self.pool(request.pool, &request.limits);
         let now = self.clock.now_ns();
-        let mut state = lock(&state);
+        let mut state = lock(&pool.state);
         state.sync(&request.limits, now);
         Ok(
             match state.reserve(request.tokens, request.hold_back, request.share, now) {
                 Ok(hold) => {
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                     Verdict::Granted(
-                        Reservation::new(
-                            key,
-                            request.tokens,
-                            id,
-                            Origin::Local,
-                            self.stats.clone(),
-                        )
-                        .with_share(hold),
+                        Reservation::new(pool.issuer.clone(), request.tokens, id).with_share(hold),
                     )
                 }
                 Err(rejection) => Verdict::Refused(rejection),
@@ -236,15 +243,17 @@ impl Ledger for MemoryLedger {
         reservation: Reservation,
         charged_tokens: u64,
     ) -> Result<(), LedgerError> {
-        let (pool, reserved, _id, hold) = reservation.disarm_with_share();
-        let Some(state) = self.pools.get(&pool).map(|e| e.value().clone()) else {
+        let Some(pool) = self.pools.get(reservation.pool()) else {
+            let message = format!("settle for unknown pool {}", reservation.pool());
+            let _ = reservation.disarm();
             return Err(LedgerError {
                 backend: "memory",
-                message: format!("settle for unknown pool {pool}"),
+                message,
             });
         };
+        let (reserved, _id, hold) = reservation.disarm();
         let now = self.clock.now_ns();
-        let mut state = lock(&state);
+        let mut state = lock(&pool.state);
         state.tokens.refill(now);
         let delta = i128::from(reserved) - i128::from(charged_tokens);
         state
@@ -259,9 +268,9 @@ impl Ledger for MemoryLedger {
     }
 
     async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError> {
-        let (_, state) = self.pool(pool, limits);
+        let pool = self.pool(pool, limits);
         let now = self.clock.now_ns();
-        let mut state = lock(&state);
+        let mut state = lock(&pool.state);
         state.sync(limits, now);
         Ok(PoolSnapshot {
             tokens_available: state.tokens.level(),

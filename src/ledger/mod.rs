@@ -121,34 +121,33 @@ pub enum Origin {
     Shared,
 }
 
+/// Who issued a reservation: the pool it was taken in, the ledger that must settle it, and
+/// that ledger's stats (where an unsettled drop is counted). One per pool in the memory backend,
+/// shared by every reservation of the pool.
+#[derive(Debug)]
+pub(crate) struct Issuer {
+    pub pool: Arc<str>,
+    pub origin: Origin,
+    pub stats: Arc<LedgerStats>,
+}
+
 /// Tokens, a request and a concurrency permit held in one pool until settled.
 #[must_use = "a reservation must be settled with Ledger::settle"]
 pub struct Reservation {
-    pool: Arc<str>,
+    issuer: Arc<Issuer>,
     tokens: u64,
     id: u64,
-    origin: Origin,
     share: Option<ShareHold>,
-    /// The issuing ledger's stats, where an unsettled drop is counted.
-    stats: Arc<LedgerStats>,
     settled: bool,
 }
 
 impl Reservation {
-    pub(crate) fn new(
-        pool: Arc<str>,
-        tokens: u64,
-        id: u64,
-        origin: Origin,
-        stats: Arc<LedgerStats>,
-    ) -> Self {
+    pub(crate) fn new(issuer: Arc<Issuer>, tokens: u64, id: u64) -> Self {
         Reservation {
-            pool,
+            issuer,
             tokens,
             id,
-            origin,
             share: None,
-            stats,
             settled: false,
         }
     }
@@ -166,11 +165,11 @@ impl Reservation {
 
     /// The ledger that issued it: a reservation is settled where it was taken.
     pub fn origin(&self) -> Origin {
-        self.origin
+        self.issuer.origin
     }
 
     pub fn pool(&self) -> &str {
-        &self.pool
+        &self.issuer.pool
     }
 
     /// Tokens reserved.
@@ -183,27 +182,21 @@ impl Reservation {
         self.id
     }
 
-    /// Marks the reservation settled; backends call this inside `settle`.
-    pub(crate) fn disarm(mut self) -> (Arc<str>, u64, u64) {
+    /// Marks the reservation settled (backends call this inside `settle`): its tokens, id and
+    /// route hold.
+    pub(crate) fn disarm(mut self) -> (u64, u64, Option<ShareHold>) {
         self.settled = true;
-        (self.pool.clone(), self.tokens, self.id)
-    }
-
-    /// [`Reservation::disarm`], with the route hold.
-    pub(crate) fn disarm_with_share(mut self) -> (Arc<str>, u64, u64, Option<ShareHold>) {
-        let share = self.share.take();
-        let (pool, tokens, id) = self.disarm();
-        (pool, tokens, id, share)
+        (self.tokens, self.id, self.share.take())
     }
 }
 
 impl fmt::Debug for Reservation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reservation")
-            .field("pool", &self.pool)
+            .field("pool", &self.issuer.pool)
             .field("tokens", &self.tokens)
             .field("id", &self.id)
-            .field("origin", &self.origin)
+            .field("origin", &self.issuer.origin)
             .field("share", &self.share)
             .finish()
     }
@@ -212,8 +205,8 @@ impl fmt::Debug for Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.settled {
-            self.stats.count_unsettled_drop();
-            tracing::error!(pool = %self.pool, tokens = self.tokens, id = self.id, "reservation dropped without settlement");
+            self.issuer.stats.count_unsettled_drop();
+            tracing::error!(pool = %self.issuer.pool, tokens = self.tokens, id = self.id, "reservation dropped without settlement");
         }
     }
 }

@@ -76,8 +76,8 @@ use redis::{
 use tokio::task::AbortHandle;
 
 use super::{
-    Clock, Ledger, LedgerError, LedgerMode, LedgerStats, Limits, Origin, PoolSnapshot, Rejection,
-    Reservation, ReserveRequest, ShareHold, Verdict,
+    Clock, Issuer, Ledger, LedgerError, LedgerMode, LedgerStats, Limits, Origin, PoolSnapshot,
+    Rejection, Reservation, ReserveRequest, ShareHold, Verdict,
     scripts::{AdmitReply, BACKEND, Scripts, SettleReply, check_limits, decode, lease_id, member},
 };
 
@@ -356,16 +356,12 @@ impl Ledger for RedisLedger {
                     guaranteed,
                     recovered,
                 });
-                Verdict::Granted(
-                    Reservation::new(
-                        pool,
-                        request.tokens,
-                        id,
-                        Origin::Shared,
-                        inner.stats.clone(),
-                    )
-                    .with_share(hold),
-                )
+                let issuer = Arc::new(Issuer {
+                    pool,
+                    origin: Origin::Shared,
+                    stats: inner.stats.clone(),
+                });
+                Verdict::Granted(Reservation::new(issuer, request.tokens, id).with_share(hold))
             }
             AdmitReply::Refused {
                 limit,
@@ -393,7 +389,8 @@ impl Ledger for RedisLedger {
     ) -> Result<(), LedgerError> {
         let inner = &self.inner;
         let _in_flight = inner.stats.settlement_started();
-        let (pool, reserved, id, hold) = reservation.disarm_with_share();
+        let pool = reservation.pool().to_owned();
+        let (reserved, id, hold) = reservation.disarm();
         // Whatever happens next, this replica stops renewing it: a settle that fails leaves a
         // lease that expires.
         inner.held.remove(&id);
