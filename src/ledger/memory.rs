@@ -3,6 +3,10 @@
 //! Each decision takes the pool's lock once, refills, checks every limit, and commits all of them
 //! or none, so a rejected request holds nothing. Pools are created on first use from the limits
 //! passed in, and follow those limits as they change.
+//!
+//! It never waits and cannot fail, except to settle a reservation of a pool it never saw (only a
+//! bug can do that: the reservation came from another ledger). Time comes from an injectable
+//! [`Clock`], in nanoseconds.
 
 use std::sync::{
     Arc, Mutex, MutexGuard,

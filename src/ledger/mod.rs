@@ -2,18 +2,39 @@
 //!
 //! [`Ledger`] is the seam between admission (which decides *what* to ask for) and storage (which
 //! holds the shared state and answers atomically). A backend checks every limit of a pool (the
-//! token bucket, the request bucket, the concurrency semaphore) and takes all of them or none.
-//! The memory backend serves one process; the Redis backend ([`redis`]) shares one quota between
-//! replicas behind the same trait, and [`fallback`] puts a local share behind it for when Redis is
-//! unreachable.
+//! token bucket, the request bucket, the concurrency semaphore, the caller's route share) and
+//! takes all of them or none: [`Ledger::reserve`] answers a [`Verdict`], `Granted` with a
+//! [`Reservation`] or `Refused` with a [`Rejection`] that says which limit bound and when refill
+//! would make room. The memory backend ([`memory`]) serves one process; the Redis backend
+//! ([`redis`], its Lua in `lua/` and the scripts' wire in `scripts.rs`) shares one quota between
+//! replicas behind the same trait, and [`fallback`] puts a local share behind it for when Redis
+//! is unreachable.
 //!
 //! Limits travel with each call instead of living in the backend: admission owns the effective
 //! limits (headroom, upstream-throttle feedback, config reloads), and every replica sharing a
 //! Redis ledger applies its own current view.
 //!
-//! A [`Reservation`] is `#[must_use]` and must be handed back to [`Ledger::settle`] exactly once.
-//! Dropping one unsettled is a bug: it is logged and counted in [`unsettled_drops`], which tests
+//! # One arithmetic, two backends
+//!
+//! The bucket arithmetic ([`bucket`]) and the route-share rules ([`shares`]) are written in Rust
+//! for the memory backend and in Lua for Redis. What ties them together is not comments:
+//! the constants both use are defined once ([`units`]) and formatted into the scripts; the
+//! scripts answer typed JSON replies; the contract suite (`tests/ledger_contract.rs`) runs every
+//! case on both backends; and a differential property test (`tests/ledger_differential.rs`)
+//! drives both through the same random operations at the same instants and requires the same
+//! answers, exactly. The memory backend counts in nanoseconds and Redis in milliseconds: at
+//! whole milliseconds their levels agree, and both report waits in whole milliseconds, rounded
+//! up.
+//!
+//! # Settlement and counters
+//!
+//! A [`Reservation`] is `#[must_use]` and must be handed back to [`Ledger::settle`] of the ledger
+//! that issued it ([`Reservation::origin`]) exactly once. Dropping one unsettled is a bug: it is
+//! logged and counted in the issuing ledger's [`LedgerStats`] ([`Ledger::stats`]), which tests
 //! assert stays zero. (The admission layer wraps reservations in a guard that always settles.)
+//! Each ledger instance keeps its own stats (unsettled drops, settlements in flight, errors it
+//! absorbed, fallbacks); nothing here is process-wide, and the ledger knows nothing of
+//! Prometheus: `/metrics` publishes the stats when it is scraped.
 
 pub mod bucket;
 pub mod clock;

@@ -7,14 +7,18 @@
 //! live leases; and `tg:v1:{pool}:l`, a sorted set of leases, one per admitted request, scored by
 //! expiry (its size is the number of requests in flight). The logic is server-side Lua
 //! (`src/ledger/lua/`), one script per operation, each one round trip: `admit` (purge expired
-//! leases, refill, check tokens, requests and concurrency, take all or nothing), `settle`,
-//! `renew`, `snapshot`. Scripts are called by SHA1 (`EVALSHA`; a Redis that lost them gets them
-//! again on `NOSCRIPT`) and read the time from Redis `TIME`, never from a replica.
+//! leases, refill, check tokens, requests, concurrency and the caller's route share, take all or
+//! nothing), `settle`, `renew`, `snapshot`. Scripts are called by SHA1 (`EVALSHA`; a Redis that
+//! lost them gets them again on `NOSCRIPT`) and read the time from Redis `TIME`, never from a
+//! replica. Each answers a JSON object decoded into a typed reply; how the scripts are built
+//! (the shared constants formatted in from [`super::units`]), what each call sends and what it
+//! answers is in `ledger/scripts.rs`.
 //!
 //! The arithmetic is [`super::bucket`]'s, exact in integers, at millisecond resolution: a level is
 //! kept in token-milliminutes (Lua numbers are doubles, and token-nanominutes would pass 2^53),
-//! so refill over any split of time is exact; waits are rounded up to the millisecond.
-//! Limits above [`MAX_TOKENS_PER_MINUTE`] are refused rather than computed inexactly.
+//! so refill over any split of time is exact; waits are rounded up to the millisecond (as the
+//! memory backend reports them too). Limits above [`MAX_TOKENS_PER_MINUTE`] are refused rather
+//! than computed inexactly.
 //!
 //! # Leases
 //!
@@ -50,11 +54,18 @@
 //!   by their charge above their reservation (output burndown), which nobody debits: at most
 //!   `maxTokens x (burndown - 1)` per request the dead replica had in flight.
 //! - **Clocks.** Only Redis `TIME` is used. After a failover to a Redis whose clock is behind,
-//!   refill pauses until that clock catches up (time never runs backwards in a bucket).
-//! - **Rolling deploys.** Keys carry the layout version (`tg:v1:`) and scripts are addressed by
-//!   their SHA1, so two builds never run each other's scripts or read each other's state. A new
-//!   layout version means new keys: while both versions run, each enforces the full limits on its
-//!   own state, so roll such a change quickly or lower the limits while it rolls.
+//!   refill pauses until that clock catches up (time never runs backwards in a bucket). The one
+//!   exception is for tests: [`RedisLedger::connect_with_clock`] builds the scripts to take the
+//!   time from a clock of the test's, passed with every call; production never uses it.
+//! - **Rolling deploys.** Scripts are addressed by their SHA1, so two builds never run each
+//!   other's scripts; they share state as long as the key layout version (`tg:v1:`) is the same,
+//!   which changes only with what is stored or what it means. A new layout version means new
+//!   keys: while both versions run, each enforces the full limits on its own state, so roll such
+//!   a change quickly or lower the limits while it rolls.
+//! - **Counters.** Errors this ledger handles itself (failed renewals and probes) count in its
+//!   [`LedgerStats`]; errors it returns are the caller's to count. Settlements count as in
+//!   flight from the call's first poll until they complete or are dropped: shutdown waits for
+//!   them.
 //! - **Expiry of idle pools.** Both keys live until every lease has expired and both buckets are
 //!   full again, plus a minute; a pool that expired is the same as a fresh, full one.
 

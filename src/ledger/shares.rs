@@ -22,7 +22,13 @@
 //!
 //! Settlement credits back to each bucket what it lent beyond the charge: the guarantee keeps the
 //! charge first (it is what the route consumed), the ceiling and the recovery budget follow the
-//! pool's own credit. The same rules run in the memory backend (here) and in the Redis scripts.
+//! pool's own credit.
+//!
+//! A route's buckets are created, full, when it first asks, and follow the pool's capacity when
+//! it asks again. Another route's unused guarantee is read as of now within its current capacity,
+//! and not written: a route's buckets change only through its own requests and settlements. The
+//! same rules run in the memory backend (here) and in the Redis scripts (`lua/admit.lua`), held
+//! together by the contract suite and the differential test.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
