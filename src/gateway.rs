@@ -21,12 +21,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admission::Admission,
-    app::{AppState, Policy, admin_router, router},
+    app::{admin_router, router},
     config::{Config, Endpoint, LedgerConfig, OnLedgerError, RedisLedgerConfig},
     ledger::{Clock, FallbackLedger, Ledger, MemoryLedger, RedisLedger, RedisOptions},
     metrics::Metrics,
+    observe::timed::TimedLedger,
+    proxy::count_tokens::UpstreamCounter,
     server,
     simulator::{self, SimulatorHandle},
+    state::{AppState, Policy},
     upstream::{Signer, Upstream},
 };
 
@@ -209,28 +212,16 @@ impl Gateway {
             LedgerConfig::Memory => Arc::new(MemoryLedger::new(clock)),
             LedgerConfig::Redis(redis) => redis_ledger(redis, clock, metrics.clone()).await?,
         };
+        let ledger = Arc::new(TimedLedger::new(ledger, metrics.ledger_seconds.clone()));
         let upstream = Arc::new(upstream);
-        let admission = Arc::new(
-            Admission::new(
-                &config.pools,
-                &config.routes,
-                config.admission.clone(),
-                ledger,
-                metrics.clone(),
-            )
-            .with_input_counter(upstream.clone()),
-        );
-        let auth = Arc::new(crate::auth::Authenticator::new(
-            &config.auth,
-            &config.routes,
-            metrics.clone(),
-        ));
+        let policy = build_policy(&config, ledger, &upstream, &metrics);
         let ready = Arc::new(AtomicBool::new(false));
         let state = Arc::new(AppState {
-            policy: arc_swap::ArcSwap::from_pointee(Policy { admission, auth }),
+            policy: arc_swap::ArcSwap::from_pointee(policy),
             upstream,
             metrics,
             registry,
+            ledger_publications: Default::default(),
             max_body_bytes: config.server.max_body_bytes,
             body_read_timeout: config.server.body_read_timeout,
             ready: ready.clone(),
@@ -292,24 +283,18 @@ impl Gateway {
             tracing::warn!(sections = ?pending, "config reload: these sections changed and take effect at the next restart");
         }
         let old = self.state.policy();
-        let admission = Admission::new(
-            &new.pools,
-            &new.routes,
-            new.admission.clone(),
+        let policy = build_policy(
+            &new,
             old.admission.ledger().clone(),
-            metrics.clone(),
-        )
-        .with_input_counter(self.state.upstream.clone());
-        for pool in admission.pools() {
+            &self.state.upstream,
+            &metrics,
+        );
+        for pool in policy.admission.pools() {
             if let Some(previous) = old.admission.pools().iter().find(|p| p.name == pool.name) {
                 pool.inherit(previous);
             }
         }
-        let auth = crate::auth::Authenticator::new(&new.auth, &new.routes, metrics.clone());
-        self.state.policy.store(Arc::new(Policy {
-            admission: Arc::new(admission),
-            auth: Arc::new(auth),
-        }));
+        self.state.policy.store(Arc::new(policy));
         let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
         retired.retain(|w| w.strong_count() > 0);
         retired.push(Arc::downgrade(&old.admission));
@@ -374,7 +359,7 @@ impl Gateway {
         }
         let result = self.proxy.stop().await;
         let settled_by = tokio::time::Instant::now() + SETTLEMENT_WAIT;
-        while crate::admission::settle::pending_settlements() > 0
+        while crate::admission::hold::pending_settlements() > 0
             && tokio::time::Instant::now() < settled_by
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -409,13 +394,16 @@ pub struct ShutdownReport {
 impl ShutdownReport {
     fn of(admission: &Admission) -> ShutdownReport {
         let pools = admission.pools();
-        ShutdownReport {
-            reserved_tokens: pools.iter().map(|p| p.metrics.reserved_tokens.get()).sum(),
-            in_flight: pools
+        let sum = |f: fn(&crate::admission::Pool) -> u64| {
+            pools
                 .iter()
-                .map(|p| p.metrics.inflight_requests.get())
-                .sum(),
-            pending_settlements: crate::admission::settle::pending_settlements(),
+                .map(|p| i64::try_from(f(p)).unwrap_or(i64::MAX))
+                .sum()
+        };
+        ShutdownReport {
+            reserved_tokens: sum(|p| p.load.reserved_tokens()),
+            in_flight: sum(|p| p.load.in_flight()),
+            pending_settlements: crate::admission::hold::pending_settlements(),
             unsettled_drops: crate::ledger::unsettled_drops(),
         }
     }
@@ -430,6 +418,25 @@ impl ShutdownReport {
                 unsettled_drops: 0,
             }
     }
+}
+
+/// The policy of `config`: admission over `ledger`, who may call, and the observer of both. Used
+/// at start and by every reload.
+fn build_policy(
+    config: &Config,
+    ledger: Arc<dyn Ledger>,
+    upstream: &Arc<Upstream>,
+    metrics: &Arc<Metrics>,
+) -> Policy {
+    let admission = Admission::new(
+        &config.pools,
+        &config.routes,
+        config.admission.clone(),
+        ledger,
+    )
+    .with_input_counter(Arc::new(UpstreamCounter(upstream.clone())));
+    let auth = crate::auth::Authenticator::new(&config.auth, &config.routes, metrics.clone());
+    Policy::new(admission, auth, metrics.clone())
 }
 
 /// The shared ledger, alone (fail-closed) or with a local share behind it.
