@@ -25,7 +25,7 @@ use crate::client::Record;
 use crate::drive::drive;
 use crate::proxy::memory_of;
 use crate::report::Upstream;
-use crate::run::{Options, start_proxy, start_simulator};
+use crate::stack::{Options, start_proxy, start_simulator};
 use crate::scenario::Scenario;
 
 /// Outcomes that are not an answer from the proxy.
