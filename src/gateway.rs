@@ -151,60 +151,9 @@ impl Gateway {
             Some(files) => Some(server::tls_acceptor(&files.cert, &files.key)?),
             None => None,
         };
-        let (base, simulator, default_credentials) = match &config.upstream.endpoint {
-            Endpoint::Simulated => {
-                let mut sim_config = config.simulator.clone();
-                sim_config.region = config.upstream.region.clone();
-                let handle = simulator::spawn(sim_config, SocketAddr::from(([127, 0, 0, 1], 0)))
-                    .await
-                    .map_err(|e| StartError::Simulator(e.to_string()))?;
-                let base = format!("http://{}", handle.addr)
-                    .parse()
-                    .map_err(|e| StartError::Simulator(format!("{e}")))?;
-                let creds = Credentials::new(
-                    "TOKENGATESIMULATED",
-                    "simulated",
-                    None,
-                    None,
-                    "tokengate-simulated",
-                );
-                (
-                    base,
-                    Some(handle),
-                    Some(SharedCredentialsProvider::new(creds)),
-                )
-            }
-            Endpoint::Url(uri) => (uri.clone(), None, None),
-            Endpoint::Aws => (
-                Upstream::aws_endpoint(&config.upstream.region)
-                    .map_err(|e| StartError::Upstream(e.to_string()))?,
-                None,
-                None,
-            ),
-        };
-        let provider = match options.credentials.or(default_credentials) {
-            Some(p) => p,
-            None => default_chain(&config.upstream.region).await?,
-        };
-        let signer = Signer::new(provider, &config.upstream.region);
-        signer.credentials().await.map_err(|e| {
-            StartError::Credentials(format!(
-                "{e}. tokengate signs upstream requests with its own AWS credentials from the default chain \
-                 (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity, container or instance role)"
-            ))
-        })?;
-        let up = &config.upstream;
         let deadline = CancellationToken::new();
-        let upstream = Upstream::new(
-            base,
-            signer,
-            up.connect_timeout,
-            up.response_timeout,
-            up.idle_timeout,
-        )
-        .map_err(|e| StartError::Upstream(e.to_string()))?
-        .with_deadline(deadline.clone());
-
+        let (upstream, simulator) = connect_upstream(&config, options.credentials).await?;
+        let upstream = upstream.with_deadline(deadline.clone());
         let registry = options.registry.unwrap_or_default();
         let metrics = Arc::new(Metrics::new(&registry)?);
         let clock = options.clock.unwrap_or_default();
@@ -229,15 +178,7 @@ impl Gateway {
         let addr = listener.local_addr()?;
         // Probes and scrapes over plain HTTP, whether or not the proxy listener has TLS.
         let admin = match config.server.admin_listen {
-            Some(admin_addr) => {
-                let admin_listener = TcpListener::bind(admin_addr).await.map_err(|source| {
-                    StartError::AdminListener {
-                        addr: admin_addr,
-                        source,
-                    }
-                })?;
-                Some((admin_listener.local_addr()?, admin_listener))
-            }
+            Some(admin_addr) => Some(bind_admin(admin_addr).await?),
             None => None,
         };
         let admin_addr = admin.as_ref().map(|(a, _)| *a);
@@ -418,6 +359,77 @@ impl ShutdownReport {
                 unsettled_drops: 0,
             }
     }
+}
+
+/// The upstream client of `config`, signing with `credentials` (else the AWS default chain), and
+/// the in-process simulator when the endpoint is `"simulated"`.
+async fn connect_upstream(
+    config: &Config,
+    credentials: Option<SharedCredentialsProvider>,
+) -> Result<(Upstream, Option<SimulatorHandle>), StartError> {
+    let up = &config.upstream;
+    let (base, simulator, default_credentials) = match &up.endpoint {
+        Endpoint::Simulated => {
+            let (base, handle, credentials) = start_simulator(config).await?;
+            (base, Some(handle), Some(credentials))
+        }
+        Endpoint::Url(uri) => (uri.clone(), None, None),
+        Endpoint::Aws => (
+            Upstream::aws_endpoint(&up.region).map_err(|e| StartError::Upstream(e.to_string()))?,
+            None,
+            None,
+        ),
+    };
+    let provider = match credentials.or(default_credentials) {
+        Some(p) => p,
+        None => default_chain(&up.region).await?,
+    };
+    let signer = Signer::new(provider, &up.region);
+    signer.credentials().await.map_err(|e| {
+        StartError::Credentials(format!(
+            "{e}. tokengate signs upstream requests with its own AWS credentials from the default chain \
+             (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity, container or instance role)"
+        ))
+    })?;
+    let upstream = Upstream::new(
+        base,
+        signer,
+        up.connect_timeout,
+        up.response_timeout,
+        up.idle_timeout,
+    )
+    .map_err(|e| StartError::Upstream(e.to_string()))?;
+    Ok((upstream, simulator))
+}
+
+/// The built-in simulator on loopback, its URL, and the credentials it expects.
+async fn start_simulator(
+    config: &Config,
+) -> Result<(http::Uri, SimulatorHandle, SharedCredentialsProvider), StartError> {
+    let mut sim_config = config.simulator.clone();
+    sim_config.region = config.upstream.region.clone();
+    let handle = simulator::spawn(sim_config, SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .map_err(|e| StartError::Simulator(e.to_string()))?;
+    let base = format!("http://{}", handle.addr)
+        .parse()
+        .map_err(|e| StartError::Simulator(format!("{e}")))?;
+    let creds = Credentials::new(
+        "TOKENGATESIMULATED",
+        "simulated",
+        None,
+        None,
+        "tokengate-simulated",
+    );
+    Ok((base, handle, SharedCredentialsProvider::new(creds)))
+}
+
+/// Binds the admin listener (`server.admin_listen`).
+async fn bind_admin(addr: SocketAddr) -> Result<(SocketAddr, TcpListener), StartError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::AdminListener { addr, source })?;
+    Ok((listener.local_addr()?, listener))
 }
 
 /// The policy of `config`: admission over `ledger`, who may call, and the observer of both. Used

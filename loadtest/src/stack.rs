@@ -31,4 +31,3 @@ pub async fn start_proxy(
     let path = o.out.join(format!("{}.proxy.toml", s.name));
     ProxyProcess::start(&o.tokengate_bin, &s.proxy_config(upstream), &path).await
 }
-

@@ -82,6 +82,17 @@ struct Waiter {
     tx: oneshot::Sender<Reservation>,
 }
 
+/// What the dispatcher needs of the head waiter.
+#[derive(Debug)]
+struct Head {
+    id: u64,
+    tokens: u64,
+    /// How many smaller waiters have passed it.
+    bypassed: u32,
+    demand: Option<RouteDemand>,
+    route: Arc<str>,
+}
+
 /// Waiters of one priority: a FIFO per route, and the routes' turn order.
 #[derive(Debug, Default)]
 struct Level {
@@ -381,6 +392,23 @@ impl AdmissionQueue {
         }
     }
 
+    /// The head waiter whose caller is still there.
+    fn live_head(&self) -> Option<Head> {
+        let mut state = self.lock();
+        // Callers that left are removed by their tickets; only a head whose caller is gone (and
+        // not yet removed) needs skipping here. No full scan per admission.
+        while let Some(gone) = state.head().filter(|w| w.tx.is_closed()).map(|w| w.id) {
+            state.remove(gone);
+        }
+        state.head().map(|w| Head {
+            id: w.id,
+            tokens: w.tokens,
+            bypassed: w.bypassed,
+            demand: w.demand.clone(),
+            route: w.route.clone(),
+        })
+    }
+
     /// Admits from the head while it fits; returns when to look again by refill (`None`: only
     /// an event can help).
     async fn pump(
@@ -390,24 +418,13 @@ impl AdmissionQueue {
         limits: &impl Fn() -> (crate::ledger::Limits, u64),
     ) -> Option<Instant> {
         loop {
-            let head = {
-                let mut state = self.lock();
-                // Callers that left are removed by their tickets; only a head whose caller is
-                // gone (and not yet removed) needs skipping here. No full scan per admission.
-                while let Some(gone) = state.head().filter(|w| w.tx.is_closed()).map(|w| w.id) {
-                    state.remove(gone);
-                }
-                state.head().map(|w| {
-                    (
-                        w.id,
-                        w.tokens,
-                        w.bypassed,
-                        w.demand.clone(),
-                        w.route.clone(),
-                    )
-                })
-            };
-            let (id, tokens, bypassed, demand, route) = head?;
+            let Head {
+                id,
+                tokens,
+                bypassed,
+                demand,
+                route,
+            } = self.live_head()?;
             let (limits, hold_back) = limits();
             match ledger
                 .reserve(&ReserveRequest {
