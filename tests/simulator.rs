@@ -256,7 +256,7 @@ async fn raw_wire_headers_and_validation_errors() {
         (
             &path.replace("/invoke", "/invoke-with-bidirectional-stream"),
             b"{}",
-            "not simulated",
+            "needs HTTP/2",
         ),
     ] {
         let (status, h, v) = post(&sim, p, body).await;

@@ -28,24 +28,34 @@
 //! [`generate`] output and faults · [`quota`] buckets · [`shapes`] response bodies and frames ·
 //! [`stream`] the paced streaming body · `handlers` the HTTP edge · [`stats`] counters.
 
+mod apis;
+mod auth;
+mod bidi;
+mod charge;
 pub mod config;
+mod control;
 pub mod generate;
 mod handlers;
+pub mod model_id;
 pub mod models;
 pub mod quota;
+pub mod region;
 pub mod request;
 mod reset;
 pub mod shapes;
+pub mod sonic;
 pub mod stats;
 pub mod stream;
+pub mod tier;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::routing::get;
+use axum::routing::{get, post};
+use bytes::Bytes;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -53,7 +63,7 @@ use tokio::task::JoinHandle;
 use crate::bedrock::Operation;
 
 pub use config::{QuotaOverride, SigV4Key, SimulatorConfig};
-pub use stats::{BucketStats, SigV4Stats, SimStats};
+pub use stats::{BucketStats, CallStats, RegionStats, SigV4Stats, SimStats};
 
 /// The simulator: its settings and live state. Cheap to clone.
 #[derive(Clone)]
@@ -64,13 +74,19 @@ pub struct Simulator {
 pub(crate) struct Inner {
     config: SimulatorConfig,
     buckets: quota::Buckets,
+    tallies: stats::Tallies,
     sigv4: stats::SigV4Counters,
+    api_keys: auth::ApiKeyCounters,
     arrivals: AtomicU64,
     operations: [AtomicU64; Operation::ALL.len()],
+    /// Calls of the body-model APIs, in the order of [`apis::Api::ALL`].
+    api_calls: [AtomicU64; apis::Api::ALL.len()],
     /// Bytes of streaming bodies handed to connections.
     stream_bytes: Arc<AtomicU64>,
     /// Faults injected, in the order of [`generate::Fault::ALL`].
     faults: [AtomicU64; generate::Fault::ALL.len()],
+    /// Days started by `POST /_sim/daily`, added to the clock's day number.
+    new_days: AtomicU64,
 }
 
 impl Inner {
@@ -85,9 +101,28 @@ impl Inner {
     }
 
     fn count_operation(&self, op: Operation) {
-        if let Some(i) = Operation::ALL.iter().position(|o| *o == op) {
-            self.operations[i].fetch_add(1, Relaxed);
+        self.operations[op.index()].fetch_add(1, Relaxed);
+    }
+
+    fn count_api(&self, api: apis::Api) {
+        if let Some(i) = apis::Api::ALL.iter().position(|a| *a == api) {
+            self.api_calls[i].fetch_add(1, Relaxed);
         }
+    }
+
+    fn unix_secs() -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    }
+
+    /// The quota day's number: Unix time / `day_secs`, plus the days started by hand.
+    fn day(&self) -> u64 {
+        Self::unix_secs() / self.config.day_secs + self.new_days.load(Relaxed)
+    }
+
+    fn start_new_day(&self) {
+        self.new_days.fetch_add(1, Relaxed);
     }
 }
 
@@ -106,11 +141,15 @@ impl Simulator {
             inner: Arc::new(Inner {
                 config,
                 buckets: quota::Buckets::default(),
+                tallies: stats::Tallies::default(),
                 sigv4: stats::SigV4Counters::default(),
+                api_keys: auth::ApiKeyCounters::default(),
                 arrivals: AtomicU64::new(0),
                 operations: std::array::from_fn(|_| AtomicU64::new(0)),
+                api_calls: std::array::from_fn(|_| AtomicU64::new(0)),
                 stream_bytes: Arc::new(AtomicU64::new(0)),
                 faults: std::array::from_fn(|_| AtomicU64::new(0)),
+                new_days: AtomicU64::new(0),
             }),
         }
     }
@@ -119,32 +158,60 @@ impl Simulator {
         &self.inner.config
     }
 
-    /// Every `bedrock-runtime` operation, plus `GET /_sim/stats`.
+    /// Every `bedrock-runtime` operation and body-model API, plus `GET /_sim/stats` and
+    /// `POST /_sim/daily`.
     pub fn router(&self) -> Router {
-        let sim = self.clone();
+        let (stats, daily) = (self.clone(), self.clone());
         Router::new()
             .route(
                 "/_sim/stats",
                 get(move || {
-                    let sim = sim.clone();
+                    let sim = stats.clone();
                     async move { axum::Json(sim.stats()) }
+                }),
+            )
+            .route(
+                "/_sim/daily",
+                post(move |body: Bytes| {
+                    let sim = daily.clone();
+                    async move { control::daily(&sim, &body) }
                 }),
             )
             .fallback(handlers::handle)
             .with_state(Arc::clone(&self.inner))
     }
 
-    /// A snapshot of every bucket, SigV4 checks and operation counts.
+    /// Starts a new quota day for every bucket and Region (as `POST /_sim/daily` does).
+    pub fn start_new_day(&self) {
+        self.inner.start_new_day();
+    }
+
+    /// A snapshot of every bucket, SigV4 checks, operation counts and the breakdowns by API,
+    /// tier and Region.
     pub fn stats(&self) -> SimStats {
         let inner = &self.inner;
+        let day = inner.day();
+        let buckets = inner.buckets.snapshot(Instant::now(), day);
+        let native = Operation::ALL
+            .iter()
+            .zip(&inner.operations)
+            .map(|(op, n)| (op.name(), n.load(Relaxed)));
+        let other = apis::Api::ALL
+            .iter()
+            .zip(&inner.api_calls)
+            .map(|(api, n)| (api.label(), n.load(Relaxed)));
         SimStats {
-            buckets: inner.buckets.snapshot(Instant::now()),
+            regions: stats::regions(
+                &buckets,
+                inner.tallies.regions(),
+                inner.buckets.account_use(day),
+            ),
+            buckets,
             sigv4: inner.sigv4.snapshot(),
-            operations: Operation::ALL
-                .iter()
-                .zip(&inner.operations)
-                .map(|(op, n)| (op.name().to_string(), n.load(Relaxed)))
+            operations: native
+                .chain(other)
                 .filter(|(_, n)| *n > 0)
+                .map(|(name, n)| (name.to_string(), n))
                 .collect(),
             stream_bytes_sent: inner.stream_bytes.load(Relaxed),
             faults: generate::Fault::ALL
@@ -152,6 +219,14 @@ impl Simulator {
                 .zip(&inner.faults)
                 .map(|(f, n)| (f.label().to_string(), n.load(Relaxed)))
                 .collect(),
+            apis: inner.tallies.apis(),
+            tiers: inner.tallies.tiers(),
+            day: stats::DayStats {
+                day_secs: inner.config.day_secs,
+                day,
+                secs_left: inner.config.day_secs - Inner::unix_secs() % inner.config.day_secs,
+            },
+            api_keys: inner.api_keys.snapshot(),
         }
     }
 }
