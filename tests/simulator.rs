@@ -23,6 +23,9 @@ use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor};
 use serde_json::{Value, json};
 use tokengate::simulator::{SigV4Key, SimulatorConfig, SimulatorHandle, spawn};
 
+#[path = "simulator/bidi.rs"]
+mod bidi;
+
 const SONNET: &str = "anthropic.claude-sonnet-4-20250514-v1:0";
 
 fn instant_config() -> SimulatorConfig {
