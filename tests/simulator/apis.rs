@@ -1,0 +1,474 @@
+//! The body-model APIs on the wire (what the openai and anthropic SDKs hide; tests/python drives
+//! them with those SDKs): one quota with the native operations, each API's SSE framing and
+//! usage, stop reasons at the cap, errors in each API's shape, API keys.
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokengate::simulator::{QuotaOverride, SimulatorConfig, SimulatorHandle};
+
+use super::{SONNET, client, instant_config, post_with, start, user};
+
+const GPT: &str = "openai.gpt-oss-120b-1:0";
+
+async fn call(
+    sim: &SimulatorHandle,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Value,
+) -> (u16, http::HeaderMap, Bytes) {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    post_with(sim, path, &all, body.to_string().as_bytes()).await
+}
+
+async fn json_call(sim: &SimulatorHandle, path: &str, body: Value) -> (u16, Value) {
+    let (status, _, bytes) = call(sim, path, &[], body).await;
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+/// `(event name, data)` of every SSE event; `[DONE]` is `("", Null)`.
+fn sse(bytes: &[u8]) -> Vec<(String, Value)> {
+    let text = std::str::from_utf8(bytes).unwrap();
+    text.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|event| {
+            let mut name = String::new();
+            let mut data = Value::Null;
+            for line in event.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_string();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = serde_json::from_str(d).unwrap_or(Value::Null);
+                }
+            }
+            (name, data)
+        })
+        .collect()
+}
+
+fn chat(model: &str, text: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": text}]})
+}
+
+#[tokio::test]
+async fn converse_and_every_body_model_api_drain_one_bucket() {
+    let sim = start(instant_config()).await;
+    // "one quota [sim:output=4]" = 24 bytes -> 6 + 3 for one message = 9 input tokens.
+    let text = "one quota [sim:output=4]";
+    let out = client(&sim, "secret")
+        .converse()
+        .model_id(format!("us.{SONNET}"))
+        .messages(user(text))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.usage().unwrap().input_tokens(), 9);
+    let model = format!("us.{SONNET}");
+    let (status, v) = json_call(&sim, "/openai/v1/chat/completions", chat(&model, text)).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], 9);
+    let (status, v) = json_call(&sim, "/v1/chat/completions", chat(&model, text)).await;
+    assert_eq!((status, &v["object"]), (200, &json!("chat.completion")));
+    let (status, v) = json_call(
+        &sim,
+        "/openai/v1/responses",
+        json!({"model": model, "input": text}),
+    )
+    .await;
+    assert_eq!(
+        (status, &v["usage"]["input_tokens"]),
+        (200, &json!(9)),
+        "{v}"
+    );
+    let (status, v) = json_call(&sim, "/anthropic/v1/messages", chat(&model, text)).await;
+    assert_eq!(
+        (status, &v["usage"]["input_tokens"]),
+        (200, &json!(9)),
+        "{v}"
+    );
+
+    let stats = sim.simulator.stats();
+    let b = &stats.buckets[&format!("{SONNET}@geo:us")];
+    assert_eq!(stats.buckets.len(), 1, "one bucket");
+    // Each call: 9 input + 4 output x burndown 5.
+    assert_eq!((b.requests, b.completed, b.tokens_charged), (5, 5, 5 * 29));
+    for api in [
+        "Converse",
+        "OpenAIChatCompletions",
+        "OpenAIResponses",
+        "AnthropicMessages",
+    ] {
+        let expected = if api == "OpenAIChatCompletions" {
+            2 * 29
+        } else {
+            29
+        };
+        assert_eq!(stats.apis[api].tokens_charged, expected, "{api}");
+    }
+    assert_eq!(stats.operations["OpenAIChatCompletions"], 2);
+}
+
+#[tokio::test]
+async fn caps_and_absent_caps_reserve_like_native_calls_and_stop_reasons_say_so() {
+    let sim = start(SimulatorConfig {
+        default_tokens_per_minute: 1_000_000,
+        ..instant_config()
+    })
+    .await;
+    let text = "cap me [sim:output=50]";
+    let mut body = chat(SONNET, text);
+    body["max_completion_tokens"] = json!(20);
+    body["max_tokens"] = json!(999);
+    let (_, v) = json_call(&sim, "/openai/v1/chat/completions", body).await;
+    assert_eq!(
+        (
+            &v["choices"][0]["finish_reason"],
+            &v["usage"]["completion_tokens"]
+        ),
+        (&json!("length"), &json!(20))
+    );
+    let (_, v) = json_call(
+        &sim,
+        "/openai/v1/responses",
+        json!({"model": SONNET, "input": text, "max_output_tokens": 20}),
+    )
+    .await;
+    assert_eq!(
+        (&v["status"], &v["incomplete_details"]["reason"]),
+        (&json!("incomplete"), &json!("max_output_tokens"))
+    );
+    let mut body = chat(SONNET, text);
+    body["max_tokens"] = json!(20);
+    let (_, v) = json_call(&sim, "/anthropic/v1/messages", body).await;
+    assert_eq!(
+        (&v["stop_reason"], &v["usage"]["output_tokens"]),
+        (&json!("max_tokens"), &json!(20))
+    );
+
+    // No cap: the model's maximum (64,000 for Sonnet 4) is reserved while the call runs.
+    let slow = start(SimulatorConfig {
+        default_tokens_per_minute: 1_000_000,
+        time_to_first_token_ms: 60_000,
+        ..SimulatorConfig::default()
+    })
+    .await;
+    let addr = slow.addr;
+    let pending = tokio::spawn(async move {
+        let http =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Full<Bytes>>();
+        let req = http::Request::post(format!("http://{addr}/openai/v1/chat/completions"))
+            .body(http_body_util::Full::new(Bytes::from(
+                chat(SONNET, "no cap").to_string(),
+            )))
+            .unwrap();
+        http.request(req).await
+    });
+    let key = format!("{SONNET}@us-east-1");
+    loop {
+        if let Some(b) = slow.simulator.stats().buckets.get(&key)
+            && b.in_flight == 1
+        {
+            // "no cap" = 6 bytes -> 2 + 3 = 5 input tokens.
+            assert_eq!(b.tokens_reserved_in_flight, 5 + 64_000);
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    pending.abort();
+}
+
+#[tokio::test]
+async fn streams_frame_usage_as_each_api_does() {
+    let sim = start(instant_config()).await;
+    let text = "stream [sim:output=12]";
+    let input = 3 + 6; // 22 bytes -> 6, + 3 for the message
+    // Chat without include_usage: no usage anywhere, then [DONE].
+    let mut body = chat(GPT, text);
+    body["stream"] = json!(true);
+    let (status, h, bytes) = call(&sim, "/openai/v1/chat/completions", &[], body.clone()).await;
+    assert_eq!(
+        (status, h["content-type"].to_str().unwrap()),
+        (200, "text/event-stream; charset=utf-8")
+    );
+    let events = sse(&bytes);
+    assert_eq!(
+        events.last().unwrap(),
+        &(String::new(), Value::Null),
+        "ends with [DONE]"
+    );
+    assert!(events.iter().all(|(_, d)| d.get("usage").is_none()));
+    let finish = &events[events.len() - 2].1["choices"][0]["finish_reason"];
+    assert_eq!(finish, "stop");
+    let streamed: String = events
+        .iter()
+        .filter_map(|(_, d)| d["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed.len().div_ceil(4), 12);
+    // With include_usage: a last chunk with empty choices carries it; others carry null.
+    body["stream_options"] = json!({"include_usage": true});
+    let (_, _, bytes) = call(&sim, "/openai/v1/chat/completions", &[], body).await;
+    let events = sse(&bytes);
+    let usage_chunk = &events[events.len() - 2].1;
+    assert_eq!(usage_chunk["choices"], json!([]));
+    assert_eq!(usage_chunk["usage"]["prompt_tokens"], input);
+    assert_eq!(usage_chunk["usage"]["completion_tokens"], 12);
+    assert!(
+        events[..events.len() - 2]
+            .iter()
+            .all(|(_, d)| d["usage"].is_null())
+    );
+
+    // Responses: ends with response.completed carrying response.usage.
+    let (_, _, bytes) = call(
+        &sim,
+        "/openai/v1/responses",
+        &[],
+        json!({"model": GPT, "input": text, "stream": true}),
+    )
+    .await;
+    let events = sse(&bytes);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        &names[..4],
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added"
+        ]
+    );
+    assert_eq!(names.last(), Some(&"response.completed"));
+    assert!(names.contains(&"response.output_text.delta"));
+    let last = &events.last().unwrap().1;
+    assert_eq!(
+        (
+            &last["response"]["usage"]["output_tokens"],
+            &last["response"]["usage"]["input_tokens"]
+        ),
+        (&json!(12), &json!(input))
+    );
+    let sequence: Vec<u64> = events
+        .iter()
+        .map(|(_, d)| d["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sequence, (0..events.len() as u64).collect::<Vec<_>>());
+    // Capped: the stream ends with response.incomplete.
+    let (_, _, bytes) = call(
+        &sim,
+        "/openai/v1/responses",
+        &[],
+        json!({"model": GPT, "input": text, "stream": true, "max_output_tokens": 5}),
+    )
+    .await;
+    let last = sse(&bytes).pop().unwrap();
+    assert_eq!(
+        (
+            last.0.as_str(),
+            &last.1["response"]["incomplete_details"]["reason"]
+        ),
+        ("response.incomplete", &json!("max_output_tokens"))
+    );
+
+    // Anthropic: message_start has the input; message_delta the cumulative output and stop reason.
+    let mut body = chat(GPT, text);
+    body["stream"] = json!(true);
+    body["max_tokens"] = json!(10);
+    let (_, _, bytes) = call(&sim, "/anthropic/v1/messages", &[], body).await;
+    let events = sse(&bytes);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        &names[..3],
+        ["message_start", "content_block_start", "ping"]
+    );
+    assert_eq!(
+        &names[names.len() - 3..],
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
+    assert_eq!(events[0].1["message"]["usage"]["input_tokens"], input);
+    let delta = &events[names.len() - 2].1;
+    assert_eq!(
+        (
+            &delta["usage"]["output_tokens"],
+            &delta["delta"]["stop_reason"]
+        ),
+        (&json!(10), &json!("max_tokens"))
+    );
+    // Five calls, burndown 1 for gpt-oss: outputs 12, 12, 12, 5 and 10.
+    assert_eq!(
+        sim.simulator.stats().buckets[&format!("{GPT}@us-east-1")].tokens_charged,
+        5 * input + 12 + 12 + 12 + 5 + 10
+    );
+}
+
+#[tokio::test]
+async fn errors_come_in_each_api_s_shape() {
+    let sim = start(SimulatorConfig {
+        quotas: vec![QuotaOverride {
+            model: GPT.into(),
+            region: None,
+            tokens_per_minute: Some(100),
+            tokens_per_day: None,
+            reserved_tokens_per_minute: None,
+        }],
+        ..instant_config()
+    })
+    .await;
+    let mut big = chat(GPT, "x");
+    big["max_tokens"] = json!(200);
+    let (status, h, bytes) = call(&sim, "/openai/v1/chat/completions", &[], big.clone()).await;
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        (status, h["x-amzn-errortype"].to_str().unwrap()),
+        (429, "ThrottlingException")
+    );
+    assert_eq!(
+        v,
+        json!({"error": {"message": "Too many tokens, please wait before trying again.", "type": "tokens", "param": null, "code": "rate_limit_exceeded"}})
+    );
+    let (status, v) = json_call(&sim, "/anthropic/v1/messages", big).await;
+    assert_eq!(status, 429);
+    assert_eq!(
+        v,
+        json!({"type": "error", "error": {"type": "rate_limit_error", "message": "Too many tokens, please wait before trying again."}})
+    );
+
+    let cases = [
+        (
+            "/openai/v1/chat/completions",
+            json!({"messages": []}),
+            400,
+            "model is required",
+        ),
+        (
+            "/openai/v1/chat/completions",
+            chat("gpt-4o", "x"),
+            404,
+            "does not exist",
+        ),
+        (
+            "/openai/v1/responses",
+            json!({"model": GPT}),
+            400,
+            "input is required",
+        ),
+        (
+            "/openai/v1/responses",
+            json!({"model": GPT, "input": "x", "background": true}),
+            400,
+            "background",
+        ),
+        (
+            "/openai/v1/embeddings",
+            json!({"model": GPT}),
+            404,
+            "Unknown request URL",
+        ),
+        (
+            "/openai/v1/chat/completions",
+            json!({"model": GPT, "messages": [{"role": "user", "content": "x"}], "service_tier": "scale"}),
+            400,
+            "service tier",
+        ),
+        (
+            "/openai/v1/chat/completions",
+            json!({"model": GPT, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}),
+            400,
+            "max_tokens",
+        ),
+    ];
+    for (path, body, expected, needle) in cases {
+        let (status, v) = json_call(&sim, path, body).await;
+        assert_eq!(status, expected, "{path} {v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(needle), "{message}");
+        assert!(v["error"]["type"].is_string());
+    }
+    let (status, v) = json_call(&sim, "/anthropic/v1/complete", json!({})).await;
+    assert_eq!(
+        (status, &v["type"], &v["error"]["type"]),
+        (404, &json!("error"), &json!("not_found_error"))
+    );
+    let (status, v) = json_call(
+        &sim,
+        "/anthropic/v1/messages",
+        json!({"model": "claude-x", "messages": [{"role": "user", "content": "x"}]}),
+    )
+    .await;
+    assert_eq!(
+        (status, &v["error"]["type"]),
+        (404, &json!("not_found_error"))
+    );
+    let (status, _, bytes) = post_with(
+        &sim,
+        "/openai/v1/chat/completions",
+        &[("content-type", "text/plain")],
+        b"hi",
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(status, 400);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("application/json")
+    );
+    assert_eq!(
+        sim.simulator.stats().buckets[&format!("{GPT}@us-east-1")].throttled,
+        2
+    );
+}
+
+#[tokio::test]
+async fn api_keys_are_checked_when_configured() {
+    let sim = start(SimulatorConfig {
+        api_keys: vec!["good-key".into()],
+        ..instant_config()
+    })
+    .await;
+    let body = chat(GPT, "x [sim:output=1]");
+    let (status, _, _) = call(
+        &sim,
+        "/openai/v1/chat/completions",
+        &[("authorization", "Bearer good-key")],
+        body.clone(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _, _) = call(
+        &sim,
+        "/anthropic/v1/messages",
+        &[("x-api-key", "good-key")],
+        body.clone(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, _, bytes) = call(
+        &sim,
+        "/openai/v1/chat/completions",
+        &[("authorization", "Bearer bad")],
+        body.clone(),
+    )
+    .await;
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (403, &json!("invalid_api_key"))
+    );
+    let (status, _, _) = call(&sim, "/anthropic/v1/messages", &[], body).await;
+    assert_eq!(status, 403, "no credential at all");
+    // Native operations take the same keys.
+    let converse =
+        json!({"messages": [{"role": "user", "content": [{"text": "x [sim:output=1]"}]}]});
+    let (status, _, _) = call(
+        &sim,
+        &format!("/model/{SONNET}/converse"),
+        &[("authorization", "Bearer good-key")],
+        converse,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let keys = sim.simulator.stats().api_keys;
+    assert_eq!((keys.seen, keys.accepted, keys.rejected), (4, 3, 1));
+}
