@@ -46,6 +46,17 @@ fn instant_config() -> SimulatorConfig {
     }
 }
 
+/// `config` verifying SigV4 signatures of the key the test clients sign with.
+fn verifying(config: SimulatorConfig) -> SimulatorConfig {
+    SimulatorConfig {
+        verify_sigv4: Some(SigV4Key {
+            access_key_id: "AKIDTEST".into(),
+            secret_access_key: "secret".into(),
+        }),
+        ..config
+    }
+}
+
 async fn start(config: SimulatorConfig) -> SimulatorHandle {
     spawn(config, "127.0.0.1:0".parse().unwrap()).await.unwrap()
 }
@@ -401,14 +412,7 @@ async fn reservations_throttle_burndown_settles_and_routes_are_separate_buckets(
 
 #[tokio::test]
 async fn sigv4_verification() {
-    let sim = start(SimulatorConfig {
-        verify_sigv4: Some(SigV4Key {
-            access_key_id: "AKIDTEST".into(),
-            secret_access_key: "secret".into(),
-        }),
-        ..instant_config()
-    })
-    .await;
+    let sim = start(verifying(instant_config())).await;
     let arn_profile =
         format!("arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.{SONNET}");
     client(&sim, "secret")

@@ -28,13 +28,13 @@ use hyper_util::{
 };
 use serde_json::{Value, json};
 use tokengate::bedrock::eventstream::{Frame, FrameReader, event_frame};
-use tokengate::simulator::{SigV4Key, SimulatorConfig, SimulatorHandle};
+use tokengate::simulator::{SimulatorConfig, SimulatorHandle};
 use tokio::sync::mpsc;
 
 /// The SDK's answer to the call: its `body` receives the output events.
 type Session = aws_sdk_bedrockruntime::operation::invoke_model_with_bidirectional_stream::InvokeModelWithBidirectionalStreamOutput;
 
-use super::{instant_config, start};
+use super::{instant_config, start, verifying};
 
 const SONIC: &str = "amazon.nova-sonic-v1:0";
 
@@ -119,6 +119,27 @@ fn input_stream(
         .into()
 }
 
+/// Opens a session whose `sessionStart` asks for `max_tokens`: the caller's side and the SDK's
+/// answer.
+async fn open(client: &Client, max_tokens: u64) -> (Caller, Session) {
+    let (tx, rx) = mpsc::channel(16);
+    let caller = Caller(tx);
+    caller
+        .send(
+            "sessionStart",
+            json!({"inferenceConfiguration": {"maxTokens": max_tokens}}),
+        )
+        .await;
+    let session = client
+        .invoke_model_with_bidirectional_stream()
+        .model_id(SONIC)
+        .body(input_stream(rx))
+        .send()
+        .await
+        .unwrap();
+    (caller, session)
+}
+
 /// The output events until (and including) the next `usageEvent`, or the end of the stream.
 async fn until_usage(out: &mut Session) -> Vec<Value> {
     let body = &mut out.body;
@@ -160,29 +181,8 @@ fn names(events: &[Value]) -> Vec<String> {
 
 #[tokio::test]
 async fn a_session_answers_turn_by_turn_and_is_charged_its_usage_totals() {
-    let sim = start(SimulatorConfig {
-        verify_sigv4: Some(SigV4Key {
-            access_key_id: "AKIDTEST".into(),
-            secret_access_key: "secret".into(),
-        }),
-        ..instant_config()
-    })
-    .await;
-    let (tx, rx) = mpsc::channel(16);
-    let caller = Caller(tx);
-    caller
-        .send(
-            "sessionStart",
-            json!({"inferenceConfiguration": {"maxTokens": 300}}),
-        )
-        .await;
-    let mut body = h2c_client(&sim, "us-east-1")
-        .invoke_model_with_bidirectional_stream()
-        .model_id(SONIC)
-        .body(input_stream(rx))
-        .send()
-        .await
-        .unwrap();
+    let sim = start(verifying(instant_config())).await;
+    let (caller, mut body) = open(&h2c_client(&sim, "us-east-1"), 300).await;
     caller
         .send("promptStart", json!({"promptName": "p1"}))
         .await;
@@ -278,23 +278,8 @@ async fn a_session_that_does_not_fit_ends_with_a_throttling_exception_and_the_li
     .await;
     let client = h2c_client(&sim, "us-east-1");
     // maxTokens above the bucket: the reservation cannot fit.
-    let (tx, rx) = mpsc::channel(16);
-    let caller = Caller(tx);
-    caller
-        .send(
-            "sessionStart",
-            json!({"inferenceConfiguration": {"maxTokens": 1_001}}),
-        )
-        .await;
-    let mut body = client
-        .invoke_model_with_bidirectional_stream()
-        .model_id(SONIC)
-        .body(input_stream(rx))
-        .send()
-        .await
-        .unwrap()
-        .body;
-    let err = body.recv().await.unwrap_err();
+    let (caller, mut session) = open(&client, 1_001).await;
+    let err = session.body.recv().await.unwrap_err();
     let service = err.into_service_error();
     assert!(service.is_throttling_exception(), "{service:?}");
     assert_eq!(
@@ -305,21 +290,7 @@ async fn a_session_that_does_not_fit_ends_with_a_throttling_exception_and_the_li
 
     // A session that stays open past bidirectional_session_secs: a modelTimeoutException, and
     // the session is charged what it used.
-    let (tx, rx) = mpsc::channel(16);
-    let caller = Caller(tx);
-    caller
-        .send(
-            "sessionStart",
-            json!({"inferenceConfiguration": {"maxTokens": 100}}),
-        )
-        .await;
-    let mut body = client
-        .invoke_model_with_bidirectional_stream()
-        .model_id(SONIC)
-        .body(input_stream(rx))
-        .send()
-        .await
-        .unwrap();
+    let (caller, mut body) = open(&client, 100).await;
     caller
         .send("promptStart", json!({"promptName": "p1"}))
         .await;

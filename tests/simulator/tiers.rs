@@ -10,9 +10,7 @@ use aws_sdk_bedrockruntime::{
 use serde_json::{Value, json};
 use tokengate::simulator::{QuotaOverride, SimulatorConfig};
 
-use super::{
-    SONNET, anthropic_body, client, instant_config, max_tokens, post, post_with, start, user,
-};
+use super::{SONNET, anthropic_body, client, instant_config, max_tokens, post_with, start, user};
 
 fn tier(t: ServiceTierType) -> ServiceTier {
     ServiceTier::builder().r#type(t).build().unwrap()
@@ -177,43 +175,30 @@ async fn reserved_capacity_serves_first_and_overflows_to_on_demand() {
 async fn unknown_tiers_are_validation_errors() {
     let sim = start(instant_config()).await;
     let converse = json!({"messages": [{"role": "user", "content": [{"text": "x"}]}], "serviceTier": {"type": "gold"}});
-    let (status, h, v) = post(
-        &sim,
-        &format!("/model/{SONNET}/converse"),
-        converse.to_string().as_bytes(),
-    )
-    .await;
-    assert_eq!(
-        (status, h["x-amzn-errortype"].to_str().unwrap()),
-        (400, "ValidationException")
-    );
-    assert!(
-        v["message"]
-            .as_str()
-            .unwrap()
-            .contains("Value 'gold' at 'serviceTier.type'"),
-        "{v}"
-    );
-
-    let (status, h, body) = post_with(
-        &sim,
-        &format!("/model/{SONNET}/invoke"),
-        &[("x-amzn-bedrock-service-tier", "gold")],
-        &anthropic_body("x", 10),
-    )
-    .await;
-    let v: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(
-        (status, h["x-amzn-errortype"].to_str().unwrap()),
-        (400, "ValidationException")
-    );
-    assert!(
-        v["message"]
-            .as_str()
-            .unwrap()
-            .contains("Value 'gold' at 'serviceTier'"),
-        "{v}"
-    );
+    let cases = [
+        (
+            "converse",
+            vec![],
+            converse.to_string().into_bytes(),
+            "Value 'gold' at 'serviceTier.type'",
+        ),
+        (
+            "invoke",
+            vec![("x-amzn-bedrock-service-tier", "gold")],
+            anthropic_body("x", 10),
+            "Value 'gold' at 'serviceTier'",
+        ),
+    ];
+    for (op, headers, body, needle) in cases {
+        let path = format!("/model/{SONNET}/{op}");
+        let (status, h, bytes) = post_with(&sim, &path, &headers, &body).await;
+        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            (status, h["x-amzn-errortype"].to_str().unwrap()),
+            (400, "ValidationException")
+        );
+        assert!(v["message"].as_str().unwrap().contains(needle), "{v}");
+    }
     assert!(
         sim.simulator.stats().buckets.is_empty(),
         "nothing was charged"
