@@ -40,15 +40,22 @@ use super::quota::Reservation;
 use super::sonic::{Action, Session};
 use super::{auth, shapes};
 use crate::bedrock::eventstream::{self, FrameReader, exception_frame};
-use crate::bedrock::{BedrockError, ErrorCode};
+use crate::bedrock::{BedrockError, ErrorCode, Operation};
 
 const API: &str = "InvokeModelWithBidirectionalStream";
 
 /// Answers a bidirectional stream request; the session runs in a task of its own.
-pub(super) async fn handle(sim: Arc<Inner>, model_id: &str, parts: Parts, body: Body) -> Response {
+pub(super) async fn handle(
+    sim: Arc<Inner>,
+    op: Operation,
+    model_id: &str,
+    parts: Parts,
+    body: Body,
+) -> Response {
     if let Err(refusal) = auth::check(&sim, &parts, &[], true) {
         return refusal.into_response();
     }
+    sim.count_operation(op);
     if parts.version != Version::HTTP_2 {
         return BedrockError::validation(
             "InvokeModelWithBidirectionalStream needs HTTP/2: it streams events both ways at once. Use an HTTP/2 client.",

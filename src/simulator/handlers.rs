@@ -45,8 +45,7 @@ pub(super) async fn handle(State(sim): State<Arc<Inner>>, req: Request) -> Respo
         model_id: Some(model_id),
     }) = &target
     {
-        sim.count_operation(*op);
-        return bidi::handle(Arc::clone(&sim), model_id, parts, body).await;
+        return bidi::handle(Arc::clone(&sim), *op, model_id, parts, body).await;
     }
     let Ok(body) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
         return BedrockError::validation(

@@ -184,31 +184,33 @@ impl Tally {
 /// The tallies by API, tier and Region, created on first use.
 #[derive(Debug, Default)]
 pub(crate) struct Tallies {
-    apis: DashMap<&'static str, Arc<Tally>>,
-    tiers: DashMap<&'static str, Arc<Tally>>,
+    apis: DashMap<String, Arc<Tally>>,
+    tiers: DashMap<String, Arc<Tally>>,
     regions: DashMap<String, Arc<Tally>>,
 }
 
-fn tally<K: std::hash::Hash + Eq>(map: &DashMap<K, Arc<Tally>>, key: K) -> Arc<Tally> {
-    Arc::clone(map.entry(key).or_default().value())
+/// The tally of `key`, created if new (a read lock on the common path).
+fn tally(map: &DashMap<String, Arc<Tally>>, key: &str) -> Arc<Tally> {
+    if let Some(t) = map.get(key) {
+        return Arc::clone(t.value());
+    }
+    Arc::clone(map.entry(key.to_string()).or_default().value())
 }
 
-fn snapshot<K: ToString + std::hash::Hash + Eq>(
-    map: &DashMap<K, Arc<Tally>>,
-) -> BTreeMap<String, CallStats> {
+fn snapshot(map: &DashMap<String, Arc<Tally>>) -> BTreeMap<String, CallStats> {
     map.iter()
-        .map(|e| (e.key().to_string(), e.value().snapshot()))
+        .map(|e| (e.key().clone(), e.value().snapshot()))
         .collect()
 }
 
 impl Tallies {
     /// The tallies of a call: its API, its requested tier, its Region.
     pub fn of_call(&self, api: &'static str, tier: &'static str, region: &str) -> Vec<Arc<Tally>> {
-        let region = match self.regions.get(region) {
-            Some(t) => Arc::clone(t.value()),
-            None => tally(&self.regions, region.to_string()),
-        };
-        vec![tally(&self.apis, api), tally(&self.tiers, tier), region]
+        vec![
+            tally(&self.apis, api),
+            tally(&self.tiers, tier),
+            tally(&self.regions, region),
+        ]
     }
 
     pub fn apis(&self) -> BTreeMap<String, CallStats> {
