@@ -1,32 +1,62 @@
 //! A faithful stand-in for `bedrock-runtime`, with Bedrock's own quota arithmetic, for local
 //! development, tests and load tests.
 //!
-//! It shares the wire types of [`crate::bedrock`] (paths, model ids, error shapes, event-stream
-//! frames) but never the proxy's ledger or admission code: it does Bedrock's arithmetic on its
-//! own, so that tests of the proxy cannot agree with themselves.
+//! It shares pure wire encodings with [`crate::bedrock`] (the `Operation` paths, the restJson1
+//! error shape, event-stream frames) and the SigV4 verifier, but never the proxy's model-id
+//! parsing, `maxTokens` reading, usage parsing, ledger or admission code: it does Bedrock's side
+//! on its own, so that tests of the proxy cannot agree with themselves.
 //!
 //! # Rules
 //! - **Operations**: Converse, ConverseStream, InvokeModel and InvokeModelWithResponseStream
 //!   (Anthropic, Nova, Titan, Llama and a generic `max_tokens` family) answer in their exact wire
 //!   shapes and are quota-counted; CountTokens is free; guardrails and async invocations answer
-//!   plausible JSON; InvokeModelWithBidirectionalStream answers 400; unknown paths 404.
+//!   plausible JSON; unknown paths 404.
+//! - **Body-model APIs** (`apis`): OpenAI Chat Completions (`/openai/v1/chat/completions`,
+//!   `/v1/chat/completions`), OpenAI Responses (`/openai/v1/responses`) and Anthropic Messages
+//!   (`/anthropic/v1/messages`), JSON and SSE, usage and errors in each API's own shape, charged
+//!   to the same bucket as the native operations for the body's `model`.
+//! - **InvokeModelWithBidirectionalStream** (`bidi`, [`sonic`]): HTTP/2 full duplex, Nova Sonic
+//!   events in and out, answered turn by turn as input arrives, `usageEvent` running totals,
+//!   charged from them; closed at `bidirectional_session_secs` (8 minutes).
+//! - **Model ids and Regions**: [`model_id`] (the simulator's own parser) puts every id form in
+//!   its bucket; [`region`] says which Region a request is made in (SigV4 scope, else Host, else
+//!   `region`); every Region has its own buckets.
 //! - **Input tokens**: see [`request`] (`ceil(text bytes / 4) + 3 per message`).
-//! - **Quota**: see [`quota`]. One bucket per (base model, route): `{base}@{region}` on demand,
-//!   `{base}@geo:us` for `us.` profiles, `{base}@global`; ARNs land in the bucket of what they
-//!   name. Reserve `input + maxTokens` (absent: the model's maximum, [`models`]), 429
-//!   `ThrottlingException` if it does not fit; settle to `input + output x burndown`.
+//! - **Quota**: see [`quota`] and `charge`. Reserve `input + maxTokens` (absent: the model's
+//!   maximum, [`models`]) in the minute bucket and in the day (the bucket's `tokens_per_day`,
+//!   default the minute's quota x 1,440, and the Region's `account_tokens_per_day` if set); 429
+//!   `ThrottlingException` `Too many tokens per day, please wait before trying again.` if the day
+//!   does not fit, else `Too many tokens, please wait before trying again.` if the minute does
+//!   not; settle to `input + output x burndown`. Days are `day_secs` long; `POST /_sim/daily`
+//!   (`control`) starts a new one or sets a day's use.
+//! - **Service tiers** ([`tier`]): `priority`, `default`, `flex` draw on the on-demand bucket;
+//!   `reserved` on the model's reserved capacity, overflowing to on-demand; echoed as each API
+//!   echoes them.
 //! - **Output**: see [`generate`]: deterministic per request body and `seed`; `[sim:output=N]`,
-//!   `[sim:fault=503|cut|stall]` in a prompt force a length or a fault.
+//!   `[sim:fault=503|500|reset|cut|stall]` in a prompt force a length or a fault.
 //! - **Faults**: 503, 500 and a reset (the connection closes before any response byte, see
 //!   `reset`) come before any quota is taken; a cut stream aborts the connection and settles at
-//!   `input + generated x burndown`; a stall pauses a stream half-way.
-//! - **SigV4**: with `verify_sigv4` set every request must be signed with that key (403
-//!   otherwise); key ids seen are recorded either way. `GET /_sim/stats` is never checked.
+//!   `input + generated x burndown`; a stall pauses a stream half-way. The body-model APIs get
+//!   their 503s and 500s in their own error shapes.
+//! - **Credentials** (`auth`): with `verify_sigv4` set every request must be signed with that
+//!   key, with `api_keys` set a Bearer or `x-api-key` must be one of them (403 otherwise); the
+//!   bidirectional stream takes SigV4 only. Key ids seen are recorded either way. `/_sim/*` is
+//!   never checked.
+//! - **Stats**: `GET /_sim/stats` ([`stats`]): every bucket (Region, model, route, tier
+//!   capacity, minute and day), quota-counted calls by API, by requested tier and by Region.
+//!
+//! Readings of uncertain facts (U in BEDROCK-APIS.md) are stated where they are taken: the body
+//! of a 429 on the body-model APIs (`apis`), the daily count's reservation ([`quota`]), the
+//! account-wide day being per Region, refusing `reserved` without capacity ([`tier`]), when and
+//! how a bidirectional session is throttled or timed out (`bidi`).
 //!
 //! # Layout
-//! [`config`] settings · [`models`] per-model facts · [`request`] reading bodies ·
-//! [`generate`] output and faults · [`quota`] buckets · [`shapes`] response bodies and frames ·
-//! [`stream`] the paced streaming body · `handlers` the HTTP edge · [`stats`] counters.
+//! [`config`] settings · [`model_id`] ids to buckets · [`region`] the request's Region ·
+//! [`models`] per-model facts · [`tier`] service tiers · [`request`] reading native bodies ·
+//! [`generate`] output and faults · [`quota`] buckets and days · `charge` one call's charge ·
+//! [`shapes`] native response bodies and frames · [`stream`] the paced streaming body ·
+//! `handlers` the HTTP edge · `apis` the body-model APIs · `bidi`/[`sonic`] the
+//! bidirectional stream · `auth` credentials · `control` `/_sim/daily` · [`stats`] counters.
 
 mod apis;
 mod auth;

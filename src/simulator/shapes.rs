@@ -1,6 +1,6 @@
 //! Response bodies and event-stream frames, in each operation's and model family's native shape.
 //! [`Framing`] is what a streamed answer of any API provides to the paced body
-//! ([`super::stream`]); the body-model APIs' SSE framings live in [`super::apis`].
+//! ([`super::stream`]); the body-model APIs' SSE framings live in `apis`.
 
 use base64::Engine;
 use bytes::Bytes;
