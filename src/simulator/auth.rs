@@ -5,7 +5,8 @@
 //! - `Authorization: Bearer KEY` or `x-api-key: KEY` (the Anthropic SDK's header) is checked
 //!   against `api_keys` when that is set; with only `verify_sigv4` set it is refused like any
 //!   request that is not signed with that key (as before API keys were simulated).
-//! - Anything else is SigV4-verified with `verify_sigv4` when that is set.
+//! - Anything else is SigV4-verified with `verify_sigv4` when that is set, and must be signed for
+//!   the service `bedrock`.
 //! - InvokeModelWithBidirectionalStream takes SigV4 only (V): a bearer or `x-api-key` request
 //!   is refused with 403 whatever is configured.
 //!
@@ -109,8 +110,15 @@ pub(crate) fn check(
         |id| (id == key.access_key_id).then(|| key.secret_access_key.clone()),
         std::time::SystemTime::now(),
     );
+    // Signed for another service (e.g. `bedrock-runtime`): refused, as AWS refuses it.
+    let result = result.and_then(|signed| match signed.service.as_str() {
+        "bedrock" => Ok(()),
+        other => Err(SigV4Error::Malformed(format!(
+            "Credential should be scoped to correct service: 'bedrock', not '{other}'."
+        ))),
+    });
     sim.sigv4.record(result.is_ok());
-    result.map(|_| ()).map_err(refusal)
+    result.map_err(refusal)
 }
 
 /// The 403 for a request whose signature does not verify.

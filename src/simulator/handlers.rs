@@ -162,6 +162,17 @@ async fn model_call(
         }
     };
     let generation = Generation::new(sim, &plan, model_id, prompt.input_tokens, admitted);
+    native_answer(sim, op, family, generation).await
+}
+
+/// The answer of an admitted native call: paced frames for a stream, else the whole body (with
+/// the usage headers of InvokeModel) once the generation is done.
+async fn native_answer(
+    sim: &Inner,
+    op: Operation,
+    family: Family,
+    generation: Generation<'_>,
+) -> Response {
     if op.is_streaming() {
         let kind = if op.is_converse() {
             StreamKind::Converse
