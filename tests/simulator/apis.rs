@@ -144,6 +144,53 @@ async fn caps_and_absent_caps_reserve_like_native_calls_and_stop_reasons_say_so(
         (&v["stop_reason"], &v["usage"]["output_tokens"]),
         (&json!("max_tokens"), &json!(20))
     );
+    // Natively: Converse and every InvokeModel family say the cap stopped them, each its way.
+    let converse = json!({"messages": [{"role": "user", "content": [{"text": text}]}], "inferenceConfig": {"maxTokens": 20}});
+    let native = [
+        (
+            SONNET,
+            "converse",
+            converse,
+            "/stopReason",
+            json!("max_tokens"),
+        ),
+        (
+            "amazon.nova-lite-v1:0",
+            "invoke",
+            json!({"messages": [{"role": "user", "content": [{"text": text}]}], "inferenceConfig": {"maxTokens": 20}}),
+            "/stopReason",
+            json!("max_tokens"),
+        ),
+        (
+            "amazon.titan-text-express-v1",
+            "invoke",
+            json!({"inputText": text, "textGenerationConfig": {"maxTokenCount": 20}}),
+            "/results/0/completionReason",
+            json!("LENGTH"),
+        ),
+        (
+            "meta.llama3-3-70b-instruct-v1:0",
+            "invoke",
+            json!({"prompt": text, "max_gen_len": 20}),
+            "/stop_reason",
+            json!("length"),
+        ),
+        (
+            "mistral.mistral-large-2407-v1:0",
+            "invoke",
+            json!({"prompt": text, "max_tokens": 20}),
+            "/choices/0/finish_reason",
+            json!("length"),
+        ),
+    ];
+    for (model, op, body, pointer, stop) in native {
+        let (status, v) = json_call(&sim, &format!("/model/{model}/{op}"), body).await;
+        assert_eq!(
+            (status, v.pointer(pointer)),
+            (200, Some(&stop)),
+            "{model}: {v}"
+        );
+    }
 
     // No cap: the model's maximum (64,000 for Sonnet 4) is reserved while the call runs.
     let slow = start(SimulatorConfig {
