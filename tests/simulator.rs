@@ -22,6 +22,8 @@ use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor};
 use serde_json::{Value, json};
 use tokengate::simulator::{SigV4Key, SimulatorConfig, SimulatorHandle, spawn};
 
+#[path = "simulator/api_errors.rs"]
+mod api_errors;
 #[path = "simulator/apis.rs"]
 mod apis;
 #[path = "simulator/bidi.rs"]
