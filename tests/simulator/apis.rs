@@ -212,6 +212,8 @@ async fn caps_and_absent_caps_reserve_like_native_calls_and_stop_reasons_say_so(
         http.request(req).await
     });
     let key = format!("{SONNET}@us-east-1");
+    // Polled until the call is in flight (bounded: a hang guard, not a timing assertion).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         if let Some(b) = slow.simulator.stats().buckets.get(&key)
             && b.in_flight == 1
@@ -220,7 +222,11 @@ async fn caps_and_absent_caps_reserve_like_native_calls_and_stop_reasons_say_so(
             assert_eq!(b.tokens_reserved_in_flight, 5 + 64_000);
             break;
         }
-        tokio::task::yield_now().await;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call never arrived"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     pending.abort();
 }
