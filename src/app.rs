@@ -15,10 +15,7 @@
 //! upstream work), bodies are bounded where they are read, and timeouts belong to the upstream
 //! call, because a generation can legitimately run for many minutes.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, AtomicU64, Ordering},
-};
+use std::sync::{Arc, atomic::Ordering};
 
 use axum::{
     Json, Router,
@@ -27,86 +24,9 @@ use axum::{
     routing::get,
 };
 use http::{StatusCode, header};
-use prometheus::{IntCounter, Registry};
 use serde_json::json;
 
-use arc_swap::ArcSwap;
-
-use crate::{
-    admission::Admission, auth::Authenticator, ledger::Ledger, metrics::Metrics, upstream::Upstream,
-};
-
-/// What a config reload replaces: pools, routes and who may call. A request loads it once, at
-/// its start, and keeps that generation to the end (its reservation settles in the same ledger
-/// whatever was reloaded meanwhile).
-#[derive(Debug)]
-pub struct Policy {
-    pub admission: Arc<Admission>,
-    pub auth: Arc<Authenticator>,
-}
-
-/// Everything a request handler needs.
-#[derive(Debug)]
-pub struct AppState {
-    pub policy: ArcSwap<Policy>,
-    pub upstream: Arc<Upstream>,
-    pub metrics: Arc<Metrics>,
-    pub registry: Registry,
-    pub max_body_bytes: usize,
-    /// How long a request body may take to arrive (`server.body_read_timeout_secs`).
-    pub body_read_timeout: std::time::Duration,
-    /// False until started, and again once draining.
-    pub ready: Arc<AtomicBool>,
-    /// How much of the ledger's own counts `/metrics` has published so far.
-    pub ledger_published: PublishedLedgerStats,
-}
-
-/// The part of each of the ledger's counts ([`crate::ledger::LedgerStats`]) already added to its
-/// metric: the ledger counts, `/metrics` publishes the growth at scrape time.
-#[derive(Debug, Default)]
-pub struct PublishedLedgerStats {
-    unsettled_drops: AtomicU64,
-    absorbed_errors: AtomicU64,
-    fallbacks: AtomicU64,
-}
-
-impl PublishedLedgerStats {
-    /// Brings `tokengate_unsettled_reservations_total`, `tokengate_ledger_fallback_total` and
-    /// `tokengate_ledger_errors_total{backend}` up to the ledger's counts. The errors family also
-    /// counts the errors admission handles itself (it writes those directly): this adds only the
-    /// ones the ledger absorbed.
-    fn publish(&self, ledger: &dyn Ledger, metrics: &Metrics) {
-        let stats = ledger.stats();
-        let errors = metrics.ledger_errors.with_label_values(&[ledger.backend()]);
-        publish_growth(
-            &metrics.unsettled_reservations,
-            &self.unsettled_drops,
-            stats.unsettled_drops(),
-        );
-        publish_growth(&errors, &self.absorbed_errors, stats.absorbed_errors());
-        publish_growth(
-            &metrics.ledger_fallbacks,
-            &self.fallbacks,
-            stats.fallbacks(),
-        );
-    }
-}
-
-/// Adds to `counter` what `total` (a count that only grows) gained since it was last published.
-/// Concurrent scrapes add each unit once: whoever moves the mark adds the difference.
-fn publish_growth(counter: &IntCounter, published: &AtomicU64, total: u64) {
-    let before = published.fetch_max(total, Ordering::AcqRel);
-    if total > before {
-        counter.inc_by(total - before);
-    }
-}
-
-impl AppState {
-    /// The policy in force now.
-    pub fn policy(&self) -> Arc<Policy> {
-        self.policy.load_full()
-    }
-}
+pub use crate::state::{AppState, Policy};
 
 pub fn router(state: Arc<AppState>) -> Router {
     admin_routes()
@@ -147,20 +67,16 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let admission = state.policy().admission.clone();
-    state
-        .ledger_published
-        .publish(admission.ledger().as_ref(), &state.metrics);
-    let mode = admission.ledger().mode();
-    for m in crate::ledger::LedgerMode::ALL {
-        state
-            .metrics
-            .ledger_mode
-            .with_label_values(&[m.label()])
-            .set(i64::from(m == mode));
-    }
-    // Refresh the bucket gauges so a scrape sees the ledger as it is now.
-    let _ = admission.pool_states().await;
+    let policy = state.policy();
+    let admission = &policy.admission;
+    crate::observe::publish::ledger(
+        &state.metrics,
+        admission.ledger().as_ref(),
+        &state.ledger_publications,
+    );
+    // Refresh the gauges so a scrape sees the pools as they are now.
+    let views = admission.pool_views().await;
+    policy.observer.publish_pools(admission, &views);
     (
         [(
             header::CONTENT_TYPE,
@@ -173,7 +89,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 
 async fn pools(State(state): State<Arc<AppState>>) -> Response {
     let admission = state.policy().admission.clone();
-    let pools = admission.pool_states().await;
+    let pools = admission.pool_views().await;
     Json(json!({
         "ledger": admission.ledger().backend(),
         "unsettled_reservations": admission.ledger().stats().unsettled_drops(),
