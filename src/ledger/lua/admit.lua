@@ -3,7 +3,7 @@
 -- and when n > 0: caller (1-based), retry (0/1), retry_reserve, priority_margin (tokens), idle_ms,
 -- and per route: name, priority, guaranteed, ceiling (-1: none), recovery (tokens per minute).
 -- Takes tokens, one request and one permit (a lease), and the caller's share, all or nothing.
--- Replies (JSON, see `reply`) either
+-- Replies (JSON) either
 --   {"verdict":"granted","purged":_,"guaranteed":_,"recovered":_} or
 --   {"verdict":"refused","purged":_,"limit":"tokens"|"requests"|"concurrency"|"share",
 --    "wait_ms":_ (null: refill never makes room),"deficit":_,"reserved":_,"in_flight":_,
@@ -35,11 +35,9 @@ local function refused(limit, wait, deficit, held_for_others)
   if wait >= 0 then
     wait_ms = wait
   end
-  return reply({
-    { 'verdict', 'refused' }, { 'purged', purged }, { 'limit', limit }, { 'wait_ms', wait_ms },
-    { 'deficit', deficit }, { 'reserved', s.reserved }, { 'in_flight', in_flight },
-    { 'held_for_others', held_for_others },
-  })
+  return string.format(
+    '{"verdict":"refused","purged":%d,"limit":"%s","wait_ms":%s,"deficit":%d,"reserved":%d,"in_flight":%d,"held_for_others":%s}',
+    purged, limit, json_int(wait_ms), deficit, s.reserved, in_flight, tostring(held_for_others))
 end
 
 if n > 0 then
@@ -131,6 +129,5 @@ end
 s.reserved = s.reserved + tokens
 redis.call('ZADD', LEASES, now + lease_ms, member)
 save(s, now)
-return reply({
-  { 'verdict', 'granted' }, { 'purged', purged }, { 'guaranteed', hold_g }, { 'recovered', recovered },
-})
+return string.format('{"verdict":"granted","purged":%d,"guaranteed":%d,"recovered":%s}',
+  purged, hold_g, tostring(recovered))

@@ -39,26 +39,15 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
--- A script's reply: a JSON object of `fields`, in order, each {name, value}; a nil value is null.
--- Values are integers, booleans or fixed identifiers (no escaping needed). Written by hand rather
--- than with cjson.encode, which prints numbers with 14 significant digits: integers here may
--- have more, and must arrive exact. src/ledger/redis.rs decodes each reply with serde.
-local function reply(fields)
-  local out = {}
-  for i, f in ipairs(fields) do
-    local v, text = f[2], nil
-    if v == nil then
-      text = 'null'
-    elseif type(v) == 'boolean' then
-      text = tostring(v)
-    elseif type(v) == 'number' then
-      text = int(v)
-    else
-      text = '"' .. v .. '"'
-    end
-    out[i] = '"' .. f[1] .. '":' .. text
+-- Replies are JSON objects, one string.format per reply with a fixed template, decoded on the Rust
+-- side with serde (src/ledger/scripts.rs). Integers go through '%d' (exact for every integer a
+-- double holds), never cjson.encode, which prints numbers with 14 significant digits. A value
+-- that may be absent is formatted with '%s' from `json_int`: the integer, or null.
+local function json_int(x)
+  if x == nil then
+    return 'null'
   end
-  return '{' .. table.concat(out, ',') .. '}'
+  return string.format('%d', x)
 end
 
 local function bucket_new(cap, now)

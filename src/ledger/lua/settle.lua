@@ -8,7 +8,7 @@ local now = now_ms()
 local member, reserved, charged = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local s = load(now)
 if not s then
-  return reply({ { 'held', false }, { 'purged', 0 } })
+  return '{"held":false,"purged":0}'
 end
 local t = s.tokens
 refill(t, now)
@@ -41,4 +41,4 @@ if route then
   end
 end
 save(s, now)
-return reply({ { 'held', held == 1 }, { 'purged', purged } })
+return string.format('{"held":%s,"purged":%d}', tostring(held == 1), purged)

@@ -10,8 +10,6 @@ local requests = nil
 if s.requests then
   requests = math.max(0, whole(s.requests))
 end
-return reply({
-  { 'tokens_available', whole(s.tokens) }, { 'tokens_capacity', s.tokens.cap },
-  { 'reserved_tokens', s.reserved }, { 'in_flight_requests', redis.call('ZCARD', LEASES) },
-  { 'requests_available', requests },
-})
+return string.format(
+  '{"tokens_available":%d,"tokens_capacity":%d,"reserved_tokens":%d,"in_flight_requests":%d,"requests_available":%s}',
+  whole(s.tokens), s.tokens.cap, s.reserved, redis.call('ZCARD', LEASES), json_int(requests))
