@@ -1,6 +1,6 @@
 //! `[auth]` and `[[routes]]`: who may call, as which route, with which share of each pool.
 
-use std::{collections::BTreeMap, fmt};
+use std::{collections::BTreeMap, fmt, net::SocketAddr};
 
 use serde::Deserialize;
 
@@ -65,6 +65,9 @@ pub struct AuthConfig {
     pub mode: AuthMode,
     /// The route of every request in mode `none`.
     pub default_route: String,
+    /// The Regions this proxy serves (`upstream.region` and every pool's): a SigV4 credential
+    /// scope must name one of them.
+    pub regions: Vec<String>,
 }
 
 /// A secret from the config file or the environment; never printed.
@@ -144,14 +147,22 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
-/// Validates `[auth]` and `[[routes]]` against the pools. `env` reads environment variables
-/// (`secret_access_key_env`).
+/// The listener `[auth]` is checked against: plaintext bearer keys only on loopback.
+#[derive(Debug, Clone, Copy)]
+pub struct Listener {
+    pub addr: SocketAddr,
+    pub tls: bool,
+}
+
+/// Validates `[auth]` and `[[routes]]` against the pools and the listener. `env` reads
+/// environment variables (`secret_access_key_env`); `regions` are the Regions served.
 pub fn validate(
     auth: RawAuth,
     routes: Vec<RawRoute>,
     pools: &[PoolConfig],
     application_profiles: &BTreeMap<String, String>,
-    tls: bool,
+    listener: Listener,
+    regions: Vec<String>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(AuthConfig, Vec<RouteConfig>), ConfigError> {
     let mode = match auth.mode.as_deref().unwrap_or("none") {
@@ -165,7 +176,18 @@ pub fn validate(
             ));
         }
     };
-    if mode == AuthMode::Bearer && !tls && !auth.allow_plaintext_bearer.unwrap_or(false) {
+    let plaintext_bearer = auth.allow_plaintext_bearer.unwrap_or(false);
+    if plaintext_bearer && !listener.addr.ip().is_loopback() {
+        return Err(invalid(
+            "auth.allow_plaintext_bearer",
+            format!(
+                "server.listen is {}, not a loopback address: bearer keys would cross the network in the clear; \
+                 remove this key and set server.tls_cert and server.tls_key",
+                listener.addr
+            ),
+        ));
+    }
+    if mode == AuthMode::Bearer && !listener.tls && !plaintext_bearer {
         return Err(invalid(
             "auth.mode",
             "\"bearer\" sends keys in the clear without TLS (and boto3 refuses bearer auth over plain HTTP): \
@@ -262,6 +284,7 @@ pub fn validate(
         AuthConfig {
             mode,
             default_route,
+            regions,
         },
         out,
     ))

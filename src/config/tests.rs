@@ -415,3 +415,69 @@ fn server_timeouts_default_and_name_their_key() {
         "server.header_read_timeout_secs: must be greater than zero"
     );
 }
+
+#[test]
+fn route_secrets_come_from_the_injected_environment() {
+    let text = format!(
+        "{MINIMAL}\n[auth]\nmode = \"sigv4\"\n\n[[routes]]\nname = \"triage\"\n\
+         access_key_id = \"AKIATRIAGE0000000001\"\nsecret_access_key_env = \"TG_INJECTED_ONLY\"\n"
+    );
+    let env = |name: &str| (name == "TG_INJECTED_ONLY").then(|| "injected-secret".to_string());
+    let config = Config::parse_with_env(&text, &env).expect("the injected variable is set");
+    assert_eq!(
+        config.routes[0].secret_access_key,
+        Some(Secret("injected-secret".into()))
+    );
+}
+
+#[test]
+fn plaintext_bearer_keys_are_refused_off_loopback() {
+    let bearer = format!(
+        "[auth]\nmode = \"bearer\"\nallow_plaintext_bearer = true\n[[routes]]\nname = \"a\"\nbearer_token_sha256 = \"{}\"\n",
+        "a".repeat(64)
+    );
+    assert!(with_routes(&bearer).is_ok(), "loopback listener");
+    for listen in ["0.0.0.0:8080", "10.0.0.7:8080", "[::]:8080"] {
+        let text = format!("{MINIMAL}\n{bearer}").replace("127.0.0.1:8080", listen);
+        let err = Config::parse(&text).expect_err(listen).to_string();
+        assert!(
+            err.starts_with("auth.allow_plaintext_bearer: server.listen is")
+                && err.contains("not a loopback address"),
+            "{err}"
+        );
+    }
+    let v6 = format!("{MINIMAL}\n{bearer}").replace("127.0.0.1:8080", "[::1]:8080");
+    assert!(Config::parse(&v6).is_ok());
+}
+
+#[test]
+fn upstream_urls_with_credentials_are_refused_without_echoing_them() {
+    for url in [
+        "http://user:hunter2@127.0.0.1:9000",
+        "https://hunter2@bedrock.internal/",
+        "http://user:hunter2@[bad",
+    ] {
+        let text = MINIMAL.replace("endpoint = \"simulated\"", &format!("endpoint = \"{url}\""));
+        let err = Config::parse(&text).expect_err(url).to_string();
+        assert!(err.starts_with("upstream.endpoint:"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+    assert_eq!(
+        crate::upstream::redact_userinfo("http://u:p/w?x#@host:1/path"),
+        "http://***@host:1/path"
+    );
+    assert_eq!(
+        crate::upstream::redact_userinfo("http://host:1/"),
+        "http://host:1/"
+    );
+}
+
+#[test]
+fn the_regions_served_are_the_upstream_s_and_every_pool_s() {
+    let text = format!(
+        "{MINIMAL}\n[[pools]]\nname = \"eu\"\nregion = \"eu-west-1\"\nmodels = [\"eu.m\"]\n\
+         tokens_per_minute = 1000\nmax_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 10\n"
+    );
+    let config = Config::parse(&text).expect("valid");
+    assert_eq!(config.auth.regions, ["us-east-1", "eu-west-1"]);
+}
