@@ -12,11 +12,13 @@
 //! - An admitted request carries an [`Admitted`] guard that settles it ([`settle`] has the rules).
 
 pub mod advice;
+mod allow;
 pub mod body;
 pub mod estimate;
 pub mod hint;
 pub mod pools;
 pub mod queue;
+pub mod retries;
 pub mod routes;
 pub mod settle;
 mod waiting;
@@ -41,6 +43,15 @@ use crate::{
 pub use pools::{Pool, PoolTable};
 pub use routes::{Caller, Route, RouteTable};
 pub use settle::{Admitted, Estimate, Rule};
+
+/// What a route's `max_tokens_ceiling` looks at in a request.
+struct Ceiling<'a> {
+    operation: Operation,
+    model: &'a ModelRef<'a>,
+    body: &'a Bytes,
+    /// The `maxTokens` the body asks for, `None` if it does not say.
+    requested: Option<u64>,
+}
 
 pub const X_TOKENGATE_REASON: &str = "x-tokengate-reason";
 pub const X_TOKENGATE_POOL: &str = "x-tokengate-pool";
@@ -157,11 +168,15 @@ impl Admission {
     pub fn first_route_caller(&self) -> Caller {
         Caller {
             route: self.routes.routes()[0].clone(),
-            attempt: 1,
+            retry: false,
         }
     }
 
-    /// Decides a request from `caller`. `body` is the whole request body.
+    /// Decides a request from `caller`. `body` is the whole request body; `model_id` the one in
+    /// the path (StartAsyncInvoke names its model in the body, read here).
+    ///
+    /// The route's allow-list comes first, for every operation that names a model, before any
+    /// pass-through; then only calls that spend quota are counted.
     pub async fn admit(
         &self,
         operation: Operation,
@@ -169,12 +184,30 @@ impl Admission {
         body: &Bytes,
         caller: &Caller,
     ) -> Result<Verdict, BedrockError> {
-        let (Some(model_id), true) = (model_id, operation.consumes_quota()) else {
+        let in_body;
+        let model_id = if operation == Operation::StartAsyncInvoke {
+            in_body = body::async_invoke_model_id(body).map_err(|e| {
+                self.count(NO_POOL, operation, "invalid");
+                BedrockError::validation(format!("StartAsyncInvoke: the request body {e}"))
+            })?;
+            in_body.as_deref()
+        } else {
+            model_id
+        };
+        let Some(model_id) = model_id else {
             self.count(NO_POOL, operation, "passthrough");
             return Ok(Verdict::Uncounted);
         };
         let model = ModelRef::parse(model_id);
-        let Some((pool, configured)) = self.table.resolve(&model) else {
+        let resolved = self.table.resolve(&model);
+        if let Some(waived) = self.check_allowed(operation, model_id, resolved, caller)? {
+            return Ok(waived);
+        }
+        if !operation.consumes_quota() {
+            self.count(NO_POOL, operation, "passthrough");
+            return Ok(Verdict::Uncounted);
+        }
+        let Some((pool, configured)) = resolved else {
             return match self.config.unknown_models {
                 UnknownModels::Pass => {
                     self.count(NO_POOL, operation, "unknown_model_passed");
@@ -192,22 +225,11 @@ impl Admission {
         let pool = pool.clone();
         let route = &caller.route;
         let shadow = pool.config.shadow || route.config.shadow;
-        if !route.allows(configured) {
-            self.count_for(&pool, route, operation, "not_allowed");
-            let error = BedrockError::new(
-                ErrorCode::AccessDenied,
-                format!(
-                    "route {:?} is not allowed to call model {model_id:?}: add it to the route's models list in the tokengate config",
-                    route.name
-                ),
-            );
-            return self.enforce_or_shadow(shadow, &pool, route, "not_allowed", error);
-        }
-        let mut estimate = self
-            .estimate(&pool, operation, &model, body)
-            .inspect_err(|_| {
-                self.count_for(&pool, route, operation, "invalid");
-            })?;
+        let (mut estimate, requested) =
+            self.estimate(&pool, operation, &model, body)
+                .inspect_err(|_| {
+                    self.count_for(&pool, route, operation, "invalid");
+                })?;
         if let (InputEstimate::CountTokens, Some(counter)) =
             (pool.config.input_estimate, &self.counter)
         {
@@ -222,20 +244,19 @@ impl Admission {
                 }
             }
         }
-        let rewritten =
-            match self.apply_ceiling(&pool, route, operation, &model, body, &mut estimate) {
-                Ok(rewritten) => rewritten,
-                Err(error) => {
-                    self.count_for(&pool, route, operation, "invalid");
-                    return self.enforce_or_shadow(
-                        shadow,
-                        &pool,
-                        route,
-                        "max_tokens_ceiling",
-                        error,
-                    );
-                }
-            };
+        let ceiling = Ceiling {
+            operation,
+            model: &model,
+            body,
+            requested,
+        };
+        let rewritten = match self.apply_ceiling(&pool, route, &ceiling, &mut estimate) {
+            Ok(rewritten) => rewritten,
+            Err(error) => {
+                self.count_for(&pool, route, operation, "invalid");
+                return self.enforce_or_shadow(shadow, &pool, route, "max_tokens_ceiling", error);
+            }
+        };
         let slot = pool.advice.slot(configured);
         let mut verdict = if shadow {
             self.reserve_shadow(pool.clone(), operation, estimate, caller)
@@ -292,33 +313,38 @@ impl Admission {
     }
 
     /// The route's `max_tokens_ceiling`: a request above it is rejected, or clamped (its body
-    /// rewritten, returned). A request that does not say uses the pool's `default_max_tokens`,
-    /// as everywhere else; when that is above the ceiling, clamping writes the ceiling in.
+    /// rewritten, returned). A request that does not say gets the ceiling written in (Bedrock
+    /// would otherwise reserve, and allow, the model's maximum), and reserves it.
     fn apply_ceiling(
         &self,
         pool: &Pool,
         route: &Route,
-        operation: Operation,
-        model: &ModelRef,
-        body: &Bytes,
+        request: &Ceiling<'_>,
         estimate: &mut Estimate,
     ) -> Result<Option<Bytes>, BedrockError> {
         let Some(ceiling) = route.config.max_tokens_ceiling else {
             return Ok(None);
         };
-        if estimate.max_tokens <= ceiling {
-            return Ok(None);
+        match request.requested {
+            Some(n) if n <= ceiling => return Ok(None),
+            Some(n) if route.config.max_tokens_policy == MaxTokensPolicy::Reject => {
+                return Err(BedrockError::validation(format!(
+                    "maxTokens {n} is above the ceiling of {ceiling} that tokengate route {:?} allows; set maxTokens to at most {ceiling}",
+                    route.name
+                )));
+            }
+            _ => {}
         }
-        if route.config.max_tokens_policy == MaxTokensPolicy::Reject {
-            return Err(BedrockError::validation(format!(
-                "maxTokens {} is above the ceiling of {ceiling} that tokengate route {:?} allows; set maxTokens to at most {ceiling}",
-                estimate.max_tokens, route.name
-            )));
-        }
-        let mut json: Value = serde_json::from_slice(body).map_err(|e| {
+        let mut json: Value = serde_json::from_slice(request.body).map_err(|e| {
             BedrockError::validation(format!("the request body is not valid JSON ({e})"))
         })?;
-        clamp_max_tokens(operation, model.provider(), &mut json, ceiling).map_err(|e| {
+        clamp_max_tokens(
+            request.operation,
+            request.model.provider(),
+            &mut json,
+            ceiling,
+        )
+        .map_err(|e| {
             BedrockError::validation(format!(
                 "maxTokens cannot be limited to the route's ceiling of {ceiling}: {e}"
             ))
@@ -368,13 +394,14 @@ impl Admission {
         }
     }
 
+    /// The reservation's parts, and the `maxTokens` the body itself asks for.
     fn estimate(
         &self,
         pool: &Pool,
         operation: Operation,
         model: &ModelRef,
         body: &Bytes,
-    ) -> Result<Estimate, BedrockError> {
+    ) -> Result<(Estimate, Option<u64>), BedrockError> {
         let facts = body::read(operation, model.provider(), body).map_err(|e| match e {
             body::BodyError::NotJson(e) => BedrockError::validation(format!(
                 "the request body is not valid JSON ({e}); {} needs a JSON body",
@@ -388,11 +415,12 @@ impl Admission {
         })?;
         let max_tokens = facts.max_tokens.unwrap_or(pool.config.default_max_tokens);
         let raw_input = facts.input_tokens;
-        Ok(Estimate {
+        let estimate = Estimate {
             raw_input,
             input: pool.calibrated_input(raw_input),
             max_tokens,
-        })
+        };
+        Ok((estimate, facts.max_tokens))
     }
 
     async fn reserve(

@@ -188,17 +188,18 @@ pub struct RouteView {
     pub charged_tokens: u64,
 }
 
-/// Who is asking: the route the caller identified as, and which attempt this is.
+/// Who is asking: the route the caller identified as, and whether this is a retry.
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub route: Arc<Route>,
-    /// The SDK's `amz-sdk-request: attempt=N` (1 when absent).
-    pub attempt: u32,
+    /// An SDK retry of a call this proxy turned away ([`super::retries`]): it may draw on the
+    /// retry reserve.
+    pub retry: bool,
 }
 
 impl Caller {
     pub fn is_retry(&self) -> bool {
-        self.attempt > 1
+        self.retry
     }
 }
 
