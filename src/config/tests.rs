@@ -417,40 +417,6 @@ fn server_timeouts_default_and_name_their_key() {
 }
 
 #[test]
-fn route_secrets_come_from_the_injected_environment() {
-    let text = format!(
-        "{MINIMAL}\n[auth]\nmode = \"sigv4\"\n\n[[routes]]\nname = \"triage\"\n\
-         access_key_id = \"AKIATRIAGE0000000001\"\nsecret_access_key_env = \"TG_INJECTED_ONLY\"\n"
-    );
-    let env = |name: &str| (name == "TG_INJECTED_ONLY").then(|| "injected-secret".to_string());
-    let config = Config::parse_with_env(&text, &env).expect("the injected variable is set");
-    assert_eq!(
-        config.routes[0].secret_access_key,
-        Some(Secret("injected-secret".into()))
-    );
-}
-
-#[test]
-fn plaintext_bearer_keys_are_refused_off_loopback() {
-    let bearer = format!(
-        "[auth]\nmode = \"bearer\"\nallow_plaintext_bearer = true\n[[routes]]\nname = \"a\"\nbearer_token_sha256 = \"{}\"\n",
-        "a".repeat(64)
-    );
-    assert!(with_routes(&bearer).is_ok(), "loopback listener");
-    for listen in ["0.0.0.0:8080", "10.0.0.7:8080", "[::]:8080"] {
-        let text = format!("{MINIMAL}\n{bearer}").replace("127.0.0.1:8080", listen);
-        let err = Config::parse(&text).expect_err(listen).to_string();
-        assert!(
-            err.starts_with("auth.allow_plaintext_bearer: server.listen is")
-                && err.contains("not a loopback address"),
-            "{err}"
-        );
-    }
-    let v6 = format!("{MINIMAL}\n{bearer}").replace("127.0.0.1:8080", "[::1]:8080");
-    assert!(Config::parse(&v6).is_ok());
-}
-
-#[test]
 fn upstream_urls_with_credentials_are_refused_without_echoing_them() {
     for url in [
         "http://user:hunter2@127.0.0.1:9000",
