@@ -1,6 +1,7 @@
 //! Admission control: from a request to a reservation, or to a rejection that says when to retry.
 //!
-//! For a model call: resolve the pool from the modelId; read `maxTokens` (the pool's
+//! For every operation that names a model, the caller's route allow-list first ([`allow`]); then,
+//! for a model call: resolve the pool from the modelId; read `maxTokens` (the pool's
 //! `default_max_tokens` when absent: Bedrock itself would reserve the model's maximum, so set the
 //! default to what your callers really need); estimate input tokens (conservative, calibrated
 //! online from reported usage); reserve `input + maxTokens` in the ledger, all limits at once.
@@ -14,6 +15,7 @@
 pub mod advice;
 mod allow;
 pub mod body;
+mod ceiling;
 pub mod estimate;
 pub mod hint;
 pub mod pools;
@@ -28,13 +30,10 @@ use std::{sync::Arc, time::Duration};
 use bytes::Bytes;
 use rand::{SeedableRng, rngs::SmallRng};
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::{
-    bedrock::{BedrockError, ErrorCode, ModelRef, Operation, max_tokens::clamp_max_tokens},
-    config::{
-        AdmissionConfig, InputEstimate, MaxTokensPolicy, PoolConfig, RouteConfig, UnknownModels,
-    },
+    bedrock::{BedrockError, ErrorCode, ModelRef, Operation},
+    config::{AdmissionConfig, InputEstimate, PoolConfig, RouteConfig, UnknownModels},
     ledger::{
         Decision, Ledger, LedgerError, Limit, PoolSnapshot, Rejection, Reservation, ReserveRequest,
     },
@@ -43,15 +42,6 @@ use crate::{
 pub use pools::{Pool, PoolTable};
 pub use routes::{Caller, Route, RouteTable};
 pub use settle::{Admitted, Estimate, Rule};
-
-/// What a route's `max_tokens_ceiling` looks at in a request.
-struct Ceiling<'a> {
-    operation: Operation,
-    model: &'a ModelRef<'a>,
-    body: &'a Bytes,
-    /// The `maxTokens` the body asks for, `None` if it does not say.
-    requested: Option<u64>,
-}
 
 pub const X_TOKENGATE_REASON: &str = "x-tokengate-reason";
 pub const X_TOKENGATE_POOL: &str = "x-tokengate-pool";
@@ -208,19 +198,7 @@ impl Admission {
             return Ok(Verdict::Uncounted);
         }
         let Some((pool, configured)) = resolved else {
-            return match self.config.unknown_models {
-                UnknownModels::Pass => {
-                    self.count(NO_POOL, operation, "unknown_model_passed");
-                    Ok(Verdict::Uncounted)
-                }
-                UnknownModels::Reject => {
-                    self.count(NO_POOL, operation, "unknown_model");
-                    Err(BedrockError::validation(format!(
-                        "tokengate has no quota pool for model {model_id:?}: add it to the models list of a [[pools]] entry, \
-                         or set [admission] unknown_models = \"pass\" to forward unknown models uncounted"
-                    )))
-                }
-            };
+            return self.unknown_model(operation, model_id);
         };
         let pool = pool.clone();
         let route = &caller.route;
@@ -230,21 +208,9 @@ impl Admission {
                 .inspect_err(|_| {
                     self.count_for(&pool, route, operation, "invalid");
                 })?;
-        if let (InputEstimate::CountTokens, Some(counter)) =
-            (pool.config.input_estimate, &self.counter)
-        {
-            match counter.count_input_tokens(model_id, operation, body).await {
-                Ok(n) => estimate.input = n.max(1),
-                Err(e) => {
-                    self.metrics
-                        .upstream_errors
-                        .with_label_values(&[&pool.name, "count_tokens"])
-                        .inc();
-                    tracing::warn!(pool = %pool.name, error = %e, "CountTokens failed; using the calibrated estimate");
-                }
-            }
-        }
-        let ceiling = Ceiling {
+        self.count_input_exactly(&pool, model_id, operation, body, &mut estimate)
+            .await;
+        let ceiling = ceiling::Ceiling {
             operation,
             model: &model,
             body,
@@ -273,6 +239,50 @@ impl Admission {
             }
         }
         Ok(verdict)
+    }
+
+    /// A model in no pool: forwarded uncounted, or refused (`admission.unknown_models`).
+    fn unknown_model(&self, operation: Operation, model_id: &str) -> Result<Verdict, BedrockError> {
+        match self.config.unknown_models {
+            UnknownModels::Pass => {
+                self.count(NO_POOL, operation, "unknown_model_passed");
+                Ok(Verdict::Uncounted)
+            }
+            UnknownModels::Reject => {
+                self.count(NO_POOL, operation, "unknown_model");
+                Err(BedrockError::validation(format!(
+                    "tokengate has no quota pool for model {model_id:?}: add it to the models list of a [[pools]] entry, \
+                     or set [admission] unknown_models = \"pass\" to forward unknown models uncounted"
+                )))
+            }
+        }
+    }
+
+    /// For a pool with `input_estimate = "count_tokens"`, upstream's exact input count replaces
+    /// the estimate (which stays if CountTokens fails).
+    async fn count_input_exactly(
+        &self,
+        pool: &Pool,
+        model_id: &str,
+        operation: Operation,
+        body: &Bytes,
+        estimate: &mut Estimate,
+    ) {
+        let (InputEstimate::CountTokens, Some(counter)) =
+            (pool.config.input_estimate, &self.counter)
+        else {
+            return;
+        };
+        match counter.count_input_tokens(model_id, operation, body).await {
+            Ok(n) => estimate.input = n.max(1),
+            Err(e) => {
+                self.metrics
+                    .upstream_errors
+                    .with_label_values(&[&pool.name, "count_tokens"])
+                    .inc();
+                tracing::warn!(pool = %pool.name, error = %e, "CountTokens failed; using the calibrated estimate");
+            }
+        }
     }
 
     /// An error for a rule the request broke: returned, or in shadow mode counted and waived.
@@ -310,54 +320,6 @@ impl Admission {
             .route_requests
             .with_label_values(&[&pool.name, &route.name, outcome])
             .inc();
-    }
-
-    /// The route's `max_tokens_ceiling`: a request above it is rejected, or clamped (its body
-    /// rewritten, returned). A request that does not say gets the ceiling written in (Bedrock
-    /// would otherwise reserve, and allow, the model's maximum), and reserves it.
-    fn apply_ceiling(
-        &self,
-        pool: &Pool,
-        route: &Route,
-        request: &Ceiling<'_>,
-        estimate: &mut Estimate,
-    ) -> Result<Option<Bytes>, BedrockError> {
-        let Some(ceiling) = route.config.max_tokens_ceiling else {
-            return Ok(None);
-        };
-        match request.requested {
-            Some(n) if n <= ceiling => return Ok(None),
-            Some(n) if route.config.max_tokens_policy == MaxTokensPolicy::Reject => {
-                return Err(BedrockError::validation(format!(
-                    "maxTokens {n} is above the ceiling of {ceiling} that tokengate route {:?} allows; set maxTokens to at most {ceiling}",
-                    route.name
-                )));
-            }
-            _ => {}
-        }
-        let mut json: Value = serde_json::from_slice(request.body).map_err(|e| {
-            BedrockError::validation(format!("the request body is not valid JSON ({e})"))
-        })?;
-        clamp_max_tokens(
-            request.operation,
-            request.model.provider(),
-            &mut json,
-            ceiling,
-        )
-        .map_err(|e| {
-            BedrockError::validation(format!(
-                "maxTokens cannot be limited to the route's ceiling of {ceiling}: {e}"
-            ))
-        })?;
-        let rewritten = serde_json::to_vec(&json).map_err(|e| {
-            BedrockError::validation(format!("the request body cannot be rewritten: {e}"))
-        })?;
-        estimate.max_tokens = ceiling;
-        self.metrics
-            .max_tokens_clamped
-            .with_label_values(&[&pool.name, &route.name])
-            .inc();
-        Ok(Some(Bytes::from(rewritten)))
     }
 
     /// Shadow mode: decide at once (no queueing) and take the reservation when it fits, so the
