@@ -32,11 +32,12 @@ use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures_util::FutureExt;
 use tokengate::{
-    admission::{Admission, Verdict, body, estimate::estimate_input_tokens},
+    admission::{Admission, Decision, Facts, body, estimate::estimate_input_tokens},
     bedrock::{Operation, Usage},
     config::Config,
-    ledger::{Clock, Decision, Ledger, Limits, MemoryLedger, ReserveRequest},
+    ledger::{self, Clock, Ledger, Limits, MemoryLedger, ReserveRequest},
     metrics::Metrics,
+    observe::{Observation, Observer},
 };
 
 const MODEL: &str = "us.anthropic.claude-sonnet-4-20250514-v1:0";
@@ -59,7 +60,7 @@ fn reserve_settle(ledger: &MemoryLedger, pool: &str) {
     };
     let decision = ledger.reserve(black_box(&request)).now_or_never();
     match decision {
-        Some(Ok(Decision::Admitted(reservation))) => {
+        Some(Ok(ledger::Decision::Admitted(reservation))) => {
             let settled = ledger.settle(reservation, 0).now_or_never();
             assert!(matches!(settled, Some(Ok(()))), "settle: {settled:?}");
         }
@@ -156,13 +157,9 @@ fn admission(c: &mut Criterion) {
     let config = config();
     let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
     let (_registry, metrics) = Metrics::standalone();
-    let admission = Admission::new(
-        &config.pools,
-        &config.routes,
-        config.admission,
-        ledger,
-        Arc::new(metrics),
-    );
+    let admission = Admission::new(&config.pools, &config.routes, config.admission, ledger);
+    // What the proxy does around a decision: count it, and record the settlement.
+    let observer = Observer::new(Arc::new(metrics), &admission);
     let caller = admission.first_route_caller();
     let body = converse_body();
     // A prompt-cached call: every input token is reported (so calibration learns from it) but
@@ -178,14 +175,27 @@ fn admission(c: &mut Criterion) {
     let mut group = c.benchmark_group("admission");
     group.bench_function("admit_settle_converse", |b| {
         b.iter(|| {
-            let verdict = admission
-                .admit(Operation::Converse, Some(MODEL), black_box(&body), &caller)
-                .now_or_never();
-            match verdict {
-                Some(Ok(Verdict::Admitted(mut admitted))) => admitted.settle_usage(&usage),
-                Some(Ok(Verdict::Uncounted)) => panic!("the bench model must resolve to its pool"),
-                Some(Err(e)) => panic!("the bench pool must admit everything: {e:?}"),
-                None => panic!("the memory ledger never waits"),
+            let mut obs = Observation::start();
+            obs.target(Operation::Converse, Some(MODEL));
+            let facts = Facts {
+                operation: Operation::Converse,
+                model_id: Some(MODEL),
+                body: black_box(&body),
+                caller: &caller,
+            };
+            let decision = admission.decide(&facts).now_or_never();
+            let Some(decision) = decision else {
+                panic!("the memory ledger never waits")
+            };
+            observer.decided(&mut obs, &decision);
+            match decision {
+                Decision::Admit(mut admitted) => {
+                    let settled = admitted.hold.settle_usage(&usage);
+                    if let Some(settled) = settled {
+                        observer.settled(obs, &settled);
+                    }
+                }
+                other => panic!("the bench pool must admit everything: {other:?}"),
             }
         });
     });

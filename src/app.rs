@@ -19,10 +19,7 @@
 //! upstream work), bodies are bounded where they are read, and timeouts belong to the upstream
 //! call, because a generation can legitimately run for many minutes.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
-};
+use std::sync::{Arc, atomic::Ordering};
 
 use axum::{
     Json, Router,
@@ -31,45 +28,9 @@ use axum::{
     routing::get,
 };
 use http::{StatusCode, header};
-use prometheus::Registry;
 use serde_json::json;
 
-use arc_swap::ArcSwap;
-
-use crate::{admission::Admission, auth::Authenticator, metrics::Metrics, upstream::Upstream};
-
-/// What a config reload replaces: pools, routes and who may call. A request loads it once, at
-/// its start, and keeps that generation to the end (its reservation settles in the same ledger
-/// whatever was reloaded meanwhile).
-#[derive(Debug)]
-pub struct Policy {
-    pub admission: Arc<Admission>,
-    pub auth: Arc<Authenticator>,
-}
-
-/// Everything a request handler needs.
-#[derive(Debug)]
-pub struct AppState {
-    pub policy: ArcSwap<Policy>,
-    pub upstream: Arc<Upstream>,
-    pub metrics: Arc<Metrics>,
-    pub registry: Registry,
-    pub max_body_bytes: usize,
-    /// How long a request body may take to arrive (`server.body_read_timeout_secs`).
-    pub body_read_timeout: std::time::Duration,
-    /// False until started, and again once draining.
-    pub ready: Arc<AtomicBool>,
-    /// The calls turned away recently, whose SDK retries may use the retry reserve. Kept across
-    /// reloads.
-    pub rejections: crate::admission::retries::RecentRejections,
-}
-
-impl AppState {
-    /// The policy in force now.
-    pub fn policy(&self) -> Arc<Policy> {
-        self.policy.load_full()
-    }
-}
+pub use crate::state::{AppState, Policy};
 
 /// Where the admin endpoints are served, seen from the proxy listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,22 +87,16 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    state.metrics.unsettled_reservations.reset();
-    state
-        .metrics
-        .unsettled_reservations
-        .inc_by(crate::ledger::unsettled_drops());
-    let admission = state.policy().admission.clone();
-    let mode = admission.ledger().mode();
-    for m in crate::ledger::LedgerMode::ALL {
-        state
-            .metrics
-            .ledger_mode
-            .with_label_values(&[m.label()])
-            .set(i64::from(m == mode));
-    }
-    // Refresh the bucket gauges so a scrape sees the ledger as it is now.
-    let _ = admission.pool_states().await;
+    let policy = state.policy();
+    let admission = &policy.admission;
+    crate::observe::publish::ledger(
+        &state.metrics,
+        admission.ledger().as_ref(),
+        &state.ledger_publications,
+    );
+    // Refresh the gauges so a scrape sees the pools as they are now.
+    let views = admission.pool_views().await;
+    policy.observer.publish_pools(admission, &views);
     (
         [(
             header::CONTENT_TYPE,
@@ -154,7 +109,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 
 async fn pools(State(state): State<Arc<AppState>>) -> Response {
     let admission = state.policy().admission.clone();
-    let pools = admission.pool_states().await;
+    let pools = admission.pool_views().await;
     Json(json!({
         "ledger": admission.ledger().backend(),
         "unsettled_reservations": crate::ledger::unsettled_drops(),

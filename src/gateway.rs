@@ -21,12 +21,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admission::Admission,
-    app::{Admin, AppState, Policy, admin_router, router},
+    app::{Admin, admin_router, router},
     config::{Config, Endpoint, LedgerConfig, OnLedgerError, RedisLedgerConfig},
     ledger::{Clock, FallbackLedger, Ledger, MemoryLedger, RedisLedger, RedisOptions},
     metrics::Metrics,
+    observe::timed::TimedLedger,
+    proxy::count_tokens::UpstreamCounter,
     server,
     simulator::{self, SimulatorHandle},
+    state::{AppState, Policy},
     upstream::{Signer, Upstream},
 };
 
@@ -148,60 +151,9 @@ impl Gateway {
             Some(files) => Some(server::tls_acceptor(&files.cert, &files.key)?),
             None => None,
         };
-        let (base, simulator, default_credentials) = match &config.upstream.endpoint {
-            Endpoint::Simulated => {
-                let mut sim_config = config.simulator.clone();
-                sim_config.region = config.upstream.region.clone();
-                let handle = simulator::spawn(sim_config, SocketAddr::from(([127, 0, 0, 1], 0)))
-                    .await
-                    .map_err(|e| StartError::Simulator(e.to_string()))?;
-                let base = format!("http://{}", handle.addr)
-                    .parse()
-                    .map_err(|e| StartError::Simulator(format!("{e}")))?;
-                let creds = Credentials::new(
-                    "TOKENGATESIMULATED",
-                    "simulated",
-                    None,
-                    None,
-                    "tokengate-simulated",
-                );
-                (
-                    base,
-                    Some(handle),
-                    Some(SharedCredentialsProvider::new(creds)),
-                )
-            }
-            Endpoint::Url(uri) => (uri.clone(), None, None),
-            Endpoint::Aws => (
-                Upstream::aws_endpoint(&config.upstream.region)
-                    .map_err(|e| StartError::Upstream(e.to_string()))?,
-                None,
-                None,
-            ),
-        };
-        let provider = match options.credentials.or(default_credentials) {
-            Some(p) => p,
-            None => default_chain(&config.upstream.region).await?,
-        };
-        let signer = Signer::new(provider, &config.upstream.region);
-        signer.credentials().await.map_err(|e| {
-            StartError::Credentials(format!(
-                "{e}. tokengate signs upstream requests with its own AWS credentials from the default chain \
-                 (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity, container or instance role)"
-            ))
-        })?;
-        let up = &config.upstream;
         let deadline = CancellationToken::new();
-        let upstream = Upstream::new(
-            base,
-            signer,
-            up.connect_timeout,
-            up.response_timeout,
-            up.idle_timeout,
-        )
-        .map_err(|e| StartError::Upstream(e.to_string()))?
-        .with_deadline(deadline.clone());
-
+        let (upstream, simulator) = connect_upstream(&config, options.credentials).await?;
+        let upstream = upstream.with_deadline(deadline.clone());
         let registry = options.registry.unwrap_or_default();
         let metrics = Arc::new(Metrics::new(&registry)?);
         let clock = options.clock.unwrap_or_default();
@@ -209,28 +161,16 @@ impl Gateway {
             LedgerConfig::Memory => Arc::new(MemoryLedger::new(clock)),
             LedgerConfig::Redis(redis) => redis_ledger(redis, clock, metrics.clone()).await?,
         };
+        let ledger = Arc::new(TimedLedger::new(ledger, metrics.ledger_seconds.clone()));
         let upstream = Arc::new(upstream);
-        let admission = Arc::new(
-            Admission::new(
-                &config.pools,
-                &config.routes,
-                config.admission.clone(),
-                ledger,
-                metrics.clone(),
-            )
-            .with_input_counter(upstream.clone()),
-        );
-        let auth = Arc::new(crate::auth::Authenticator::new(
-            &config.auth,
-            &config.routes,
-            metrics.clone(),
-        ));
+        let policy = build_policy(&config, ledger, &upstream, &metrics);
         let ready = Arc::new(AtomicBool::new(false));
         let state = Arc::new(AppState {
-            policy: arc_swap::ArcSwap::from_pointee(Policy { admission, auth }),
+            policy: arc_swap::ArcSwap::from_pointee(policy),
             upstream,
             metrics,
             registry,
+            ledger_publications: Default::default(),
             max_body_bytes: config.server.max_body_bytes,
             body_read_timeout: config.server.body_read_timeout,
             ready: ready.clone(),
@@ -239,15 +179,7 @@ impl Gateway {
         let addr = listener.local_addr()?;
         // Probes and scrapes over plain HTTP, whether or not the proxy listener has TLS.
         let admin = match config.server.admin_listen {
-            Some(admin_addr) => {
-                let admin_listener = TcpListener::bind(admin_addr).await.map_err(|source| {
-                    StartError::AdminListener {
-                        addr: admin_addr,
-                        source,
-                    }
-                })?;
-                Some((admin_listener.local_addr()?, admin_listener))
-            }
+            Some(admin_addr) => Some(bind_admin(admin_addr).await?),
             None => None,
         };
         let admin_addr = admin.as_ref().map(|(a, _)| *a);
@@ -303,24 +235,18 @@ impl Gateway {
             tracing::warn!(sections = ?pending, "config reload: these sections changed and take effect at the next restart");
         }
         let old = self.state.policy();
-        let admission = Admission::new(
-            &new.pools,
-            &new.routes,
-            new.admission.clone(),
+        let policy = build_policy(
+            &new,
             old.admission.ledger().clone(),
-            metrics.clone(),
-        )
-        .with_input_counter(self.state.upstream.clone());
-        for pool in admission.pools() {
+            &self.state.upstream,
+            &metrics,
+        );
+        for pool in policy.admission.pools() {
             if let Some(previous) = old.admission.pools().iter().find(|p| p.name == pool.name) {
                 pool.inherit(previous);
             }
         }
-        let auth = crate::auth::Authenticator::new(&new.auth, &new.routes, metrics.clone());
-        self.state.policy.store(Arc::new(Policy {
-            admission: Arc::new(admission),
-            auth: Arc::new(auth),
-        }));
+        self.state.policy.store(Arc::new(policy));
         let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
         retired.retain(|w| w.strong_count() > 0);
         retired.push(Arc::downgrade(&old.admission));
@@ -385,7 +311,7 @@ impl Gateway {
         }
         let result = self.proxy.stop().await;
         let settled_by = tokio::time::Instant::now() + SETTLEMENT_WAIT;
-        while crate::admission::settle::pending_settlements() > 0
+        while crate::admission::hold::pending_settlements() > 0
             && tokio::time::Instant::now() < settled_by
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -420,13 +346,16 @@ pub struct ShutdownReport {
 impl ShutdownReport {
     fn of(admission: &Admission) -> ShutdownReport {
         let pools = admission.pools();
-        ShutdownReport {
-            reserved_tokens: pools.iter().map(|p| p.metrics.reserved_tokens.get()).sum(),
-            in_flight: pools
+        let sum = |f: fn(&crate::admission::Pool) -> u64| {
+            pools
                 .iter()
-                .map(|p| p.metrics.inflight_requests.get())
-                .sum(),
-            pending_settlements: crate::admission::settle::pending_settlements(),
+                .map(|p| i64::try_from(f(p)).unwrap_or(i64::MAX))
+                .sum()
+        };
+        ShutdownReport {
+            reserved_tokens: sum(|p| p.load.reserved_tokens()),
+            in_flight: sum(|p| p.load.in_flight()),
+            pending_settlements: crate::admission::hold::pending_settlements(),
             unsettled_drops: crate::ledger::unsettled_drops(),
         }
     }
@@ -441,6 +370,96 @@ impl ShutdownReport {
                 unsettled_drops: 0,
             }
     }
+}
+
+/// The upstream client of `config`, signing with `credentials` (else the AWS default chain), and
+/// the in-process simulator when the endpoint is `"simulated"`.
+async fn connect_upstream(
+    config: &Config,
+    credentials: Option<SharedCredentialsProvider>,
+) -> Result<(Upstream, Option<SimulatorHandle>), StartError> {
+    let up = &config.upstream;
+    let (base, simulator, default_credentials) = match &up.endpoint {
+        Endpoint::Simulated => {
+            let (base, handle, credentials) = start_simulator(config).await?;
+            (base, Some(handle), Some(credentials))
+        }
+        Endpoint::Url(uri) => (uri.clone(), None, None),
+        Endpoint::Aws => (
+            Upstream::aws_endpoint(&up.region).map_err(|e| StartError::Upstream(e.to_string()))?,
+            None,
+            None,
+        ),
+    };
+    let provider = match credentials.or(default_credentials) {
+        Some(p) => p,
+        None => default_chain(&up.region).await?,
+    };
+    let signer = Signer::new(provider, &up.region);
+    signer.credentials().await.map_err(|e| {
+        StartError::Credentials(format!(
+            "{e}. tokengate signs upstream requests with its own AWS credentials from the default chain \
+             (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity, container or instance role)"
+        ))
+    })?;
+    let upstream = Upstream::new(
+        base,
+        signer,
+        up.connect_timeout,
+        up.response_timeout,
+        up.idle_timeout,
+    )
+    .map_err(|e| StartError::Upstream(e.to_string()))?;
+    Ok((upstream, simulator))
+}
+
+/// The built-in simulator on loopback, its URL, and the credentials it expects.
+async fn start_simulator(
+    config: &Config,
+) -> Result<(http::Uri, SimulatorHandle, SharedCredentialsProvider), StartError> {
+    let mut sim_config = config.simulator.clone();
+    sim_config.region = config.upstream.region.clone();
+    let handle = simulator::spawn(sim_config, SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .map_err(|e| StartError::Simulator(e.to_string()))?;
+    let base = format!("http://{}", handle.addr)
+        .parse()
+        .map_err(|e| StartError::Simulator(format!("{e}")))?;
+    let creds = Credentials::new(
+        "TOKENGATESIMULATED",
+        "simulated",
+        None,
+        None,
+        "tokengate-simulated",
+    );
+    Ok((base, handle, SharedCredentialsProvider::new(creds)))
+}
+
+/// Binds the admin listener (`server.admin_listen`).
+async fn bind_admin(addr: SocketAddr) -> Result<(SocketAddr, TcpListener), StartError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::AdminListener { addr, source })?;
+    Ok((listener.local_addr()?, listener))
+}
+
+/// The policy of `config`: admission over `ledger`, who may call, and the observer of both. Used
+/// at start and by every reload.
+fn build_policy(
+    config: &Config,
+    ledger: Arc<dyn Ledger>,
+    upstream: &Arc<Upstream>,
+    metrics: &Arc<Metrics>,
+) -> Policy {
+    let admission = Admission::new(
+        &config.pools,
+        &config.routes,
+        config.admission.clone(),
+        ledger,
+    )
+    .with_input_counter(Arc::new(UpstreamCounter(upstream.clone())));
+    let auth = crate::auth::Authenticator::new(&config.auth, &config.routes, metrics.clone());
+    Policy::new(admission, auth, metrics.clone())
 }
 
 /// The shared ledger, alone (fail-closed) or with a local share behind it.

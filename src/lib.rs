@@ -11,7 +11,6 @@
 //!
 //! | module | what lives there |
 //! |---|---|
-//! | [`access_log`] | one structured line per request (`tokengate::access`) |
 //! | [`config`] | raw TOML config, validation into typed config, error messages that name the key |
 //! | [`bedrock`] | the wire format: operations and paths, modelId parsing, maxTokens and usage extraction, event-stream frames, AWS error shapes |
 //! | [`admission`] | pool resolution, estimates, the admit/reject decision, retry hints, reconciliation |
@@ -21,13 +20,16 @@
 //! | [`metrics`] | the Prometheus registry and every `tokengate_*` metric |
 //! | [`simulator`] | a faithful stand-in for `bedrock-runtime` with Bedrock's own quota arithmetic |
 //! | [`app`] | the axum router and the layer stack, in one place |
-//! | [`proxy`] | the life of a proxied request: admit, forward, meter |
+//! | [`proxy`] | the life of a proxied request: target, caller, decide, answer or forward, meter |
+//! | [`answer`] | the one map from a decision (or upstream's outcome) to the Bedrock-shaped answer |
+//! | [`observe`] | what happened, recorded: metrics and the access log |
+//! | [`state`] | what request handlers share: the reloadable policy and the process-wide parts |
 //! | [`gateway`] | assembling a running proxy from a config |
 //! | [`server`] | the listener: HTTP/1.1 and h2c on one port, optional TLS, graceful shutdown |
 //! | [`healthcheck`] | `tokengate healthcheck`: the container image's probe (no shell, no curl) |
 
-pub mod access_log;
 pub mod admission;
+pub mod answer;
 pub mod app;
 pub mod auth;
 pub mod bedrock;
@@ -36,7 +38,9 @@ pub mod gateway;
 pub mod healthcheck;
 pub mod ledger;
 pub mod metrics;
+pub mod observe;
 pub mod proxy;
 pub mod server;
 pub mod simulator;
+pub mod state;
 pub mod upstream;

@@ -455,13 +455,13 @@ async fn a_burndown_stream_holds_back_its_excess_until_it_settles() {
     while held == 0 {
         let event = stream.recv().await.expect("event").expect("not ended yet");
         let _ = event;
-        held = stack.proxy.admission().pool_states().await[0].pending_burndown_excess;
+        held = stack.proxy.admission().pool_views().await[0].pending_burndown_excess;
     }
     assert!(held > 0 && held <= 400, "held back {held}");
     while stream.recv().await.expect("event").is_some() {}
     stack.assert_ledger_zero().await;
     assert_eq!(
-        stack.proxy.admission().pool_states().await[0].pending_burndown_excess,
+        stack.proxy.admission().pool_views().await[0].pending_burndown_excess,
         0,
         "released at settlement"
     );

@@ -28,9 +28,8 @@ fn settled(proxy: &Gateway, rule: &str) -> u64 {
     m.settlements.with_label_values(&[POOL, rule]).get()
 }
 
-fn in_flight(proxy: &Gateway) -> i64 {
-    let m = &proxy.state.metrics;
-    m.inflight_requests.with_label_values(&[POOL]).get()
+fn in_flight(proxy: &Gateway) -> u64 {
+    common::in_flight(proxy, POOL)
 }
 
 /// Polls `condition` every 10 ms for up to `within`.

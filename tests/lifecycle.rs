@@ -324,12 +324,8 @@ async fn queued_calls_are_answered_at_once_and_shutdown_reports_nothing_left() {
         model_path(SONNET_US, "converse-stream"),
         converse_body("[sim:output=200] holds the slot", Some(300)),
     );
-    let in_flight = || {
-        metrics
-            .inflight_requests
-            .with_label_values(&["sonnet4-us"])
-            .get()
-    };
+    let admission = proxy.admission();
+    let in_flight = || admission.pools()[0].load.in_flight();
     eventually_async(Duration::from_secs(5), "the holder admitted", || async {
         in_flight() == 1
     })
@@ -338,7 +334,7 @@ async fn queued_calls_are_answered_at_once_and_shutdown_reports_nothing_left() {
         model_path(SONNET_US, "converse"),
         converse_body("[sim:output=5] waits", Some(10)),
     );
-    let depth = || metrics.queue_depth.with_label_values(&["sonnet4-us"]).get();
+    let depth = || admission.pools()[0].queue.depth();
     eventually_async(Duration::from_secs(5), "the second call queued", || async {
         depth() == 1
     })

@@ -431,7 +431,7 @@ async fn local_share_keeps_admitting_within_its_share_and_returns_to_redis() {
     }
     statuses.sort_unstable();
     assert_eq!(statuses, [200, 200, 429, 429, 429, 429], "the local share");
-    let pools = proxy.admission().pool_states().await;
+    let pools = proxy.admission().pool_views().await;
     let local = pools[0].ledger.as_ref().expect("local snapshot");
     assert_eq!(
         local.tokens_capacity, 30_000,

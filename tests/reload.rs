@@ -59,7 +59,7 @@ async fn a_reload_swaps_limits_and_pools_while_a_stream_finishes_under_the_old_c
         .stream;
     let first = stream.recv().await.expect("first event");
     assert!(first.is_some());
-    let before = stack.proxy.admission().pool_states().await;
+    let before = stack.proxy.admission().pool_views().await;
     assert!(
         before[0].ledger.as_ref().unwrap().reserved_tokens > 0,
         "the stream holds its reservation"
@@ -79,7 +79,7 @@ async fn a_reload_swaps_limits_and_pools_while_a_stream_finishes_under_the_old_c
     assert_eq!(usage, Some(200));
     stack.assert_ledger_zero().await;
 
-    let after = stack.proxy.admission().pool_states().await;
+    let after = stack.proxy.admission().pool_views().await;
     assert_eq!(after.len(), 2);
     assert_eq!(after[0].tokens_per_minute, 20_000);
     assert_eq!(after[0].admitted, 1, "the pool's counts carry over");
@@ -162,7 +162,7 @@ async fn an_invalid_config_is_refused_counted_and_the_old_one_stays() {
     );
     m.expect("tokengate_config_reloads_total", &[("result", "ok")], 0.0);
     // The old config serves on.
-    let states = stack.proxy.admission().pool_states().await;
+    let states = stack.proxy.admission().pool_views().await;
     assert_eq!(states[0].tokens_per_minute, 400_000);
     small_call(&stack.client(), SONNET_US)
         .await

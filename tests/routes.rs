@@ -424,7 +424,7 @@ async fn a_guaranteed_route_keeps_its_share_lends_it_when_idle_and_regains_it() 
     );
     stack.assert_ledger_zero().await;
     // /v1/pools shows each route's share and use.
-    let states = stack.proxy.admission().pool_states().await;
+    let states = stack.proxy.admission().pool_views().await;
     let routes = &states[0].routes;
     assert_eq!(routes[0].name, "triage");
     assert_eq!((routes[0].priority, routes[0].min_share), (10, 0.6));

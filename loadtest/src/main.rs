@@ -17,6 +17,7 @@ mod report;
 mod run;
 mod scenario;
 mod soak;
+mod stack;
 
 use std::path::PathBuf;
 
@@ -56,7 +57,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let options = run::Options {
+    let options = stack::Options {
         quick: cli.quick,
         plots: cli.plots.unwrap_or_else(|| cli.out.clone()),
         out: cli.out,

@@ -13,8 +13,8 @@ use crate::client::{Record, sdk_client};
 use crate::drive::{Ctx, Sink, drive, finish, run_call};
 use crate::proxy::{Memory, ProxyProcess};
 use crate::report::{Pcts, pcts};
-use crate::run::{Options, start_proxy, start_simulator};
 use crate::scenario::{Arrival, Group, OpMix, Scenario, Shape};
+use crate::stack::{Options, start_proxy, start_simulator};
 
 /// One step on one side.
 #[derive(Debug, Clone, Serialize)]

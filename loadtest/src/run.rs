@@ -3,31 +3,19 @@
 //! per-call records (JSON lines) and the plots.
 
 use std::io::Write;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context;
 use serde::Serialize;
-use tokengate::simulator::{self, SimulatorHandle};
 
 use crate::client::Record;
 use crate::drive::drive;
 use crate::overhead::{self, OverheadReport};
 use crate::plot::{self, Series};
-use crate::proxy::ProxyProcess;
 use crate::report::{SideReport, markdown};
 use crate::scenario::Scenario;
 use crate::soak::{self, SoakReport};
-
-/// Command-line choices that apply to every scenario.
-#[derive(Debug, Clone)]
-pub struct Options {
-    pub quick: bool,
-    pub out: PathBuf,
-    /// Where PNGs go (default: `out`).
-    pub plots: PathBuf,
-    pub tokengate_bin: PathBuf,
-}
+use crate::stack::{Options, start_proxy, start_simulator};
 
 /// Everything one scenario produced; written as `<out>/<name>.json`.
 #[derive(Debug, Serialize)]
@@ -43,20 +31,6 @@ pub struct ScenarioReport {
     pub overhead: Option<OverheadReport>,
     pub soak: Option<SoakReport>,
     pub table: String,
-}
-
-pub async fn start_simulator(s: &Scenario) -> anyhow::Result<SimulatorHandle> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], 0));
-    Ok(simulator::spawn(s.simulator_config()?, addr).await?)
-}
-
-pub async fn start_proxy(
-    s: &Scenario,
-    o: &Options,
-    upstream: SocketAddr,
-) -> anyhow::Result<ProxyProcess> {
-    let path = o.out.join(format!("{}.proxy.toml", s.name));
-    ProxyProcess::start(&o.tokengate_bin, &s.proxy_config(upstream), &path).await
 }
 
 /// Runs `s` on both sides and writes its outputs.

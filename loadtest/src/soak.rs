@@ -25,8 +25,8 @@ use crate::client::Record;
 use crate::drive::drive;
 use crate::proxy::memory_of;
 use crate::report::Upstream;
-use crate::run::{Options, start_proxy, start_simulator};
 use crate::scenario::Scenario;
+use crate::stack::{Options, start_proxy, start_simulator};
 
 /// Outcomes that are not an answer from the proxy.
 const UNANSWERED: [&str; 3] = ["unfinished", "dispatch_failure", "timeout"];

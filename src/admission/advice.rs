@@ -36,9 +36,6 @@ use std::sync::{
 
 use serde::Serialize;
 
-use super::Pool;
-use crate::{bedrock::Usage, metrics::Metrics};
-
 /// Exact buckets below this value, log-linear above.
 const LINEAR: u64 = 8;
 /// Sub-buckets per power of two (8 = 3 bits).
@@ -240,48 +237,6 @@ impl Slot {
             reserved_but_unused_share: unused,
         })
     }
-}
-
-// === Hooks ===
-
-/// A request of `pool` settled with `usage`: the length histograms and the advice slot.
-pub(crate) fn on_usage(pool: &Pool, slot: SlotIndex, max_tokens: u64, usage: &Usage) {
-    let prompt = usage
-        .input_tokens
-        .saturating_add(usage.cache_read_input_tokens)
-        .saturating_add(usage.cache_write_input_tokens);
-    let pm = &pool.metrics;
-    pm.input_tokens_per_request.observe(prompt as f64);
-    pm.output_tokens_per_request
-        .observe(usage.output_tokens as f64);
-    pm.requested_max_tokens.observe(max_tokens as f64);
-    pool.advice.record(slot, max_tokens, usage.output_tokens);
-}
-
-/// Computes a pool's advice and exports it as the `{pool,model}` gauges (at read time, so the
-/// request path never computes a quantile).
-pub(crate) fn publish(pool: &Pool, metrics: &Metrics) -> Vec<MaxTokensAdvice> {
-    let advice = pool.advice.view();
-    for a in &advice {
-        let labels = [&*pool.name, a.model.as_str()];
-        let gauge = |g: &prometheus::IntGaugeVec, v: u64| {
-            g.with_label_values(&labels)
-                .set(i64::try_from(v).unwrap_or(i64::MAX));
-        };
-        gauge(&metrics.output_tokens_p99, a.p99_output);
-        gauge(
-            &metrics.requested_max_tokens_p99,
-            a.p99_requested_max_tokens,
-        );
-        if let Some(s) = a.suggested_max_tokens {
-            gauge(&metrics.suggested_max_tokens, s);
-        }
-        metrics
-            .max_tokens_unused_ratio
-            .with_label_values(&labels)
-            .set(a.reserved_but_unused_share);
-    }
-    advice
 }
 
 /// p99 output x [`SUGGESTION_MARGIN`], rounded up to [`SUGGESTION_STEP`]; never below the p99.

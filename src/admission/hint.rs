@@ -15,6 +15,9 @@ use rand::Rng;
 
 use crate::ledger::{Limit, Rejection};
 
+/// The wait hinted when there is nothing to project from: the ledger or upstream unavailable,
+/// shutting down, upstream throttling.
+pub const UNAVAILABLE_WAIT: Duration = Duration::from_secs(1);
 /// No hint shorter than this: a retry sooner would find the same state.
 pub const MIN_HINT: Duration = Duration::from_millis(50);
 /// The narrowest jitter window.

@@ -1,69 +1,67 @@
-//! Admission control: from a request to a reservation, or to a rejection that says when to retry.
+//! Admission control: from a request's facts to a [`Decision`].
 //!
-//! For every operation that names a model, the caller's route allow-list first ([`allow`]); then,
-//! for a model call: resolve the pool from the modelId; read `maxTokens` (the pool's
-//! `default_max_tokens` when absent: Bedrock itself would reserve the model's maximum, so set the
-//! default to what your callers really need); estimate input tokens (conservative, calibrated
-//! online from reported usage); reserve `input + maxTokens` in the ledger, all limits at once.
+//! For every operation that names a model (in its path, or in its body for StartAsyncInvoke):
+//! the caller's route may call it ([`allow`]), before anything is passed through. Then, for a
+//! model call: resolve the pool from the modelId; read `maxTokens` (the pool's `default_max_tokens` when absent) and estimate input tokens
+//! (conservative, calibrated online from reported usage); apply the route's `max_tokens_ceiling`;
+//! reserve `input + maxTokens` in the ledger, every limit at once, waiting in the pool's queue
+//! when the wait is worth it ([`queue`]).
 //!
-//! - A reservation larger than the pool can ever hold is a 400 `ValidationException` that says
-//!   which `maxTokens` would fit: retrying would never help.
-//! - A reservation that does not fit now is a 429 `ThrottlingException` with a jittered retry
-//!   hint projected from the ledger ([`hint`]).
-//! - An admitted request carries an [`Admitted`] guard that settles it ([`settle`] has the rules).
+//! [`Admission::decide`] returns pure data ([`decision`]): an admitted request carries a [`Hold`]
+//! that settles it ([`hold`] has the rules); a refusal says why and, when retrying can help, when
+//! to come back ([`hint`]). Nothing here speaks HTTP, writes a metric or a log line: the pipeline
+//! answers ([`crate::answer`]) and records ([`crate::observe`]) what was decided.
 
 pub mod advice;
 mod allow;
 pub mod body;
 mod ceiling;
+pub mod decision;
 pub mod estimate;
 pub mod hint;
+pub mod hold;
 pub mod pools;
 pub mod queue;
+mod reserve;
 pub mod retries;
 pub mod routes;
-pub mod settle;
 mod waiting;
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use bytes::Bytes;
-use rand::{SeedableRng, rngs::SmallRng};
 use serde::Serialize;
 
 use crate::{
-    bedrock::{BedrockError, ErrorCode, ModelRef, Operation},
+    bedrock::{ModelRef, Operation},
     config::{AdmissionConfig, InputEstimate, PoolConfig, RouteConfig, UnknownModels},
-    ledger::{
-        Decision, Ledger, LedgerError, Limit, PoolSnapshot, Rejection, Reservation, ReserveRequest,
-    },
-    metrics::{Metrics, NO_POOL},
+    ledger::{Ledger, PoolSnapshot},
 };
+pub use decision::{
+    Admitted, Decision, Invalid, NeverFits, NotAllowed, Pass, Problem, QueueRefusal, ShadowReason,
+    Throttle, ThrottleWhy, Unavailability, Unavailable,
+};
+pub use hold::{Estimate, Hold, Settled, SettlementRule};
 pub use pools::{Pool, PoolTable};
 pub use routes::{Caller, Route, RouteTable};
-pub use settle::{Admitted, Estimate, Rule};
 
-pub const X_TOKENGATE_REASON: &str = "x-tokengate-reason";
-pub const X_TOKENGATE_POOL: &str = "x-tokengate-pool";
-
-/// What admission decided for a request that may go upstream.
-#[derive(Debug)]
-pub enum Verdict {
-    /// Counted against a pool; settle through the guard. (Boxed: the guard is large and a
-    /// verdict is moved around before the request is forwarded.)
-    Admitted(Box<Admitted>),
-    /// Forwarded without a reservation: not a quota-consuming call, or an unknown model under
-    /// `unknown_models = "pass"`.
-    Uncounted,
+/// What admission decides a request on.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    pub operation: Operation,
+    /// The modelId, decoded; `None` for operations that name no model.
+    pub model_id: Option<&'a str>,
+    /// The whole request body.
+    pub body: &'a Bytes,
+    pub caller: &'a Caller,
 }
 
-/// The admission controller: pools, the ledger, and the metrics they move.
+/// The admission controller: pools, routes and the ledger they reserve in.
 #[derive(Debug)]
 pub struct Admission {
     table: PoolTable,
     routes: RouteTable,
     ledger: Arc<dyn Ledger>,
-    metrics: Arc<Metrics>,
     config: AdmissionConfig,
     counter: Option<Arc<dyn InputCounter>>,
 }
@@ -87,49 +85,11 @@ impl Admission {
         routes: &[RouteConfig],
         config: AdmissionConfig,
         ledger: Arc<dyn Ledger>,
-        metrics: Arc<Metrics>,
     ) -> Admission {
-        let table = PoolTable::new(pools, routes, &config, &metrics);
-        let routes = RouteTable::new(routes);
-        for pool in table.pools() {
-            let name = &*pool.name;
-            metrics
-                .configured_tokens_per_minute
-                .with_label_values(&[name])
-                .set(pool.config.tokens_per_minute as f64);
-            metrics
-                .effective_tokens_per_minute
-                .with_label_values(&[name])
-                .set(pool.limits().tokens_per_minute as f64);
-            metrics
-                .calibration_ratio
-                .with_label_values(&[name])
-                .set(pool.calibration_ratio());
-            metrics.reserved_tokens.with_label_values(&[name]);
-            metrics.inflight_requests.with_label_values(&[name]);
-            // Create every per-pool series at zero, so dashboards and alerts see them before the
-            // first event (rate() over a missing series is empty, not zero).
-            for counter in [
-                &metrics.upstream_throttles,
-                &metrics.reserved_tokens_total,
-                &metrics.charged_tokens,
-                &metrics.input_tokens,
-                &metrics.output_tokens,
-                &metrics.cache_read_tokens,
-                &metrics.cache_write_tokens,
-            ] {
-                counter.with_label_values(&[name]);
-            }
-            for reason in ["tokens", "requests", "concurrency", "share", "never_fits"] {
-                metrics.rejections.with_label_values(&[name, reason]);
-            }
-            metrics.init_pool_series(name, ledger.backend());
-        }
         Admission {
-            table,
-            routes,
+            table: PoolTable::new(pools, routes, &config),
+            routes: RouteTable::new(routes),
             ledger,
-            metrics,
             config,
             counter: None,
         }
@@ -153,6 +113,10 @@ impl Admission {
         &self.routes
     }
 
+    pub fn config(&self) -> &AdmissionConfig {
+        &self.config
+    }
+
     /// A first attempt from the first configured route (the default route of a config without
     /// `[[routes]]`): for benchmarks and tests that do not care who calls.
     pub fn first_route_caller(&self) -> Caller {
@@ -162,470 +126,139 @@ impl Admission {
         }
     }
 
-    /// Decides a request from `caller`. `body` is the whole request body; `model_id` the one in
-    /// the path (StartAsyncInvoke names its model in the body, read here).
-    ///
-    /// The route's allow-list comes first, for every operation that names a model, before any
-    /// pass-through; then only calls that spend quota are counted.
-    pub async fn admit(
-        &self,
-        operation: Operation,
-        model_id: Option<&str>,
-        body: &Bytes,
-        caller: &Caller,
-    ) -> Result<Verdict, BedrockError> {
-        let in_body;
-        let model_id = if operation == Operation::StartAsyncInvoke {
-            in_body = body::async_invoke_model_id(body).map_err(|e| {
-                self.count(NO_POOL, operation, "invalid");
-                BedrockError::validation(format!("StartAsyncInvoke: the request body {e}"))
-            })?;
-            in_body.as_deref()
-        } else {
-            model_id
+    /// Decides a request: admitted (holding a reservation), passed, or refused with the reason.
+    pub async fn decide(&self, facts: &Facts<'_>) -> Decision {
+        let in_body = match model_in_body(facts) {
+            Ok(model) => model,
+            Err(invalid) => return Decision::Invalid(invalid),
         };
-        let Some(model_id) = model_id else {
-            self.count(NO_POOL, operation, "passthrough");
-            return Ok(Verdict::Uncounted);
+        let Some(model_id) = in_body.as_deref().or(facts.model_id) else {
+            return Decision::Pass(Pass::NotMetered);
         };
         let model = ModelRef::parse(model_id);
         let resolved = self.table.resolve(&model);
-        if let Some(waived) = self.check_allowed(operation, model_id, resolved, caller)? {
-            return Ok(waived);
+        let route = &facts.caller.route;
+        if let Some(refusal) = allow::check(route, model_id, resolved) {
+            return refusal;
         }
-        if !operation.consumes_quota() {
-            self.count(NO_POOL, operation, "passthrough");
-            return Ok(Verdict::Uncounted);
+        if !facts.operation.consumes_quota() {
+            return Decision::Pass(Pass::NotMetered);
         }
         let Some((pool, configured)) = resolved else {
-            return self.unknown_model(operation, model_id);
+            return match self.config.unknown_models {
+                UnknownModels::Pass => Decision::Pass(Pass::UnknownModel),
+                UnknownModels::Reject => Decision::UnknownModel {
+                    model: model_id.to_string(),
+                },
+            };
         };
-        let pool = pool.clone();
-        let route = &caller.route;
         let shadow = pool.config.shadow || route.config.shadow;
-        let (mut estimate, requested) =
-            self.estimate(&pool, operation, &model, body)
-                .inspect_err(|_| {
-                    self.count_for(&pool, route, operation, "invalid");
-                })?;
-        self.count_input_exactly(&pool, model_id, operation, body, &mut estimate)
-            .await;
-        let ceiling = ceiling::Ceiling {
-            operation,
-            model: &model,
-            body,
-            requested,
-        };
-        let rewritten = match self.apply_ceiling(&pool, route, &ceiling, &mut estimate) {
-            Ok(rewritten) => rewritten,
-            Err(error) => {
-                self.count_for(&pool, route, operation, "invalid");
-                return self.enforce_or_shadow(shadow, &pool, route, "max_tokens_ceiling", error);
+        // Shadow mode forwards what enforcement would refuse, and says why.
+        let refuse = |decision: Decision, reason: ShadowReason| {
+            if shadow {
+                Decision::Pass(Pass::Shadow {
+                    pool: Some(pool.clone()),
+                    reason,
+                })
+            } else {
+                decision
             }
         };
-        let slot = pool.advice.slot(configured);
-        let mut verdict = if shadow {
-            self.reserve_shadow(pool.clone(), operation, estimate, caller)
-                .await?
-        } else {
-            self.reserve(pool.clone(), operation, estimate, caller)
-                .await?
-        };
-        if let Verdict::Admitted(a) = &mut verdict {
-            a.set_advice_slot(slot);
-            a.set_route(pool.shares.metrics(&route.name).cloned());
-            if let Some(body) = rewritten {
-                a.set_rewritten_body(body);
-            }
-        }
-        Ok(verdict)
-    }
-
-    /// A model in no pool: forwarded uncounted, or refused (`admission.unknown_models`).
-    fn unknown_model(&self, operation: Operation, model_id: &str) -> Result<Verdict, BedrockError> {
-        match self.config.unknown_models {
-            UnknownModels::Pass => {
-                self.count(NO_POOL, operation, "unknown_model_passed");
-                Ok(Verdict::Uncounted)
-            }
-            UnknownModels::Reject => {
-                self.count(NO_POOL, operation, "unknown_model");
-                Err(BedrockError::validation(format!(
-                    "tokengate has no quota pool for model {model_id:?}: add it to the models list of a [[pools]] entry, \
-                     or set [admission] unknown_models = \"pass\" to forward unknown models uncounted"
-                )))
-            }
-        }
-    }
-
-    /// For a pool with `input_estimate = "count_tokens"`, upstream's exact input count replaces
-    /// the estimate (which stays if CountTokens fails).
-    async fn count_input_exactly(
-        &self,
-        pool: &Pool,
-        model_id: &str,
-        operation: Operation,
-        body: &Bytes,
-        estimate: &mut Estimate,
-    ) {
-        let (InputEstimate::CountTokens, Some(counter)) =
-            (pool.config.input_estimate, &self.counter)
-        else {
-            return;
-        };
-        match counter.count_input_tokens(model_id, operation, body).await {
-            Ok(n) => estimate.input = n.max(1),
-            Err(e) => {
-                self.metrics
-                    .upstream_errors
-                    .with_label_values(&[&pool.name, "count_tokens"])
-                    .inc();
-                tracing::warn!(pool = %pool.name, error = %e, "CountTokens failed; using the calibrated estimate");
-            }
-        }
-    }
-
-    /// An error for a rule the request broke: returned, or in shadow mode counted and waived.
-    fn enforce_or_shadow(
-        &self,
-        shadow: bool,
-        pool: &Pool,
-        route: &Route,
-        reason: &str,
-        error: BedrockError,
-    ) -> Result<Verdict, BedrockError> {
-        if !shadow {
-            return Err(error);
-        }
-        self.count_shadow(pool, route, reason);
-        Ok(Verdict::Uncounted)
-    }
-
-    fn count_shadow(&self, pool: &Pool, route: &Route, reason: &str) {
-        self.metrics
-            .shadow_rejections
-            .with_label_values(&[&pool.name, &route.name, reason])
-            .inc();
-        self.count_route(pool, route, "shadow_rejected");
-    }
-
-    /// Counts an outcome in the pool's and the route's series.
-    fn count_for(&self, pool: &Pool, route: &Route, operation: Operation, outcome: &str) {
-        self.count(&pool.name, operation, outcome);
-        self.count_route(pool, route, outcome);
-    }
-
-    fn count_route(&self, pool: &Pool, route: &Route, outcome: &str) {
-        self.metrics
-            .route_requests
-            .with_label_values(&[&pool.name, &route.name, outcome])
-            .inc();
-    }
-
-    /// Shadow mode: decide at once (no queueing) and take the reservation when it fits, so the
-    /// ledger sees the real load; when it does not, count what enforcement would have done and
-    /// forward uncounted.
-    async fn reserve_shadow(
-        &self,
-        pool: Arc<Pool>,
-        operation: Operation,
-        estimate: Estimate,
-        caller: &Caller,
-    ) -> Result<Verdict, BedrockError> {
-        let route = &caller.route;
-        if !pool.config.can_ever_hold(estimate.reservation()) {
-            self.count_shadow(&pool, route, "never_fits");
-            return Ok(Verdict::Uncounted);
-        }
-        match self
-            .try_reserve(&pool, estimate.reservation(), caller)
-            .await
-        {
-            Ok(Decision::Admitted(reservation)) => {
-                Ok(self.admitted(pool, reservation, operation, estimate))
-            }
-            Ok(Decision::Rejected(rejection)) => {
-                self.count_shadow(&pool, route, rejection.limit.label());
-                Ok(Verdict::Uncounted)
-            }
-            Err(e) => {
-                tracing::warn!(pool = %pool.name, error = %e, "ledger unavailable in shadow mode; forwarding");
-                self.count_shadow(&pool, route, "ledger_error");
-                Ok(Verdict::Uncounted)
-            }
-        }
-    }
-
-    /// The reservation's parts, and the `maxTokens` the body itself asks for.
-    fn estimate(
-        &self,
-        pool: &Pool,
-        operation: Operation,
-        model: &ModelRef,
-        body: &Bytes,
-    ) -> Result<(Estimate, Option<u64>), BedrockError> {
-        let facts = body::read(operation, model.provider(), body).map_err(|e| match e {
-            body::BodyError::NotJson(e) => BedrockError::validation(format!(
-                "the request body is not valid JSON ({e}); {} needs a JSON body",
-                operation.name()
-            )),
-            body::BodyError::NotObject => BedrockError::validation(format!(
-                "the request body must be a JSON object for {}",
-                operation.name()
-            )),
-            body::BodyError::MaxTokens(e) => BedrockError::validation(e.to_string()),
-        })?;
-        let max_tokens = facts.max_tokens.unwrap_or(pool.config.default_max_tokens);
-        let raw_input = facts.input_tokens;
-        let estimate = Estimate {
-            raw_input,
-            input: pool.calibrated_input(raw_input),
-            max_tokens,
-        };
-        Ok((estimate, facts.max_tokens))
-    }
-
-    async fn reserve(
-        &self,
-        pool: Arc<Pool>,
-        operation: Operation,
-        estimate: Estimate,
-        caller: &Caller,
-    ) -> Result<Verdict, BedrockError> {
-        let tokens = estimate.reservation();
-        self.check_can_ever_fit(&pool, operation, &estimate)?;
-        // While requests wait in this pool, newcomers queue behind them instead of taking the
-        // capacity freed for them.
-        let queue_busy = pool.queue.enabled() && pool.queue.depth().0 > 0;
-        let rejection = if queue_busy {
-            None
-        } else {
-            match self.try_reserve(&pool, tokens, caller).await {
-                Ok(Decision::Admitted(reservation)) => {
-                    return Ok(self.admitted(pool, reservation, operation, estimate));
-                }
-                Ok(Decision::Rejected(rejection)) => Some(rejection),
-                Err(e) => return Err(self.ledger_unavailable(&pool, operation, &e)),
-            }
-        };
-        let outcome = match (&rejection, pool.queue.enabled()) {
-            (Some(rejection), false) => Err(self.rejection(&pool, rejection, tokens)),
-            _ => {
-                self.wait_in_queue(&pool, tokens, rejection.as_ref(), caller)
-                    .await
-            }
-        };
-        match outcome {
-            Ok(reservation) => {
-                let mut verdict = self.admitted(pool, reservation, operation, estimate);
-                if let Verdict::Admitted(a) = &mut verdict {
-                    a.set_queued();
-                }
-                Ok(verdict)
-            }
-            Err(e) => {
-                self.count(&pool.name, operation, "rejected");
-                if let Some(m) = pool.shares.metrics(&caller.route.name) {
-                    m.rejected.inc();
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// A reservation above the pool's whole bucket would be refused forever: say so, and what fits.
-    fn check_can_ever_fit(
-        &self,
-        pool: &Pool,
-        operation: Operation,
-        estimate: &Estimate,
-    ) -> Result<(), BedrockError> {
-        let name = &*pool.name;
-        let tokens = estimate.reservation();
-        if pool.config.can_ever_hold(tokens) {
-            return Ok(());
-        }
-        let capacity = pool.config.usable_tokens_per_minute();
-        self.count(name, operation, "invalid");
-        self.metrics
-            .rejections
-            .with_label_values(&[name, "never_fits"])
-            .inc();
-        pool.counters
-            .never_fits
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let fits = capacity.saturating_sub(estimate.input);
-        Err(BedrockError::validation(format!(
-            "this request reserves {tokens} tokens (about {} input + {} maxTokens) but pool {name:?} holds at most {capacity} \
-             tokens per minute, so it can never be admitted; set maxTokens to at most {fits}, or shorten the input",
-            estimate.input, estimate.max_tokens
-        ))
-        .with_header(http::HeaderName::from_static(X_TOKENGATE_POOL), name))
-    }
-
-    /// One ledger decision with the pool's current limits.
-    pub(crate) async fn try_reserve(
-        &self,
-        pool: &Pool,
-        tokens: u64,
-        caller: &Caller,
-    ) -> Result<Decision, LedgerError> {
-        let limits = pool.limits();
-        pool.metrics
-            .effective_tokens_per_minute
-            .set(limits.tokens_per_minute as f64);
-        let started = std::time::Instant::now();
-        let decision = self
-            .ledger
-            .reserve(&ReserveRequest {
-                pool: &pool.name,
-                limits,
-                tokens,
-                share: pool.shares.request(&caller.route.name, caller.is_retry()),
-                hold_back: pool.pending_excess(),
+        let invalid = |problem| {
+            Decision::Invalid(Invalid {
+                pool: Some(pool.clone()),
+                problem,
             })
-            .await;
-        self.metrics
-            .ledger_seconds
-            .observe(started.elapsed().as_secs_f64());
-        decision
-    }
-
-    fn admitted(
-        &self,
-        pool: Arc<Pool>,
-        reservation: Reservation,
-        operation: Operation,
-        estimate: Estimate,
-    ) -> Verdict {
-        pool.counters
-            .admitted
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        pool.metrics.operation(operation).admitted.inc();
-        Verdict::Admitted(Box::new(Admitted::new(
-            pool,
-            self.ledger.clone(),
-            self.metrics.clone(),
-            reservation,
-            operation,
+        };
+        let Estimated {
+            mut estimate,
+            requested,
+            count_failed,
+        } = match self.estimate(pool, facts, &model).await {
+            Ok(estimated) => estimated,
+            Err(problem) => return invalid(problem),
+        };
+        let asked = ceiling::Asked {
+            operation: facts.operation,
+            model: &model,
+            body: facts.body,
+            max_tokens: requested,
+        };
+        let body = match ceiling::apply(route, &asked, &mut estimate) {
+            Ok(body) => body,
+            Err(problem) => return refuse(invalid(problem), ShadowReason::MaxTokensCeiling),
+        };
+        let granted = if shadow {
+            self.reserve_shadow(pool, estimate, facts.caller).await
+        } else {
+            self.reserve(pool, estimate, facts.caller).await
+        };
+        let prepared = reserve::Prepared {
             estimate,
-        )))
+            configured_model: configured,
+            body,
+            count_tokens_failed: count_failed,
+        };
+        match granted {
+            Ok(granted) => Decision::Admit(self.admitted(pool, granted, prepared, facts.caller)),
+            Err(refusal) => refusal,
+        }
     }
 
-    fn ledger_unavailable(
+    /// The reservation's estimate: `maxTokens` from the body (or the pool's default) and the
+    /// calibrated input, counted exactly when the pool asks for it. A failed count falls back
+    /// to the estimate, and says so.
+    async fn estimate(
         &self,
         pool: &Pool,
-        operation: Operation,
-        e: &LedgerError,
-    ) -> BedrockError {
-        self.metrics
-            .ledger_errors
-            .with_label_values(&[self.ledger.backend()])
-            .inc();
-        self.count(&pool.name, operation, "ledger_error");
-        tracing::error!(error = %e, pool = %pool.name, "ledger unavailable");
-        self.retryable(
-            ErrorCode::ServiceUnavailable,
-            pool,
-            Duration::from_secs(1),
-            "the quota ledger is unavailable; retry shortly".into(),
-        )
-    }
-
-    /// The 429 for a request that does not fit now.
-    fn rejection(&self, pool: &Pool, rejection: &Rejection, tokens: u64) -> BedrockError {
-        let name = &*pool.name;
-        pool.counters.rejected(rejection.limit);
-        self.metrics
-            .rejections
-            .with_label_values(&[name, rejection.limit.label()])
-            .inc();
-        let (typical_duration, charge_ratio) = pool.typical();
-        let history = hint::PoolHistory {
-            typical_duration,
-            charge_ratio,
+        facts: &Facts<'_>,
+        model: &ModelRef<'_>,
+    ) -> Result<Estimated, Problem> {
+        let operation = facts.operation;
+        let read = body::read(operation, model.provider(), facts.body).map_err(|e| match e {
+            body::BodyError::NotJson(e) => Problem::NotJson {
+                operation: operation.name(),
+                error: e.to_string(),
+            },
+            body::BodyError::NotObject => Problem::NotObject {
+                operation: operation.name(),
+            },
+            body::BodyError::MaxTokens(e) => Problem::MaxTokens(e),
+        })?;
+        let mut estimate = Estimate {
+            raw_input: read.input_tokens,
+            input: pool.calibrated_input(read.input_tokens),
+            max_tokens: read.max_tokens.unwrap_or(pool.config.default_max_tokens),
         };
-        let wait = hint::projected_wait(rejection, history, self.config.max_retry_hint);
-        let message = match rejection.limit {
-            Limit::Tokens => format!(
-                "Too many tokens: this request reserves {tokens} tokens and pool {name:?} has {} available now; retry after the hinted delay",
-                tokens.saturating_sub(rejection.token_deficit)
-            ),
-            Limit::Requests => format!(
-                "Too many requests: pool {name:?} is at its requests-per-minute limit; retry after the hinted delay"
-            ),
-            Limit::Concurrency => format!(
-                "Too many concurrent requests: pool {name:?} has all {} slots in use; retry after the hinted delay",
-                rejection.in_flight_requests
-            ),
-            Limit::Share => format!(
-                "Too many tokens for this route: it has used its max_share of pool {name:?}; retry after the hinted delay"
-            ),
-        };
-        self.retryable(ErrorCode::Throttling, pool, wait, message)
-            .with_header(
-                http::HeaderName::from_static(X_TOKENGATE_REASON),
-                rejection.limit.label(),
-            )
-    }
-
-    /// A retryable error with jittered `x-amz-retry-after` / `Retry-After` around `wait`.
-    pub fn retryable(
-        &self,
-        code: ErrorCode,
-        pool: &Pool,
-        wait: Duration,
-        message: String,
-    ) -> BedrockError {
-        let mut rng = SmallRng::from_rng(&mut rand::rng());
-        let hint = hint::jittered(wait, self.config.max_retry_hint, &mut rng);
-        self.metrics
-            .retry_hint_seconds
-            .with_label_values(&[&pool.name])
-            .observe(hint.as_secs_f64());
-        let (ms, secs) = hint::header_values(hint);
-        BedrockError::new(code, message)
-            .with_header(http::HeaderName::from_static("x-amz-retry-after"), ms)
-            .with_header(http::header::RETRY_AFTER, secs)
-            .with_header(http::HeaderName::from_static(X_TOKENGATE_POOL), &*pool.name)
-    }
-
-    /// Upstream throttled a request this proxy admitted: shrink the pool's limit and count it.
-    pub fn upstream_throttled(&self, pool: &Pool) {
-        pool.upstream_throttled();
-        self.metrics
-            .upstream_throttles
-            .with_label_values(&[&pool.name])
-            .inc();
-        self.metrics
-            .effective_tokens_per_minute
-            .with_label_values(&[&pool.name])
-            .set(pool.limits().tokens_per_minute as f64);
-    }
-
-    fn count(&self, pool: &str, operation: Operation, outcome: &str) {
-        self.metrics
-            .requests
-            .with_label_values(&[pool, operation.name(), outcome])
-            .inc();
+        let mut count_failed = None;
+        if let (InputEstimate::CountTokens, Some(counter), Some(model_id)) =
+            (pool.config.input_estimate, &self.counter, facts.model_id)
+        {
+            match counter
+                .count_input_tokens(model_id, operation, facts.body)
+                .await
+            {
+                Ok(n) => estimate.input = n.max(1),
+                Err(e) => count_failed = Some(e),
+            }
+        }
+        Ok(Estimated {
+            estimate,
+            requested: read.max_tokens,
+            count_failed,
+        })
     }
 
     /// Live state of every pool, for `GET /v1/pools`.
-    pub async fn pool_states(&self) -> Vec<PoolState> {
+    pub async fn pool_views(&self) -> Vec<PoolView> {
         let mut out = Vec::with_capacity(self.pools().len());
         for pool in self.pools() {
             let limits = pool.limits();
             let ledger = self.ledger.snapshot(&pool.name, &limits).await.ok();
-            if let Some(s) = &ledger {
-                self.metrics
-                    .tokens_available
-                    .with_label_values(&[&pool.name])
-                    .set(s.tokens_available as f64);
-            }
-            let c = &pool.counters;
+            let c = &pool.counts;
             let load =
                 |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-            out.push(PoolState {
+            out.push(PoolView {
                 name: pool.name.to_string(),
                 models: pool.config.models.clone(),
                 region: pool.config.region.clone(),
@@ -648,17 +281,47 @@ impl Admission {
                 pending_burndown_excess: pool.pending_excess(),
                 learned: pool.learned_view(),
                 queue: pool.queue.view(),
-                max_tokens_advice: advice::publish(pool, &self.metrics),
+                max_tokens_advice: pool.advice.view(),
                 routes: pool.shares.views(),
             });
         }
         out
     }
+
+    /// Answers every queued request at once (shutdown).
+    pub fn close_queues(&self) {
+        for pool in self.pools() {
+            pool.queue.close();
+        }
+    }
+}
+
+/// The model StartAsyncInvoke names in its body (other operations name theirs in the path).
+fn model_in_body(facts: &Facts<'_>) -> Result<Option<String>, Invalid> {
+    if facts.operation != Operation::StartAsyncInvoke {
+        return Ok(None);
+    }
+    body::async_invoke_model_id(facts.body).map_err(|e| Invalid {
+        pool: None,
+        problem: Problem::NotJson {
+            operation: facts.operation.name(),
+            error: e.to_string(),
+        },
+    })
+}
+
+/// What [`Admission::estimate`] found.
+struct Estimated {
+    estimate: Estimate,
+    /// The `maxTokens` the body itself asks for, `None` if it does not say.
+    requested: Option<u64>,
+    /// Exact counting failed, and why.
+    count_failed: Option<String>,
 }
 
 /// One pool in `GET /v1/pools`.
 #[derive(Debug, Clone, Serialize)]
-pub struct PoolState {
+pub struct PoolView {
     pub name: String,
     pub models: Vec<String>,
     pub region: String,
@@ -681,7 +344,7 @@ pub struct PoolState {
     pub queue: queue::QueueView,
     /// Output lengths against the maxTokens reserved, per model seen ([`advice`]).
     pub max_tokens_advice: Vec<advice::MaxTokensAdvice>,
-    /// Each route's share of this pool and what it used.
+    /// Each route's share of this pool and what it used, in slot order.
     pub routes: Vec<routes::RouteView>,
 }
 

@@ -13,8 +13,7 @@ use std::{
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::{advice::PoolAdvice, queue::AdmissionQueue, routes::PoolShares};
-use crate::metrics::{Metrics, PoolMetrics};
+use super::{advice::PoolAdvice, hint::PoolHistory, queue::AdmissionQueue, routes::PoolShares};
 use crate::{
     bedrock::{ModelRef, model_id::application_profile_id},
     config::{AdmissionConfig, PoolConfig, RouteConfig},
@@ -44,8 +43,10 @@ const AIMD_HOLD: Duration = Duration::from_secs(2);
 pub struct Pool {
     pub config: PoolConfig,
     pub name: Arc<str>,
-    /// This pool's metric series, resolved once.
-    pub metrics: PoolMetrics,
+    /// Its position in the policy's pool table (observers index their series by it).
+    pub id: usize,
+    /// What the pool carries now: reservations and requests in flight.
+    pub load: PoolLoad,
     /// Where requests that do not fit wait (disabled when `max_wait` is zero).
     pub queue: Arc<AdmissionQueue>,
     /// Output lengths against maxTokens, per model ([`super::advice`]).
@@ -54,7 +55,8 @@ pub struct Pool {
     pub shares: PoolShares,
     feedback: Mutex<Feedback>,
     learned: Mutex<Learned>,
-    pub(crate) counters: Counters,
+    /// Counts since start (carried over by reloads), for `/v1/pools`.
+    pub counts: PoolCounts,
     /// Burndown excess of streams in flight: what their output so far will cost beyond their
     /// reservations (see [`Pool::pending_excess`]).
     pending_excess: AtomicU64,
@@ -79,8 +81,9 @@ struct Learned {
     duration_secs: f64,
 }
 
+/// What a pool has admitted and turned away since start.
 #[derive(Debug, Default)]
-pub(crate) struct Counters {
+pub struct PoolCounts {
     pub admitted: AtomicU64,
     pub rejected_tokens: AtomicU64,
     pub rejected_requests: AtomicU64,
@@ -90,7 +93,7 @@ pub(crate) struct Counters {
     pub upstream_throttles: AtomicU64,
 }
 
-impl Counters {
+impl PoolCounts {
     pub fn rejected(&self, limit: Limit) {
         let c = match limit {
             Limit::Tokens => &self.rejected_tokens,
@@ -99,6 +102,47 @@ impl Counters {
             Limit::Share => &self.rejected_share,
         };
         c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn all(&self) -> [&AtomicU64; 7] {
+        [
+            &self.admitted,
+            &self.rejected_tokens,
+            &self.rejected_requests,
+            &self.rejected_concurrency,
+            &self.rejected_share,
+            &self.never_fits,
+            &self.upstream_throttles,
+        ]
+    }
+}
+
+/// What a pool carries now, from this replica: the requests it admitted and has not settled.
+#[derive(Debug, Default)]
+pub struct PoolLoad {
+    reserved_tokens: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+impl PoolLoad {
+    pub(crate) fn admitted(&self, tokens: u64) {
+        self.reserved_tokens.fetch_add(tokens, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn settled(&self, tokens: u64) {
+        self.reserved_tokens.fetch_sub(tokens, Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Tokens reserved by requests in flight.
+    pub fn reserved_tokens(&self) -> u64 {
+        self.reserved_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Requests admitted and not settled.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
     }
 }
 
@@ -113,17 +157,18 @@ pub struct LearnedView {
 
 impl Pool {
     pub fn new(
+        id: usize,
         config: PoolConfig,
         routes: &[RouteConfig],
         admission: &AdmissionConfig,
-        metrics: &Metrics,
     ) -> Pool {
         Pool {
             name: Arc::from(config.name.as_str()),
-            metrics: PoolMetrics::new(metrics, &config.name),
+            id,
+            load: PoolLoad::default(),
             queue: Arc::new(AdmissionQueue::new(config.max_wait, config.max_queue)),
             advice: PoolAdvice::new(&config.models),
-            shares: PoolShares::new(&config, routes, admission, metrics),
+            shares: PoolShares::new(&config, routes, admission),
             config,
             feedback: Mutex::new(Feedback {
                 factor: 1.0,
@@ -134,7 +179,7 @@ impl Pool {
                 charge_ratio: 1.0,
                 duration_secs: 1.0,
             }),
-            counters: Counters::default(),
+            counts: PoolCounts::default(),
             pending_excess: AtomicU64::new(0),
         }
     }
@@ -169,20 +214,9 @@ impl Pool {
             fb.since = old.since;
         }
         *lock(&self.learned) = *lock(&previous.learned);
-        let c = &self.counters;
-        let p = &previous.counters;
-        for (to, from) in [
-            (&c.admitted, &p.admitted),
-            (&c.rejected_tokens, &p.rejected_tokens),
-            (&c.rejected_requests, &p.rejected_requests),
-            (&c.rejected_concurrency, &p.rejected_concurrency),
-            (&c.rejected_share, &p.rejected_share),
-            (&c.never_fits, &p.never_fits),
-            (&c.upstream_throttles, &p.upstream_throttles),
-        ] {
+        for (to, from) in self.counts.all().into_iter().zip(previous.counts.all()) {
             to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
         }
-        self.metrics.calibration_ratio.set(self.calibration_ratio());
     }
 
     /// The limit factor now: 1.0, or less while regrowing after upstream throttles.
@@ -208,7 +242,7 @@ impl Pool {
     /// Upstream throttled a request we admitted: other traffic shares the account quota, so
     /// shrink (at most once per [`AIMD_HOLD`]) and regrow gradually.
     pub fn upstream_throttled(&self) {
-        self.counters
+        self.counts
             .upstream_throttles
             .fetch_add(1, Ordering::Relaxed);
         let current = self.limit_factor();
@@ -248,12 +282,12 @@ impl Pool {
     }
 
     /// Typical admission-to-settlement time, and the typical charged / reserved ratio.
-    pub fn typical(&self) -> (Duration, f64) {
+    pub fn history(&self) -> PoolHistory {
         let l = *lock(&self.learned);
-        (
-            Duration::from_secs_f64(l.duration_secs.max(0.0)),
-            l.charge_ratio,
-        )
+        PoolHistory {
+            typical_duration: Duration::from_secs_f64(l.duration_secs.max(0.0)),
+            charge_ratio: l.charge_ratio,
+        }
     }
 
     pub fn calibration_ratio(&self) -> f64 {
@@ -314,7 +348,6 @@ impl PoolTable {
         pools: &[PoolConfig],
         routes: &[RouteConfig],
         admission: &AdmissionConfig,
-        metrics: &Metrics,
     ) -> PoolTable {
         let mut by_model = HashMap::new();
         let pools: Vec<Arc<Pool>> = pools
@@ -324,7 +357,7 @@ impl PoolTable {
                 for m in &p.models {
                     by_model.insert(m.clone(), i);
                 }
-                Arc::new(Pool::new(p.clone(), routes, admission, metrics))
+                Arc::new(Pool::new(i, p.clone(), routes, admission))
             })
             .collect();
         let profiles = admission

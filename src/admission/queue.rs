@@ -30,9 +30,10 @@
 use std::{
     cmp::Reverse,
     collections::{BTreeMap, HashMap, VecDeque},
+    ops::{Deref, DerefMut},
     sync::{
         Arc, Mutex, MutexGuard,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -79,6 +80,17 @@ struct Waiter {
     enqueued: Instant,
     bypassed: u32,
     tx: oneshot::Sender<Reservation>,
+}
+
+/// What the dispatcher needs of the head waiter.
+#[derive(Debug)]
+struct Head {
+    id: u64,
+    tokens: u64,
+    /// How many smaller waiters have passed it.
+    bypassed: u32,
+    demand: Option<RouteDemand>,
+    route: Arc<str>,
 }
 
 /// Waiters of one priority: a FIFO per route, and the routes' turn order.
@@ -207,6 +219,12 @@ pub enum WaitError {
 #[derive(Debug)]
 pub struct AdmissionQueue {
     state: Mutex<State>,
+    /// `state`'s length and queued tokens, mirrored whenever the lock is released, so that
+    /// admission can see an empty queue (the common case) without taking the lock.
+    waiting: AtomicUsize,
+    waiting_tokens: AtomicU64,
+    /// Waiters whose caller left before an answer.
+    cancelled: AtomicU64,
     wake: Notify,
     dispatcher_started: AtomicBool,
     closed: AtomicBool,
@@ -220,6 +238,9 @@ impl AdmissionQueue {
     pub fn new(max_wait: Duration, max_queue: usize) -> AdmissionQueue {
         AdmissionQueue {
             state: Mutex::new(State::default()),
+            waiting: AtomicUsize::new(0),
+            waiting_tokens: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
             wake: Notify::new(),
             dispatcher_started: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -229,8 +250,11 @@ impl AdmissionQueue {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> StateGuard<'_> {
+        StateGuard {
+            state: self.state.lock().unwrap_or_else(|p| p.into_inner()),
+            queue: self,
+        }
     }
 
     pub fn enabled(&self) -> bool {
@@ -241,10 +265,23 @@ impl AdmissionQueue {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Waiters now, and the tokens they ask for.
-    pub fn depth(&self) -> (usize, u64) {
-        let state = self.lock();
-        (state.len, state.queued_tokens)
+    /// Requests waiting now.
+    pub fn depth(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.depth() == 0
+    }
+
+    /// Tokens the waiting requests ask for.
+    pub fn queued_tokens(&self) -> u64 {
+        self.waiting_tokens.load(Ordering::Acquire)
+    }
+
+    /// Waiters whose caller hung up before an answer, since start.
+    pub fn cancelled(&self) -> u64 {
+        self.cancelled.load(Ordering::Relaxed)
     }
 
     pub fn view(&self) -> QueueView {
@@ -315,6 +352,7 @@ impl AdmissionQueue {
             id,
             rx: Some(rx),
             enqueued: Instant::now(),
+            answered: false,
         })
     }
 
@@ -354,6 +392,23 @@ impl AdmissionQueue {
         }
     }
 
+    /// The head waiter whose caller is still there.
+    fn live_head(&self) -> Option<Head> {
+        let mut state = self.lock();
+        // Callers that left are removed by their tickets; only a head whose caller is gone (and
+        // not yet removed) needs skipping here. No full scan per admission.
+        while let Some(gone) = state.head().filter(|w| w.tx.is_closed()).map(|w| w.id) {
+            state.remove(gone);
+        }
+        state.head().map(|w| Head {
+            id: w.id,
+            tokens: w.tokens,
+            bypassed: w.bypassed,
+            demand: w.demand.clone(),
+            route: w.route.clone(),
+        })
+    }
+
     /// Admits from the head while it fits; returns when to look again by refill (`None`: only
     /// an event can help).
     async fn pump(
@@ -363,24 +418,13 @@ impl AdmissionQueue {
         limits: &impl Fn() -> (crate::ledger::Limits, u64),
     ) -> Option<Instant> {
         loop {
-            let head = {
-                let mut state = self.lock();
-                // Callers that left are removed by their tickets; only a head whose caller is
-                // gone (and not yet removed) needs skipping here. No full scan per admission.
-                while let Some(gone) = state.head().filter(|w| w.tx.is_closed()).map(|w| w.id) {
-                    state.remove(gone);
-                }
-                state.head().map(|w| {
-                    (
-                        w.id,
-                        w.tokens,
-                        w.bypassed,
-                        w.demand.clone(),
-                        w.route.clone(),
-                    )
-                })
-            };
-            let (id, tokens, bypassed, demand, route) = head?;
+            let Head {
+                id,
+                tokens,
+                bypassed,
+                demand,
+                route,
+            } = self.live_head()?;
             let (limits, hold_back) = limits();
             match ledger
                 .reserve(&ReserveRequest {
@@ -514,6 +558,8 @@ pub struct Ticket {
     id: u64,
     rx: Option<oneshot::Receiver<Reservation>>,
     enqueued: Instant,
+    /// Timed out or shut down: left with an answer, not cancelled.
+    answered: bool,
 }
 
 impl Ticket {
@@ -527,8 +573,14 @@ impl Ticket {
                 self.rx = None;
                 Ok(reservation)
             }
-            Ok(Err(_)) => Err(WaitError::Shutdown),
-            Err(_) => Err(WaitError::TimedOut),
+            Ok(Err(_)) => {
+                self.answered = true;
+                Err(WaitError::Shutdown)
+            }
+            Err(_) => {
+                self.answered = true;
+                Err(WaitError::TimedOut)
+            }
         }
     }
 
@@ -540,13 +592,45 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         let Some(mut rx) = self.rx.take() else { return };
+        if !self.answered {
+            self.queue.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
         self.queue.lock().remove(self.id);
         rx.close();
         if let Ok(reservation) = rx.try_recv() {
             // Admitted in the same instant the caller left: give it back.
-            crate::admission::settle::release_unused(self.ledger.clone(), reservation);
+            crate::admission::hold::release_unused(self.ledger.clone(), reservation);
         }
         self.queue.wake();
+    }
+}
+
+/// The queue's state, locked; on unlock its length and queued tokens are mirrored into the
+/// queue's atomics.
+struct StateGuard<'a> {
+    state: MutexGuard<'a, State>,
+    queue: &'a AdmissionQueue,
+}
+
+impl Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        self.queue.waiting.store(self.state.len, Ordering::Release);
+        self.queue
+            .waiting_tokens
+            .store(self.state.queued_tokens, Ordering::Release);
     }
 }
 

@@ -127,15 +127,6 @@ impl Entries {
     }
 }
 
-/// A call's `amz-sdk-invocation-id`, if it sent one.
-pub fn invocation_id(headers: &http::HeaderMap) -> Option<&str> {
-    headers
-        .get("amz-sdk-invocation-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|id| !id.is_empty())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -196,9 +187,5 @@ mod tests {
         recent.record("app", &long, t0);
         recent.record("app", "", t0);
         assert!(recent.is_empty());
-        let mut h = http::HeaderMap::new();
-        assert_eq!(invocation_id(&h), None);
-        h.insert("amz-sdk-invocation-id", " abc ".parse().unwrap());
-        assert_eq!(invocation_id(&h), Some("abc"));
     }
 }

@@ -1,12 +1,17 @@
 //! Application routes at run time: the caller's route, what it may call, and its share of each
 //! pool as the ledger sees it ([`crate::ledger::shares`] has the rules).
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicI64, AtomicU64, Ordering},
+    },
+};
 
 use crate::{
     config::{AdmissionConfig, PoolConfig, RouteConfig},
     ledger::{RouteDemand, RouteShare, ShareRequest},
-    metrics::{Metrics, RouteMetrics},
 };
 
 /// A configured route.
@@ -61,13 +66,61 @@ impl RouteTable {
     }
 }
 
+/// A route's position among the routes of one pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteSlot(usize);
+
+impl RouteSlot {
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+/// What one route did in one pool since start.
+#[derive(Debug, Default)]
+pub struct RouteCounts {
+    admitted: AtomicU64,
+    rejected: AtomicU64,
+    recovery_admissions: AtomicU64,
+    reserved_tokens: AtomicI64,
+    charged_tokens: AtomicU64,
+}
+
+impl RouteCounts {
+    pub(crate) fn admitted(&self, tokens: u64) {
+        self.admitted.fetch_add(1, Ordering::Relaxed);
+        self.reserved_tokens
+            .fetch_add(i64::try_from(tokens).unwrap_or(i64::MAX), Ordering::Relaxed);
+    }
+
+    pub(crate) fn recovered(&self) {
+        self.recovery_admissions.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn rejected(&self) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn settled(&self, reserved: u64, charged: u64) {
+        self.reserved_tokens.fetch_sub(
+            i64::try_from(reserved).unwrap_or(i64::MAX),
+            Ordering::Relaxed,
+        );
+        self.charged_tokens.fetch_add(charged, Ordering::Relaxed);
+    }
+
+    /// Tokens reserved by the route's requests in flight.
+    pub fn reserved_tokens(&self) -> i64 {
+        self.reserved_tokens.load(Ordering::Relaxed)
+    }
+}
+
 /// The routes' shares of one pool, in the order the ledger receives them.
 #[derive(Debug)]
 pub struct PoolShares {
     shares: Arc<[RouteShare]>,
-    /// Each route's series in this pool, in the order of `shares`. Shared: every admitted
-    /// request holds its route's until it settles, and a clone is one count, not five.
-    metrics: Vec<Arc<RouteMetrics>>,
+    /// Each route's counts in this pool, in the order of `shares`.
+    counts: Vec<RouteCounts>,
     index: HashMap<Arc<str>, usize>,
     retry_reserve: f64,
     priority_margin: f64,
@@ -75,12 +128,7 @@ pub struct PoolShares {
 }
 
 impl PoolShares {
-    pub fn new(
-        pool: &PoolConfig,
-        routes: &[RouteConfig],
-        admission: &AdmissionConfig,
-        metrics: &Metrics,
-    ) -> Self {
+    pub fn new(pool: &PoolConfig, routes: &[RouteConfig], admission: &AdmissionConfig) -> Self {
         let shares: Arc<[RouteShare]> = routes
             .iter()
             .map(|r| {
@@ -102,13 +150,10 @@ impl PoolShares {
             .enumerate()
             .map(|(i, s)| (s.route.clone(), i))
             .collect();
-        let metrics = shares
-            .iter()
-            .map(|s| Arc::new(RouteMetrics::new(metrics, &pool.name, &s.route)))
-            .collect();
+        let counts = shares.iter().map(|_| RouteCounts::default()).collect();
         PoolShares {
             shares,
-            metrics,
+            counts,
             index,
             retry_reserve: pool.retry_reserve,
             priority_margin: admission.priority_margin,
@@ -120,27 +165,33 @@ impl PoolShares {
         &self.shares
     }
 
-    /// The route's series in this pool.
-    pub fn metrics(&self, route: &str) -> Option<&Arc<RouteMetrics>> {
-        self.index.get(route).map(|&i| &self.metrics[i])
+    /// The route's place in this pool.
+    pub fn slot(&self, route: &str) -> Option<RouteSlot> {
+        self.index.get(route).map(|&i| RouteSlot(i))
     }
 
-    /// Every route's share and counts, for `/v1/pools`.
+    /// The route's counts in this pool.
+    pub fn counts(&self, slot: RouteSlot) -> &RouteCounts {
+        &self.counts[slot.0]
+    }
+
+    /// Every route's share and counts, for `/v1/pools`, in slot order.
     pub fn views(&self) -> Vec<RouteView> {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         self.shares
             .iter()
-            .zip(&self.metrics)
-            .map(|(share, m)| RouteView {
+            .zip(&self.counts)
+            .map(|(share, c)| RouteView {
                 name: share.route.to_string(),
                 priority: share.priority,
                 min_share: share.min_share,
                 max_share: share.max_share,
                 recovery_share: share.recovery_share,
-                admitted: m.admitted.get(),
-                rejected: m.rejected.get(),
-                recovery_admissions: m.recovery_admissions.get(),
-                reserved_tokens: m.reserved_tokens.get(),
-                charged_tokens: m.charged_tokens.get(),
+                admitted: load(&c.admitted),
+                rejected: load(&c.rejected),
+                recovery_admissions: load(&c.recovery_admissions),
+                reserved_tokens: c.reserved_tokens(),
+                charged_tokens: load(&c.charged_tokens),
             })
             .collect()
     }
@@ -188,51 +239,10 @@ pub struct RouteView {
     pub charged_tokens: u64,
 }
 
-/// Who is asking: the route the caller identified as, and whether this is a retry.
+/// Who is asking: the route the caller identified as, and whether this is a retry of a call the
+/// proxy turned away (which may use the pool's retry reserve).
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub route: Arc<Route>,
-    /// An SDK retry of a call this proxy turned away ([`super::retries`]): it may draw on the
-    /// retry reserve.
     pub retry: bool,
-}
-
-impl Caller {
-    pub fn is_retry(&self) -> bool {
-        self.retry
-    }
-}
-
-/// The attempt number from `amz-sdk-request: attempt=N; max=M` (1 when absent or unreadable).
-pub fn sdk_attempt(headers: &http::HeaderMap) -> u32 {
-    headers
-        .get("amz-sdk-request")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.split(';')
-                .filter_map(|part| part.trim().strip_prefix("attempt="))
-                .find_map(|n| n.trim().parse::<u32>().ok())
-        })
-        .unwrap_or(1)
-        .max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn attempt_from_the_sdk_header() {
-        let mut h = http::HeaderMap::new();
-        assert_eq!(sdk_attempt(&h), 1);
-        h.insert("amz-sdk-request", "attempt=3; max=5".parse().unwrap());
-        assert_eq!(sdk_attempt(&h), 3);
-        h.insert(
-            "amz-sdk-request",
-            "ttl=20240101T000000Z; attempt=2; max=3".parse().unwrap(),
-        );
-        assert_eq!(sdk_attempt(&h), 2);
-        h.insert("amz-sdk-request", "attempt=zero".parse().unwrap());
-        assert_eq!(sdk_attempt(&h), 1);
-    }
 }

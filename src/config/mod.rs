@@ -363,23 +363,13 @@ impl Config {
                 ));
             }
         }
-        let mut regions = vec![upstream.region.clone()];
-        for pool in &pools {
-            if !regions.contains(&pool.region) {
-                regions.push(pool.region.clone());
-            }
-        }
-        let listener = routes::Listener {
-            addr: server.listen,
-            tls: server.tls.is_some(),
-        };
         let (auth, routes) = routes::validate(
             raw.auth,
             raw.routes,
             &pools,
             &admission.application_profiles,
-            listener,
-            regions,
+            &server,
+            &upstream,
             env,
         )?;
         Ok(Config {

@@ -1,10 +1,10 @@
 //! `[auth]` and `[[routes]]`: who may call, as which route, with which share of each pool.
 
-use std::{collections::BTreeMap, fmt, net::SocketAddr};
+use std::{collections::BTreeMap, fmt};
 
 use serde::Deserialize;
 
-use super::{ConfigError, PoolConfig, invalid};
+use super::{ConfigError, PoolConfig, ServerConfig, UpstreamConfig, invalid};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -147,22 +147,15 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
-/// The listener `[auth]` is checked against: plaintext bearer keys only on loopback.
-#[derive(Debug, Clone, Copy)]
-pub struct Listener {
-    pub addr: SocketAddr,
-    pub tls: bool,
-}
-
-/// Validates `[auth]` and `[[routes]]` against the pools and the listener. `env` reads
-/// environment variables (`secret_access_key_env`); `regions` are the Regions served.
+/// Validates `[auth]` and `[[routes]]` against the pools and the listener (plaintext bearer keys
+/// only on loopback). `env` reads environment variables (`secret_access_key_env`).
 pub fn validate(
     auth: RawAuth,
     routes: Vec<RawRoute>,
     pools: &[PoolConfig],
     application_profiles: &BTreeMap<String, String>,
-    listener: Listener,
-    regions: Vec<String>,
+    server: &ServerConfig,
+    upstream: &UpstreamConfig,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(AuthConfig, Vec<RouteConfig>), ConfigError> {
     let mode = match auth.mode.as_deref().unwrap_or("none") {
@@ -176,24 +169,7 @@ pub fn validate(
             ));
         }
     };
-    let plaintext_bearer = auth.allow_plaintext_bearer.unwrap_or(false);
-    if plaintext_bearer && !listener.addr.ip().is_loopback() {
-        return Err(invalid(
-            "auth.allow_plaintext_bearer",
-            format!(
-                "server.listen is {}, not a loopback address: bearer keys would cross the network in the clear; \
-                 remove this key and set server.tls_cert and server.tls_key",
-                listener.addr
-            ),
-        ));
-    }
-    if mode == AuthMode::Bearer && !listener.tls && !plaintext_bearer {
-        return Err(invalid(
-            "auth.mode",
-            "\"bearer\" sends keys in the clear without TLS (and boto3 refuses bearer auth over plain HTTP): \
-             set server.tls_cert and server.tls_key, or auth.allow_plaintext_bearer = true for a loopback-only listener",
-        ));
-    }
+    check_plaintext_bearer(mode, auth.allow_plaintext_bearer.unwrap_or(false), server)?;
     let mut out: Vec<RouteConfig> = Vec::with_capacity(routes.len());
     for (i, raw) in routes.into_iter().enumerate() {
         let route = validate_route(i, raw, mode, pools, application_profiles, env)?;
@@ -284,10 +260,47 @@ pub fn validate(
         AuthConfig {
             mode,
             default_route,
-            regions,
+            regions: served_regions(upstream, pools),
         },
         out,
     ))
+}
+
+/// The Regions this proxy serves: `upstream.region`, then each pool's, once each.
+fn served_regions(upstream: &UpstreamConfig, pools: &[PoolConfig]) -> Vec<String> {
+    let mut regions = vec![upstream.region.clone()];
+    for pool in pools {
+        if !regions.contains(&pool.region) {
+            regions.push(pool.region.clone());
+        }
+    }
+    regions
+}
+
+/// Bearer keys travel in the clear only to a loopback listener, and only when asked for.
+fn check_plaintext_bearer(
+    mode: AuthMode,
+    allowed: bool,
+    server: &ServerConfig,
+) -> Result<(), ConfigError> {
+    if allowed && !server.listen.ip().is_loopback() {
+        return Err(invalid(
+            "auth.allow_plaintext_bearer",
+            format!(
+                "server.listen is {}, not a loopback address: bearer keys would cross the network in the clear; \
+                 remove this key and set server.tls_cert and server.tls_key",
+                server.listen
+            ),
+        ));
+    }
+    if mode == AuthMode::Bearer && server.tls.is_none() && !allowed {
+        return Err(invalid(
+            "auth.mode",
+            "\"bearer\" sends keys in the clear without TLS (and boto3 refuses bearer auth over plain HTTP): \
+             set server.tls_cert and server.tls_key, or auth.allow_plaintext_bearer = true for a loopback-only listener",
+        ));
+    }
+    Ok(())
 }
 
 fn validate_route(

@@ -5,11 +5,13 @@
 //! `operation` from the fixed operation list, `outcome`, `reason` and `rule` from fixed enums,
 //! `status` from upstream status codes.
 
-use std::{cell::RefCell, sync::Arc};
-
-pub mod pool;
-
-pub use pool::{OperationMetrics, PoolMetrics, RouteMetrics};
+use std::{
+    cell::RefCell,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
 
 use prometheus::{
     Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
@@ -193,31 +195,6 @@ impl Metrics {
         }
     }
 
-    /// Every per-pool series of a fixed label set, at zero if new (called for each pool at start
-    /// and at every reload).
-    pub fn init_pool_series(&self, pool: &str, ledger_backend: &str) {
-        self.ledger_errors.with_label_values(&[ledger_backend]);
-        self.queue_depth.with_label_values(&[pool]);
-        for rule in ["usage", "not_charged", "no_usage", "timeout", "abandoned"] {
-            self.settlements.with_label_values(&[pool, rule]);
-        }
-        for outcome in ["admitted", "timed_out", "cancelled", "shutdown"] {
-            self.queue_outcomes.with_label_values(&[pool, outcome]);
-        }
-        for kind in [
-            "connect",
-            "timeout",
-            "credentials",
-            "signing",
-            "stream_cut",
-            "idle_timeout",
-            "count_tokens",
-        ] {
-            self.upstream_errors.with_label_values(&[pool, kind]);
-        }
-        self.rejections.with_label_values(&[pool, "queue_full"]);
-    }
-
     /// Every metric this process exports, whether or not it has a sample yet: what dashboards and
     /// alert rules may refer to.
     pub fn families(&self) -> &[Family] {
@@ -231,6 +208,22 @@ impl Metrics {
         let metrics =
             Metrics::new(&registry).unwrap_or_else(|e| unreachable!("fresh registry: {e}"));
         (registry, metrics)
+    }
+}
+
+/// A counter whose total is kept elsewhere (an atomic owned by the ledger or a queue) and
+/// published when `/metrics` is read: each publication adds what the total gained since the last.
+#[derive(Debug, Default)]
+pub struct Publication {
+    last: AtomicU64,
+}
+
+impl Publication {
+    pub fn publish(&self, counter: &IntCounter, total: u64) {
+        let previous = self.last.swap(total, Ordering::Relaxed);
+        if total > previous {
+            counter.inc_by(total - previous);
+        }
     }
 }
 

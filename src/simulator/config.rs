@@ -1,18 +1,41 @@
-//! The `[simulator]` table: latency, output lengths, faults, quotas and optional SigV4 checks.
+//! The `[simulator]` table: latency, output lengths, faults, quotas (per minute, per day,
+//! reserved), Regions, application profiles and optional credential checks.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use super::model_id::{self, Resolved};
 
 /// `[simulator]` settings. Every key is optional; the defaults suit a newcomer trying the proxy
 /// against a plausible Bedrock (200 ms to first token, 150 tokens/s, no faults).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct SimulatorConfig {
-    /// The Region on-demand buckets are in (an ARN's own Region wins). Default `us-east-1`.
+    /// The Region of requests that name none (see [`super::region`]). Default `us-east-1`.
     pub region: String,
     /// Tokens per minute of every bucket without an override. Default 200000.
     pub default_tokens_per_minute: u64,
+    /// Tokens per day of every on-demand bucket without an override. Default: the bucket's
+    /// tokens per minute x 1440.
+    pub default_tokens_per_day: Option<u64>,
+    /// Tokens per day across every model of one Region (U: some quota pages list an account-wide
+    /// daily quota). Default: none.
+    pub account_tokens_per_day: Option<u64>,
+    /// Length of a quota day, in seconds, counted from the Unix epoch (86400: days end at UTC
+    /// midnight). Tests shorten it, or start a new day with `POST /_sim/daily`. Default 86400.
+    pub day_secs: u64,
     /// Per-model overrides, `[[simulator.quotas]]`.
     pub quotas: Vec<QuotaOverride>,
+    /// Application inference profiles (ARN or the id at its end) = the model id they were made
+    /// from, whose bucket they share. An unmapped one has capacity of its own.
+    pub application_profiles: BTreeMap<String, String>,
+    /// Bedrock API keys accepted as `Authorization: Bearer KEY` or `x-api-key: KEY`. When this or
+    /// `verify_sigv4` is set, every request must carry an accepted credential.
+    pub api_keys: Vec<String>,
+    /// How long an InvokeModelWithBidirectionalStream session may stay open. Default 480 (the
+    /// 8 minutes Bedrock allows).
+    pub bidirectional_session_secs: u64,
     /// Seed of the output-length and fault draws. Default 0.
     pub seed: u64,
     /// Output length range (uniform, inclusive) when the prompt has no `[sim:output=N]`.
@@ -47,7 +70,13 @@ impl Default for SimulatorConfig {
         SimulatorConfig {
             region: "us-east-1".into(),
             default_tokens_per_minute: 200_000,
+            default_tokens_per_day: None,
+            account_tokens_per_day: None,
+            day_secs: 86_400,
             quotas: Vec::new(),
+            application_profiles: BTreeMap::new(),
+            api_keys: Vec::new(),
+            bidirectional_session_secs: 480,
             seed: 0,
             output_tokens_min: 50,
             output_tokens_max: 400,
@@ -65,12 +94,30 @@ impl Default for SimulatorConfig {
     }
 }
 
-/// `[[simulator.quotas]]`: the quota of the bucket a model id (as callers send it) lands in.
+/// `[[simulator.quotas]]`: the quotas of the bucket a model id (as callers send it) lands in,
+/// in every Region or in `region` only (which wins over an entry for every Region).
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaOverride {
     pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
+    /// Reserved-tier capacity of the model (its own bucket); none = the tier is not offered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_tokens_per_minute: Option<u64>,
+}
+
+/// The quotas of one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
     pub tokens_per_minute: u64,
+    pub tokens_per_day: u64,
+    /// Tokens per minute of the model's reserved capacity, if it has any.
+    pub reserved_tokens_per_minute: Option<u64>,
 }
 
 /// `verify_sigv4 = { access_key_id = "...", secret_access_key = "..." }`
@@ -97,31 +144,31 @@ impl SimulatorConfig {
         if self.region.is_empty() {
             return key("region", "must not be empty (e.g. \"us-east-1\")");
         }
-        if self.default_tokens_per_minute == 0 {
-            return key("default_tokens_per_minute", "must be greater than zero");
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        for (i, q) in self.quotas.iter().enumerate() {
-            if q.model.trim().is_empty() {
-                return key(&format!("quotas[{i}].model"), "must name a model id");
-            }
-            if q.tokens_per_minute == 0 {
-                return key(
-                    &format!("quotas[{i}].tokens_per_minute"),
-                    "must be greater than zero",
-                );
-            }
-            let bucket = super::models::bucket_key(&q.model, &self.region);
-            if !seen.insert(bucket.clone()) {
-                return key(
-                    &format!("quotas[{i}].model"),
-                    &format!(
-                        "{:?} lands in bucket {bucket}, which an earlier entry already sets",
-                        q.model
-                    ),
-                );
+        for (name, value) in [
+            (
+                "default_tokens_per_minute",
+                Some(self.default_tokens_per_minute),
+            ),
+            ("default_tokens_per_day", self.default_tokens_per_day),
+            ("account_tokens_per_day", self.account_tokens_per_day),
+            ("day_secs", Some(self.day_secs)),
+            (
+                "bidirectional_session_secs",
+                Some(self.bidirectional_session_secs),
+            ),
+        ] {
+            if value == Some(0) {
+                return key(name, "must be greater than zero");
             }
         }
+        if self.bidirectional_session_secs > 3600 {
+            return key(
+                "bidirectional_session_secs",
+                "must be at most 3600 (one hour)",
+            );
+        }
+        self.validate_quotas()?;
+        self.validate_credentials()?;
         if self.output_tokens_min > self.output_tokens_max {
             return key(
                 "output_tokens_min",
@@ -157,15 +204,76 @@ impl SimulatorConfig {
                 return key(name, "must be in [0, 1]");
             }
         }
+        Ok(())
+    }
+
+    fn validate_quotas(&self) -> Result<(), String> {
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, q) in self.quotas.iter().enumerate() {
+            let key = |k: &str, m: &str| Err(format!("simulator.quotas[{i}].{k}: {m}"));
+            if q.model.trim().is_empty() {
+                return key("model", "must name a model id");
+            }
+            if q.region
+                .as_deref()
+                .is_some_and(|r| !super::region::is_region(r))
+            {
+                return key("region", "must be a Region name (e.g. \"us-west-2\")");
+            }
+            let quotas = [
+                ("tokens_per_minute", q.tokens_per_minute),
+                ("tokens_per_day", q.tokens_per_day),
+                ("reserved_tokens_per_minute", q.reserved_tokens_per_minute),
+            ];
+            if quotas.iter().all(|(_, v)| v.is_none()) {
+                return key(
+                    "model",
+                    "set at least one of tokens_per_minute, tokens_per_day, reserved_tokens_per_minute",
+                );
+            }
+            if let Some((name, _)) = quotas.iter().find(|(_, v)| *v == Some(0)) {
+                return key(name, "must be greater than zero");
+            }
+            let region = q.region.as_deref().unwrap_or(&self.region);
+            let bucket = self.resolve(&q.model, region).bucket;
+            if !seen.insert((bucket.clone(), q.region.clone())) {
+                return key(
+                    "model",
+                    &format!(
+                        "{:?} lands in bucket {bucket}, which an earlier entry already sets",
+                        q.model
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_credentials(&self) -> Result<(), String> {
         if let Some(k) = &self.verify_sigv4
             && (k.access_key_id.is_empty() || k.secret_access_key.is_empty())
         {
-            return key(
-                "verify_sigv4",
-                "access_key_id and secret_access_key must both be non-empty",
+            return Err(
+                "simulator.verify_sigv4: access_key_id and secret_access_key must both be non-empty"
+                    .into(),
             );
         }
+        if let Some(i) = self.api_keys.iter().position(|k| k.trim().is_empty()) {
+            return Err(format!("simulator.api_keys[{i}]: must not be empty"));
+        }
+        for (profile, model) in &self.application_profiles {
+            if profile.trim().is_empty() || model.trim().is_empty() {
+                return Err(format!(
+                    "simulator.application_profiles: {profile:?} = {model:?} needs a profile ARN or id and a model id"
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Resolves a model id called in `region` (see [`model_id::resolve`]).
+    pub(crate) fn resolve(&self, model: &str, region: &str) -> Resolved {
+        model_id::resolve(model, region, &self.region, &self.application_profiles)
     }
 
     /// The maximum output tokens of a model, after `max_output_tokens`.
@@ -174,12 +282,30 @@ impl SimulatorConfig {
             .unwrap_or_else(|| super::models::max_output_tokens(base_model))
     }
 
-    /// The quota of a bucket.
-    pub(crate) fn tokens_per_minute_for(&self, bucket: &str) -> u64 {
-        self.quotas
-            .iter()
-            .find(|q| super::models::bucket_key(&q.model, &self.region) == bucket)
-            .map_or(self.default_tokens_per_minute, |q| q.tokens_per_minute)
+    /// The quotas of the bucket `model` resolved to: an entry for its Region first, then one for
+    /// every Region, then the defaults.
+    pub(crate) fn limits_for(&self, model: &Resolved) -> Limits {
+        let matching = |regional: bool| {
+            self.quotas.iter().find(|q| {
+                q.region.is_some() == regional
+                    && q.region.as_deref().is_none_or(|r| r == model.region)
+                    && self.resolve(&q.model, &model.region).bucket == model.bucket
+            })
+        };
+        let regional = matching(true);
+        let general = matching(false);
+        let pick = |f: fn(&QuotaOverride) -> Option<u64>| {
+            regional.and_then(f).or_else(|| general.and_then(f))
+        };
+        let tokens_per_minute =
+            pick(|q| q.tokens_per_minute).unwrap_or(self.default_tokens_per_minute);
+        Limits {
+            tokens_per_minute,
+            tokens_per_day: pick(|q| q.tokens_per_day)
+                .or(self.default_tokens_per_day)
+                .unwrap_or(tokens_per_minute.saturating_mul(1440)),
+            reserved_tokens_per_minute: pick(|q| q.reserved_tokens_per_minute),
+        }
     }
 }
 
@@ -192,27 +318,60 @@ mod tests {
         c.validate().map(|()| c)
     }
 
+    const SONNET: &str = "anthropic.claude-sonnet-4-20250514-v1:0";
+
+    fn limits(c: &SimulatorConfig, model: &str, region: &str) -> Limits {
+        c.limits_for(&c.resolve(model, region))
+    }
+
     #[test]
     fn defaults_and_overrides() {
         let c = parse("").unwrap();
         assert_eq!(c.default_tokens_per_minute, 200_000);
+        assert_eq!(
+            limits(&c, SONNET, "us-east-1"),
+            Limits {
+                tokens_per_minute: 200_000,
+                tokens_per_day: 200_000 * 1440,
+                reserved_tokens_per_minute: None
+            }
+        );
         let c = parse(
             r#"
             default_tokens_per_minute = 1000
             [[quotas]]
             model = "us.anthropic.claude-sonnet-4-20250514-v1:0"
             tokens_per_minute = 50
+            reserved_tokens_per_minute = 20
+            [[quotas]]
+            model = "us.anthropic.claude-sonnet-4-20250514-v1:0"
+            region = "us-west-2"
+            tokens_per_day = 7
             "#,
         )
         .unwrap();
+        let geo = limits(&c, &format!("us.{SONNET}"), "us-east-1");
         assert_eq!(
-            c.tokens_per_minute_for("anthropic.claude-sonnet-4-20250514-v1:0@geo:us"),
-            50
+            (
+                geo.tokens_per_minute,
+                geo.tokens_per_day,
+                geo.reserved_tokens_per_minute
+            ),
+            (50, 50 * 1440, Some(20))
         );
+        assert_eq!(limits(&c, SONNET, "us-east-1").tokens_per_minute, 1000);
+        // The regional entry wins where it sets a value; the general one fills the rest.
+        let west = limits(&c, &format!("us.{SONNET}"), "us-west-2");
         assert_eq!(
-            c.tokens_per_minute_for("anthropic.claude-sonnet-4-20250514-v1:0@us-east-1"),
-            1000
+            (
+                west.tokens_per_minute,
+                west.tokens_per_day,
+                west.reserved_tokens_per_minute
+            ),
+            (50, 7, Some(20))
         );
+        let c = parse("default_tokens_per_minute = 10\ndefault_tokens_per_day = 99").unwrap();
+        assert_eq!(limits(&c, SONNET, "eu-west-1").tokens_per_day, 99);
     }
 
     #[test]
@@ -256,6 +415,38 @@ mod tests {
                 "simulator.quotas[0].tokens_per_minute: must be greater than zero",
             ),
             (
+                "[[quotas]]\nmodel = \"m\"",
+                "simulator.quotas[0].model: set at least one of tokens_per_minute, tokens_per_day, reserved_tokens_per_minute",
+            ),
+            (
+                "[[quotas]]\nmodel = \"m\"\nregion = \"west\"\ntokens_per_day = 1",
+                "simulator.quotas[0].region: must be a Region name (e.g. \"us-west-2\")",
+            ),
+            (
+                "[[quotas]]\nmodel = \"m\"\nreserved_tokens_per_minute = 0",
+                "simulator.quotas[0].reserved_tokens_per_minute: must be greater than zero",
+            ),
+            (
+                "default_tokens_per_day = 0",
+                "simulator.default_tokens_per_day: must be greater than zero",
+            ),
+            (
+                "account_tokens_per_day = 0",
+                "simulator.account_tokens_per_day: must be greater than zero",
+            ),
+            (
+                "day_secs = 0",
+                "simulator.day_secs: must be greater than zero",
+            ),
+            (
+                "bidirectional_session_secs = 3601",
+                "simulator.bidirectional_session_secs: must be at most 3600 (one hour)",
+            ),
+            (
+                "api_keys = [\"k\", \"\"]",
+                "simulator.api_keys[1]: must not be empty",
+            ),
+            (
                 "verify_sigv4 = { access_key_id = \"\", secret_access_key = \"s\" }",
                 "simulator.verify_sigv4: access_key_id and secret_access_key must both be non-empty",
             ),
@@ -268,6 +459,9 @@ mod tests {
                 .unwrap_err()
                 .starts_with("simulator.quotas[1].model")
         );
+        // The same bucket in one Region and in every Region is not a duplicate.
+        let regional = "[[quotas]]\nmodel = \"a.b\"\ntokens_per_minute = 1\n[[quotas]]\nmodel = \"a.b\"\nregion = \"us-east-1\"\ntokens_per_minute = 2";
+        assert!(parse(regional).is_ok());
         assert!(parse("bogus = 1").unwrap_err().contains("bogus"));
     }
 }

@@ -1,5 +1,6 @@
-//! Per-model facts: the quota bucket a model id lands in, the maximum output tokens (what an
-//! absent `maxTokens` reserves), the output burndown rate and the InvokeModel body family.
+//! Per-model facts, by base model id: the maximum output tokens (what an absent `maxTokens`
+//! reserves), the output burndown rate and the InvokeModel body family. Which bucket a model id
+//! lands in is [`super::model_id`]'s.
 //!
 //! | model (base id contains) | max output | burndown |
 //! |---|---|---|
@@ -16,8 +17,6 @@
 //!
 //! Burndown is 5 for Claude 3.7 Sonnet and the Claude 4 family, 1 for everything else
 //! (AWS, "How tokens are counted in Amazon Bedrock").
-
-use crate::bedrock::{InferenceRoute, ModelRef};
 
 /// The maximum output tokens of a model (the reservation when `maxTokens` is absent).
 pub fn max_output_tokens(base_model: &str) -> u64 {
@@ -87,36 +86,6 @@ impl Family {
     }
 }
 
-/// What a model id resolves to.
-#[derive(Debug, Clone)]
-pub struct ResolvedModel {
-    /// The base model (`anthropic.claude-...`), or the whole id when unknown.
-    pub base: String,
-    /// The bucket key, e.g. `anthropic.claude-sonnet-4-20250514-v1:0@geo:us`.
-    pub bucket: String,
-}
-
-/// Resolves a model id as callers send it.
-pub fn resolve(model_id: &str, region: &str) -> ResolvedModel {
-    let m = ModelRef::parse(model_id);
-    let base = m.base_model.unwrap_or(m.resource_id).to_string();
-    let on_region = m.arn_region.unwrap_or(region);
-    let scope = match &m.route {
-        InferenceRoute::OnDemand | InferenceRoute::Other => on_region.to_string(),
-        InferenceRoute::Geographic(prefix) => format!("geo:{prefix}"),
-        InferenceRoute::Global => "global".to_string(),
-    };
-    ResolvedModel {
-        bucket: format!("{base}@{scope}"),
-        base,
-    }
-}
-
-/// The bucket key of a model id: `{base}@{region}`, `{base}@geo:{prefix}` or `{base}@global`.
-pub fn bucket_key(model_id: &str, region: &str) -> String {
-    resolve(model_id, region).bucket
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,22 +141,14 @@ mod tests {
     }
 
     #[test]
-    fn buckets_per_route() {
-        let base = "anthropic.claude-sonnet-4-20250514-v1:0";
-        assert_eq!(bucket_key(base, "us-east-1"), format!("{base}@us-east-1"));
-        assert_eq!(
-            bucket_key(&format!("us.{base}"), "us-east-1"),
-            format!("{base}@geo:us")
-        );
-        assert_eq!(
-            bucket_key(&format!("global.{base}"), "us-east-1"),
-            format!("{base}@global")
-        );
-        let arn = format!("arn:aws:bedrock:us-west-2:123456789012:inference-profile/us.{base}");
-        assert_eq!(bucket_key(&arn, "us-east-1"), format!("{base}@geo:us"));
-        let fm = format!("arn:aws:bedrock:us-west-2::foundation-model/{base}");
-        assert_eq!(bucket_key(&fm, "us-east-1"), format!("{base}@us-west-2"));
+    fn families() {
         assert_eq!(Family::of("amazon.nova-pro-v1:0"), Family::Nova);
         assert_eq!(Family::of("amazon.titan-text-express-v1"), Family::Titan);
+        assert_eq!(
+            Family::of("anthropic.claude-3-haiku-20240307-v1:0"),
+            Family::Anthropic
+        );
+        assert_eq!(Family::of("meta.llama3-3-70b-instruct-v1:0"), Family::Llama);
+        assert_eq!(Family::of("openai.gpt-oss-120b-1:0"), Family::Generic);
     }
 }

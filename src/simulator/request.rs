@@ -1,5 +1,5 @@
-//! Reading requests: the input-token rule, `maxTokens` per body family, and `[sim:...]`
-//! directives.
+//! Reading requests: the input-token rule, `maxTokens` per body family, the Converse
+//! `serviceTier`, and `[sim:...]` directives.
 //!
 //! # The input-token rule
 //! `input = ceil(B / 4) + 3 x M`, at least 1, where `B` is the UTF-8 byte length of every JSON
@@ -11,6 +11,7 @@ use base64::Engine;
 use serde_json::Value;
 
 use super::models::Family;
+use super::tier::Tier;
 
 /// What the simulator needs from a model call's body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +19,8 @@ pub struct Prompt {
     pub input_tokens: u64,
     /// The requested maximum output, `None` when absent.
     pub max_tokens: Option<u64>,
+    /// The service tier the body asks for (Converse `serviceTier`), `None` when absent.
+    pub tier: Option<Tier>,
 }
 
 /// A request the simulator refuses with a 400 `ValidationException`.
@@ -27,19 +30,28 @@ const PROMPT_FIELDS: [&str; 4] = ["messages", "system", "prompt", "inputText"];
 
 /// Applies the input-token rule to a body object.
 pub fn input_tokens(body: &Value) -> u64 {
+    let mut messages = 0;
+    let texts = PROMPT_FIELDS.iter().filter_map(|field| {
+        let v = body.get(*field)?;
+        messages += match (*field, v) {
+            ("messages", Value::Array(a)) => a.len() as u64,
+            ("prompt" | "inputText", _) => 1,
+            _ => 0,
+        };
+        Some(v)
+    });
+    let texts: Vec<&Value> = texts.collect();
+    input_tokens_of(texts, messages)
+}
+
+/// The input-token rule over the given values: `ceil(string bytes / 4) + 3 x messages`, at
+/// least 1 (the Responses API's `input` and `instructions` use it directly).
+pub fn input_tokens_of<'a>(texts: impl IntoIterator<Item = &'a Value>, messages: u64) -> u64 {
     let mut bytes = 0usize;
-    let mut messages = 0usize;
-    for field in PROMPT_FIELDS {
-        if let Some(v) = body.get(field) {
-            text_bytes(v, &mut bytes);
-            messages += match (field, v) {
-                ("messages", Value::Array(a)) => a.len(),
-                ("prompt" | "inputText", _) => 1,
-                _ => 0,
-            };
-        }
+    for v in texts {
+        text_bytes(v, &mut bytes);
     }
-    (bytes.div_ceil(4) as u64 + 3 * messages as u64).max(1)
+    (bytes.div_ceil(4) as u64 + 3 * messages).max(1)
 }
 
 fn text_bytes(v: &Value, total: &mut usize) {
@@ -57,7 +69,7 @@ fn text_bytes(v: &Value, total: &mut usize) {
     }
 }
 
-fn parse_object(body: &[u8]) -> Result<Value, Invalid> {
+pub(crate) fn parse_object(body: &[u8]) -> Result<Value, Invalid> {
     match serde_json::from_slice::<Value>(body) {
         Ok(v @ Value::Object(_)) => Ok(v),
         Ok(_) => Err("Malformed input request: the body must be a JSON object, please reformat your input and try again.".into()),
@@ -66,14 +78,14 @@ fn parse_object(body: &[u8]) -> Result<Value, Invalid> {
 }
 
 /// The value at a path of keys, if present and not null.
-fn at<'a>(body: &'a Value, path: &[&str]) -> Option<&'a Value> {
+pub(crate) fn at<'a>(body: &'a Value, path: &[&str]) -> Option<&'a Value> {
     path.iter()
         .try_fold(body, |v, k| v.get(k))
         .filter(|v| !v.is_null())
 }
 
 /// A positive integer at `path`, `Ok(None)` when absent.
-fn positive(body: &Value, path: &[&str], name: &str) -> Result<Option<u64>, Invalid> {
+pub(crate) fn positive(body: &Value, path: &[&str], name: &str) -> Result<Option<u64>, Invalid> {
     match at(body, path) {
         None => Ok(None),
         Some(v) => match v.as_u64() {
@@ -85,7 +97,8 @@ fn positive(body: &Value, path: &[&str], name: &str) -> Result<Option<u64>, Inva
     }
 }
 
-fn check_max(max_tokens: Option<u64>, model_max: u64) -> Result<Option<u64>, Invalid> {
+/// Refuses a maximum above the model's.
+pub(crate) fn check_max(max_tokens: Option<u64>, model_max: u64) -> Result<Option<u64>, Invalid> {
     match max_tokens {
         Some(n) if n > model_max => Err(format!(
             "The maximum tokens you requested exceeds the model limit of {model_max}. Try again with a maximum tokens value that is lower than {model_max}."
@@ -133,7 +146,26 @@ fn converse_value(v: &Value, model_max: u64) -> Result<Prompt, Invalid> {
     Ok(Prompt {
         input_tokens: input_tokens(v),
         max_tokens: check_max(max, model_max)?,
+        tier: converse_tier(v)?,
     })
+}
+
+/// `"serviceTier": {"type": "priority" | "default" | "flex" | "reserved"}`.
+fn converse_tier(v: &Value) -> Result<Option<Tier>, Invalid> {
+    let Some(tier) = at(v, &["serviceTier"]) else {
+        return Ok(None);
+    };
+    match tier.get("type").and_then(Value::as_str) {
+        Some(name) => Tier::parse(name).map(Some).map_err(|_| tier_error(name, "serviceTier.type")),
+        None => Err("1 validation error detected: Value null at 'serviceTier.type' failed to satisfy constraint: Member must not be null".into()),
+    }
+}
+
+/// Bedrock's message for a tier name outside the enum.
+pub fn tier_error(name: &str, at: &str) -> Invalid {
+    format!(
+        "1 validation error detected: Value '{name}' at '{at}' failed to satisfy constraint: Member must satisfy enum value set: [priority, default, flex, reserved]"
+    )
 }
 
 fn required(v: &Value, key: &str) -> Result<(), Invalid> {
@@ -195,6 +227,7 @@ pub fn invoke(family: Family, body: &[u8], model_max: u64) -> Result<Prompt, Inv
     Ok(Prompt {
         input_tokens: input_tokens(&v),
         max_tokens: check_max(max, model_max)?,
+        tier: None,
     })
 }
 
@@ -283,7 +316,8 @@ mod tests {
             invoke(Family::Llama, llama, 100).unwrap(),
             Prompt {
                 input_tokens: 6,
-                max_tokens: Some(5)
+                max_tokens: Some(5),
+                tier: None
             }
         );
         let anthropic = br#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":9,"messages":[{"role":"user","content":"hello world"}]}"#;
@@ -291,7 +325,8 @@ mod tests {
             invoke(Family::Anthropic, anthropic, 100).unwrap(),
             Prompt {
                 input_tokens: 6,
-                max_tokens: Some(9)
+                max_tokens: Some(9),
+                tier: None
             }
         );
         assert_eq!(input_tokens(&serde_json::json!({})), 1);
@@ -331,6 +366,29 @@ mod tests {
             invoke(Family::Generic, generic, 100).unwrap().max_tokens,
             Some(7)
         );
+    }
+
+    #[test]
+    fn converse_service_tier() {
+        let body = |tier: &str| {
+            format!(
+                r#"{{"messages":[{{"role":"user","content":[{{"text":"x"}}]}}],"serviceTier":{tier}}}"#
+            )
+        };
+        assert_eq!(
+            converse(body(r#"{"type":"flex"}"#).as_bytes(), 100)
+                .unwrap()
+                .tier,
+            Some(Tier::Flex)
+        );
+        let err = converse(body(r#"{"type":"gold"}"#).as_bytes(), 100).unwrap_err();
+        assert!(err.contains("Value 'gold' at 'serviceTier.type'"), "{err}");
+        assert!(
+            converse(body("{}").as_bytes(), 100)
+                .unwrap_err()
+                .contains("'serviceTier.type'")
+        );
+        assert_eq!(converse(body("null").as_bytes(), 100).unwrap().tier, None);
     }
 
     #[test]

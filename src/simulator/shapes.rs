@@ -1,10 +1,13 @@
 //! Response bodies and event-stream frames, in each operation's and model family's native shape.
+//! [`Framing`] is what a streamed answer of any API provides to the paced body
+//! ([`super::stream`]); the body-model APIs' SSE framings live in `apis`.
 
 use base64::Engine;
 use bytes::Bytes;
 use serde_json::{Value, json};
 
 use super::models::Family;
+use super::tier::Tier;
 use crate::bedrock::eventstream::event_frame;
 
 /// The facts of a finished (or planned) generation.
@@ -16,6 +19,8 @@ pub struct Usage<'a> {
     pub hit_max: bool,
     pub latency_ms: u64,
     pub first_byte_ms: u64,
+    /// The tier that served the call, echoed when the call named one.
+    pub tier: Option<Tier>,
 }
 
 impl Usage<'_> {
@@ -26,6 +31,11 @@ impl Usage<'_> {
             "invocationLatency": self.latency_ms,
             "firstByteLatency": self.first_byte_ms,
         })
+    }
+
+    /// Converse's `serviceTier` member, when there is a tier to echo.
+    fn service_tier(&self) -> Option<Value> {
+        self.tier.map(|t| json!({"type": t.name()}))
     }
 
     fn converse_stop(&self) -> &'static str {
@@ -39,14 +49,16 @@ impl Usage<'_> {
 
 /// The Converse response body.
 pub fn converse_body(text: &str, u: &Usage<'_>) -> Vec<u8> {
-    json!({
+    let mut v = json!({
         "output": {"message": {"role": "assistant", "content": [{"text": text}]}},
         "stopReason": u.converse_stop(),
         "usage": {"inputTokens": u.input, "outputTokens": u.output, "totalTokens": u.input + u.output},
         "metrics": {"latencyMs": u.latency_ms},
-    })
-    .to_string()
-    .into_bytes()
+    });
+    if let Some(tier) = u.service_tier() {
+        v["serviceTier"] = tier;
+    }
+    v.to_string().into_bytes()
 }
 
 /// The InvokeModel response body of a family.
@@ -104,7 +116,9 @@ pub enum StreamKind {
     Invoke(Family),
 }
 
-fn chunk(v: &Value) -> Bytes {
+/// A `chunk` event carrying `v` as base64 `bytes` (InvokeModelWithResponseStream and the
+/// bidirectional stream).
+pub(crate) fn chunk(v: &Value) -> Bytes {
     let b64 = base64::engine::general_purpose::STANDARD.encode(v.to_string());
     event_frame("chunk", json!({ "bytes": b64 }).to_string().as_bytes())
 }
@@ -113,10 +127,20 @@ fn event(kind: &str, v: &Value) -> Bytes {
     event_frame(kind, v.to_string().as_bytes())
 }
 
-impl StreamKind {
+/// The frames of a streamed answer: what comes before the first delta, each delta, and what
+/// follows the last (which carries the usage).
+pub trait Framing {
     /// Frames sent before the first delta.
-    pub fn prelude(self, u: &Usage<'_>, request_id: &str) -> Vec<Bytes> {
-        match self {
+    fn prelude(&self, u: &Usage<'_>, request_id: &str) -> Vec<Bytes>;
+    /// One delta carrying `text`; `so_far` tokens generated including it.
+    fn delta(&self, text: &str, so_far: u64, u: &Usage<'_>) -> Bytes;
+    /// Frames after the last delta; the last carries the usage.
+    fn epilogue(&self, u: &Usage<'_>) -> Vec<Bytes>;
+}
+
+impl Framing for StreamKind {
+    fn prelude(&self, u: &Usage<'_>, request_id: &str) -> Vec<Bytes> {
+        match *self {
             StreamKind::Converse => vec![event("messageStart", &json!({"role": "assistant"}))],
             StreamKind::Invoke(Family::Anthropic) => vec![
                 chunk(&json!({"type": "message_start", "message": {
@@ -135,9 +159,8 @@ impl StreamKind {
         }
     }
 
-    /// One delta carrying `text`; `so_far` tokens generated including it.
-    pub fn delta(self, text: &str, so_far: u64, u: &Usage<'_>) -> Bytes {
-        match self {
+    fn delta(&self, text: &str, so_far: u64, u: &Usage<'_>) -> Bytes {
+        match *self {
             StreamKind::Converse => event(
                 "contentBlockDelta",
                 &json!({"contentBlockIndex": 0, "delta": {"text": text}}),
@@ -159,22 +182,24 @@ impl StreamKind {
         }
     }
 
-    /// Frames after the last delta; the last carries the usage.
-    pub fn epilogue(self, u: &Usage<'_>) -> Vec<Bytes> {
+    fn epilogue(&self, u: &Usage<'_>) -> Vec<Bytes> {
         let metrics = u.metrics();
         let length = u.hit_max;
-        match self {
-            StreamKind::Converse => vec![
-                event("contentBlockStop", &json!({"contentBlockIndex": 0})),
-                event("messageStop", &json!({"stopReason": u.converse_stop()})),
-                event(
-                    "metadata",
-                    &json!({
-                        "usage": {"inputTokens": u.input, "outputTokens": u.output, "totalTokens": u.input + u.output},
-                        "metrics": {"latencyMs": u.latency_ms},
-                    }),
-                ),
-            ],
+        match *self {
+            StreamKind::Converse => {
+                let mut metadata = json!({
+                    "usage": {"inputTokens": u.input, "outputTokens": u.output, "totalTokens": u.input + u.output},
+                    "metrics": {"latencyMs": u.latency_ms},
+                });
+                if let Some(tier) = u.service_tier() {
+                    metadata["serviceTier"] = tier;
+                }
+                vec![
+                    event("contentBlockStop", &json!({"contentBlockIndex": 0})),
+                    event("messageStop", &json!({"stopReason": u.converse_stop()})),
+                    event("metadata", &metadata),
+                ]
+            }
             StreamKind::Invoke(Family::Anthropic) => vec![
                 chunk(&json!({"type": "content_block_stop", "index": 0})),
                 chunk(&json!({"type": "message_delta",

@@ -22,7 +22,7 @@ use tokio::time::{Instant, Sleep};
 use super::config::SimulatorConfig;
 use super::generate::{self, Fault};
 use super::quota::Reservation;
-use super::shapes::{StreamKind, Usage};
+use super::shapes::{Framing, Usage};
 
 /// Frames due at one moment.
 #[derive(Debug)]
@@ -36,7 +36,7 @@ pub struct Step {
 /// Lays out a stream's frames. `fault` shortens (cut) or delays (stall) it.
 pub fn steps(
     config: &SimulatorConfig,
-    kind: StreamKind,
+    kind: &dyn Framing,
     text: &str,
     usage: &Usage<'_>,
     request_id: &str,
@@ -197,6 +197,7 @@ impl Stream for Paced {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simulator::shapes::StreamKind;
     use futures_util::StreamExt;
 
     fn usage(output: u64) -> Usage<'static> {
@@ -207,6 +208,7 @@ mod tests {
             hit_max: false,
             latency_ms: 0,
             first_byte_ms: 0,
+            tier: None,
         }
     }
 
@@ -218,7 +220,7 @@ mod tests {
             ..SimulatorConfig::default()
         };
         let text = generate::text(1, 100);
-        let s = steps(&c, StreamKind::Converse, &text, &usage(100), "id", None);
+        let s = steps(&c, &StreamKind::Converse, &text, &usage(100), "id", None);
         assert_eq!(
             s.len(),
             20 + 1,
@@ -230,7 +232,7 @@ mod tests {
 
         let cut = steps(
             &c,
-            StreamKind::Converse,
+            &StreamKind::Converse,
             &text,
             &usage(100),
             "id",
@@ -239,7 +241,7 @@ mod tests {
         assert_eq!((cut.len(), cut[9].generated), (10, 50));
         let stall = steps(
             &c,
-            StreamKind::Converse,
+            &StreamKind::Converse,
             &text,
             &usage(100),
             "id",
@@ -258,7 +260,7 @@ mod tests {
         };
         let text = generate::text(1, 100);
         let start = Instant::now();
-        let s = steps(&c, StreamKind::Converse, &text, &usage(100), "id", None);
+        let s = steps(&c, &StreamKind::Converse, &text, &usage(100), "id", None);
         let items: Vec<_> = Paced::new(s, None, 100, false).collect().await;
         assert_eq!(items.len(), 21);
         assert!(items.iter().all(Result::is_ok));
@@ -266,7 +268,7 @@ mod tests {
 
         let s = steps(
             &c,
-            StreamKind::Converse,
+            &StreamKind::Converse,
             &text,
             &usage(100),
             "id",

@@ -1,5 +1,6 @@
-//! Forwarding to `bedrock-runtime`: SigV4 re-signing, the pooled client, header hygiene
-//! ([`headers`]), and the metered pass-through of responses ([`body`]).
+//! The transport to `bedrock-runtime`: header hygiene ([`headers`]), SigV4 re-signing
+//! ([`signer`]) and the pooled client. It knows nothing of quotas: the pipeline meters what comes
+//! back ([`crate::proxy::meter`]).
 //!
 //! The request body is forwarded byte for byte (never re-serialised, so fields this proxy does not
 //! know pass through untouched); the raw, percent-encoded path is forwarded unchanged and signed
@@ -7,7 +8,6 @@
 //! through frame by frame; nothing buffers a whole response. Errors never show the upstream
 //! URL's userinfo (config refuses it; [`redact_userinfo`] guards the messages anyway).
 
-pub mod body;
 pub mod headers;
 pub mod signer;
 
@@ -24,7 +24,6 @@ use hyper_util::{
 };
 use tokio_util::sync::CancellationToken;
 
-pub use body::MeteredBody;
 pub use signer::Signer;
 
 /// Why a request got no response from upstream.
@@ -206,81 +205,4 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
-}
-
-/// Characters left as they are in a modelId path segment; everything else is percent-encoded, as
-/// the SDKs do (`:` as `%3A`, `/` as `%2F`).
-const MODEL_ID_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
-
-/// The body of a CountTokens request for the model call `body`.
-fn count_tokens_body(
-    operation: crate::bedrock::Operation,
-    body: &Bytes,
-) -> Result<serde_json::Value, String> {
-    use base64::Engine;
-    if operation.is_converse() {
-        // Parsed here, not during admission: only count_tokens pools pay for the tree.
-        let json: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-        let mut converse = serde_json::Map::new();
-        for key in [
-            "messages",
-            "system",
-            "toolConfig",
-            "additionalModelRequestFields",
-        ] {
-            if let Some(v) = json.get(key) {
-                converse.insert(key.to_string(), v.clone());
-            }
-        }
-        Ok(serde_json::json!({ "input": { "converse": converse } }))
-    } else {
-        let encoded = base64::engine::general_purpose::STANDARD.encode(body);
-        Ok(serde_json::json!({ "input": { "invokeModel": { "body": encoded } } }))
-    }
-}
-
-#[async_trait::async_trait]
-impl crate::admission::InputCounter for Upstream {
-    async fn count_input_tokens(
-        &self,
-        model_id: &str,
-        operation: crate::bedrock::Operation,
-        body: &Bytes,
-    ) -> Result<u64, String> {
-        use http_body_util::BodyExt;
-        let path = format!(
-            "/model/{}/count-tokens",
-            percent_encoding::utf8_percent_encode(model_id, MODEL_ID_SEGMENT)
-        );
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        let request = Bytes::from(count_tokens_body(operation, body)?.to_string());
-        let response = self
-            .send(Method::POST, &path, &headers, request)
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = response.status();
-        let bytes = tokio::time::timeout(self.idle_timeout, response.into_body().collect())
-            .await
-            .map_err(|_| "CountTokens body timed out".to_string())?
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        if !status.is_success() {
-            return Err(format!(
-                "CountTokens answered {status}: {}",
-                String::from_utf8_lossy(&bytes)
-            ));
-        }
-        let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-        v.get("inputTokens")
-            .and_then(serde_json::Value::as_u64)
-            .ok_or_else(|| "CountTokens answer has no inputTokens".to_string())
-    }
 }

@@ -186,7 +186,7 @@ pub fn max_tokens(n: i32) -> InferenceConfiguration {
 pub async fn assert_ledger_zero(proxy: &Gateway) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let states = proxy.admission().pool_states().await;
+        let states = proxy.admission().pool_views().await;
         let busy: Vec<_> = states
             .iter()
             .filter_map(|p| {
@@ -299,4 +299,14 @@ pub fn model_path(model_id: &str, op: &str) -> String {
             .replace("%2D", "-")
             .replace("%5F", "_");
     format!("/model/{encoded}/{op}")
+}
+
+/// Requests `pool` has admitted on `proxy` and not settled yet.
+pub fn in_flight(proxy: &Gateway, pool: &str) -> u64 {
+    proxy
+        .admission()
+        .pools()
+        .iter()
+        .find(|p| &*p.name == pool)
+        .map_or(0, |p| p.load.in_flight())
 }

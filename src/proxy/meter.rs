@@ -1,4 +1,4 @@
-//! The response body on its way back to the client, metered as it passes.
+//! Step 5: the response body on its way back to the client, metered as it passes.
 //!
 //! Each frame from upstream is handed to the client as is. On the way, a [`UsageObserver`] reads
 //! it, and the request's reservation is settled the moment usage is known, not when the
@@ -13,9 +13,15 @@
 //! At shutdown, once the drain deadline passes ([`crate::server::ServeOptions::deadline`]), a
 //! response still in flight ends the same way, with a `serviceUnavailableException` frame for a
 //! stream, and settles by the `no_usage` rule.
+//!
+//! An admitted request travels as an [`InFlight`]: its [`Hold`] and its [`Observation`]. Every
+//! settlement goes through it, so what settled is observed once, whichever path settled it; if it
+//! is dropped unsettled (the client left while the proxy waited for upstream) it settles by the
+//! `abandoned` rule.
 
 use std::{
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll, ready},
     time::Duration,
 };
@@ -28,59 +34,143 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::{
-    admission::Admitted,
-    bedrock::{ErrorCode, UsageObserver, eventstream::exception_frame},
-    metrics::Metrics,
+    admission::{Hold, Pool, Settled},
+    bedrock::{ErrorCode, Usage, UsageObserver, eventstream::exception_frame},
+    observe::{Observation, Observer},
+    upstream::Upstream,
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Settles the reservation of a response in flight.
+/// An admitted request on its way: its reservation and its record. Every settlement goes
+/// through here and is observed once.
 #[derive(Debug)]
-struct Meter {
-    observer: UsageObserver,
-    admitted: Admitted,
+pub struct InFlight {
+    hold: Hold,
+    obs: Option<Observation>,
+    observer: Arc<Observer>,
+}
+
+impl InFlight {
+    pub fn new(hold: Hold, obs: Option<Observation>, observer: Arc<Observer>) -> InFlight {
+        InFlight {
+            hold,
+            obs,
+            observer,
+        }
+    }
+
+    pub fn hold(&self) -> &Hold {
+        &self.hold
+    }
+
+    /// The answer the client gets (upstream's head, or tokengate's own error).
+    pub fn answered(&mut self, status: http::StatusCode, headers: &http::HeaderMap) {
+        if let Some(obs) = self.obs.as_mut() {
+            obs.answered(status, headers);
+        }
+    }
+
+    fn observed(&mut self, settled: Option<Settled>) {
+        if let (Some(settled), Some(obs)) = (settled, self.obs.take()) {
+            self.observer.settled(obs, &settled);
+        }
+    }
+
+    pub fn settle_usage(&mut self, usage: &Usage) {
+        let settled = self.hold.settle_usage(usage);
+        self.observed(settled);
+    }
+
+    pub fn settle_not_charged(&mut self) {
+        let settled = self.hold.settle_not_charged();
+        self.observed(settled);
+    }
+
+    pub fn settle_without_usage(&mut self, output_seen: u64) {
+        let settled = self.hold.settle_without_usage(output_seen);
+        self.observed(settled);
+    }
+
+    pub fn settle_timeout(&mut self) {
+        let settled = self.hold.settle_timeout();
+        self.observed(settled);
+    }
+
+    fn first_byte(&mut self) {
+        if let Some(obs) = self.obs.as_mut() {
+            self.observer.first_byte(obs);
+        }
+    }
+
+    fn first_token(&mut self) {
+        if let Some(obs) = self.obs.as_mut() {
+            self.observer.first_token(obs);
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let settled = self.hold.settle_abandoned();
+        self.observed(settled);
+    }
+}
+
+/// Reads usage out of a response in flight and settles its reservation with it.
+#[derive(Debug)]
+pub struct Meter {
+    usage: UsageObserver,
+    in_flight: InFlight,
 }
 
 impl Meter {
+    pub fn new(usage: UsageObserver, in_flight: InFlight) -> Meter {
+        Meter { usage, in_flight }
+    }
+
     fn unsettled_output(&self) -> u64 {
-        self.observer.output_tokens_seen()
+        self.usage.output_tokens_seen()
     }
 
     /// Bytes passed to the client: settle the moment they carry usage.
     fn data(&mut self, data: &[u8]) {
-        self.admitted.first_byte();
-        let usage = self.observer.on_data(data);
+        self.in_flight.first_byte();
+        let usage = self.usage.on_data(data);
         // Generated content seen: a stream's first content event, any body bytes of a
         // non-streamed response.
-        let seen = self.observer.output_tokens_seen();
+        let seen = self.usage.output_tokens_seen();
         if seen > 0 {
-            self.admitted.first_token();
-            self.admitted.output_progress(seen);
+            self.in_flight.first_token();
+            self.in_flight.hold.output_progress(seen);
         }
         if let Some(usage) = usage {
-            self.admitted.settle_usage(&usage);
+            self.in_flight.settle_usage(&usage);
         }
     }
 
     /// The body ended cleanly: settle on its usage, or by the `no_usage` rule.
     fn end(&mut self) {
-        match self.observer.on_end() {
-            Some(usage) => self.admitted.settle_usage(&usage),
+        match self.usage.on_end() {
+            Some(usage) => self.in_flight.settle_usage(&usage),
             None => {
                 let seen = self.unsettled_output();
-                self.admitted.settle_without_usage(seen);
+                self.in_flight.settle_without_usage(seen);
             }
         }
+    }
+
+    fn cut(&mut self) {
+        let seen = self.unsettled_output();
+        self.in_flight.settle_without_usage(seen);
     }
 }
 
 impl Drop for Meter {
     /// The client went away (or the body was otherwise dropped) before usage arrived.
     fn drop(&mut self) {
-        if !self.admitted.is_settled() {
-            let seen = self.unsettled_output();
-            self.admitted.settle_without_usage(seen);
+        if !self.in_flight.hold.is_settled() {
+            self.cut();
         }
     }
 }
@@ -91,8 +181,8 @@ pin_project! {
         #[pin]
         inner: Incoming,
         meter: Option<Meter>,
-        metrics: std::sync::Arc<Metrics>,
-        pool: std::sync::Arc<str>,
+        observer: Arc<Observer>,
+        pool: Option<Arc<Pool>>,
         #[pin]
         idle: Sleep,
         idle_timeout: Duration,
@@ -119,18 +209,18 @@ impl MeteredBody {
     /// already settled).
     pub fn new(
         inner: Incoming,
-        metered: Option<(UsageObserver, Admitted)>,
-        metrics: std::sync::Arc<Metrics>,
-        pool: std::sync::Arc<str>,
-        upstream: &super::Upstream,
+        meter: Option<Meter>,
+        observer: Arc<Observer>,
+        pool: Option<Arc<Pool>>,
+        upstream: &Upstream,
         event_stream: bool,
     ) -> MeteredBody {
         let idle_timeout = upstream.idle_timeout;
         let deadline = upstream.deadline().clone();
         MeteredBody {
             inner,
-            meter: metered.map(|(observer, admitted)| Meter { observer, admitted }),
-            metrics,
+            meter,
+            observer,
             pool,
             idle: tokio::time::sleep(idle_timeout),
             idle_timeout,
@@ -232,17 +322,14 @@ impl Body for MeteredBody {
         // The response ends early: upstream failed, went quiet, or the drain deadline passed.
         *this.finished = true;
         let (code, message, kind) = failure.describe(*this.idle_timeout);
-        if let Some(kind) = kind {
-            this.metrics
-                .upstream_errors
-                .with_label_values(&[this.pool, kind])
-                .inc();
+        match kind {
+            Some(kind) => this
+                .observer
+                .upstream_error(this.pool.as_deref(), kind, &message),
+            None => tracing::warn!(failure = %message, "response ended early"),
         }
-        let kind = kind.unwrap_or("drain_deadline");
-        tracing::warn!(pool = %this.pool, failure = %message, kind, "response ended early");
         if let Some(meter) = this.meter.as_mut() {
-            let seen = meter.unsettled_output();
-            meter.admitted.settle_without_usage(seen);
+            meter.cut();
         }
         if *this.event_stream {
             Poll::Ready(Some(Ok(Frame::data(exception_frame(code, &message)))))

@@ -1,0 +1,235 @@
+//! What admission decided about one request: pure data.
+//!
+//! [`super::Admission::decide`] returns a [`Decision`]; nothing in it is HTTP, a metric or a log
+//! line. [`crate::answer`] maps every refusal to its Bedrock-shaped response (status, error type,
+//! message, retry hint headers) with one exhaustive `match`, and [`crate::observe`] records it.
+//! A retry hint is decided here, jittered, because when to come back is admission's call.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+
+use super::{Pool, hold::Hold};
+use crate::{bedrock::max_tokens::MaxTokensError, ledger::Limit};
+
+/// The outcome of admission for one request.
+#[derive(Debug)]
+pub enum Decision {
+    /// Reserved in a pool: forward it, and settle through its [`Hold`].
+    Admit(Admitted),
+    /// Forward without a reservation.
+    Pass(Pass),
+    /// Does not fit now: 429 `ThrottlingException` with a retry hint.
+    Throttle(Throttle),
+    /// Larger than the pool can ever hold: 400, saying what would fit.
+    NeverFits(NeverFits),
+    /// The caller's route may not call this model: 403.
+    NotAllowed(NotAllowed),
+    /// Admission cannot read what it needs from the request: 400.
+    Invalid(Invalid),
+    /// The model is in no pool, and unknown models are refused: 400.
+    UnknownModel { model: String },
+    /// Admission could not decide, or is shutting down: 503 with a retry hint.
+    Unavailable(Unavailable),
+}
+
+impl Decision {
+    /// The pool the request was decided in, if any.
+    pub fn pool(&self) -> Option<&Arc<Pool>> {
+        match self {
+            Decision::Admit(a) => Some(a.hold.pool()),
+            Decision::Pass(Pass::Shadow { pool, .. }) => pool.as_ref(),
+            Decision::Pass(_) | Decision::UnknownModel { .. } => None,
+            Decision::Throttle(t) => Some(&t.pool),
+            Decision::NeverFits(n) => Some(&n.pool),
+            Decision::NotAllowed(n) => n.pool.as_ref(),
+            Decision::Invalid(i) => i.pool.as_ref(),
+            Decision::Unavailable(u) => Some(&u.pool),
+        }
+    }
+}
+
+/// An admitted request.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The reservation, until settled.
+    pub hold: Hold,
+    /// The body to forward instead of the caller's (maxTokens rewritten to the route's ceiling).
+    pub body: Option<Bytes>,
+    /// Lowered to the route's `max_tokens_ceiling`.
+    pub clamped: bool,
+    /// How long it waited in the pool's queue, if it did.
+    pub queued_for: Option<Duration>,
+    /// An SDK retry admitted into the pool's retry reserve (its route's recovery budget).
+    pub recovered: bool,
+    /// Exact counting (`input_estimate = "count_tokens"`) failed and the estimate was used.
+    pub count_tokens_failed: Option<String>,
+}
+
+/// Why a request is forwarded without a reservation.
+#[derive(Debug, Clone)]
+pub enum Pass {
+    /// The operation spends no quota (CountTokens, guardrails, async job queries), or names no
+    /// model.
+    NotMetered,
+    /// A model in no pool, under `unknown_models = "pass"`.
+    UnknownModel,
+    /// Shadow mode: enforcement would have refused it for `reason` (in `pool`; `None` for a
+    /// model in no pool that a shadow route's allow-list does not hold).
+    Shadow {
+        pool: Option<Arc<Pool>>,
+        reason: ShadowReason,
+    },
+}
+
+/// What shadow mode waived; the `reason` label of `tokengate_shadow_rejections_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShadowReason {
+    Limit(Limit),
+    NeverFits,
+    NotAllowed,
+    MaxTokensCeiling,
+    LedgerError,
+}
+
+impl ShadowReason {
+    pub const ALL: [ShadowReason; 8] = [
+        ShadowReason::Limit(Limit::Tokens),
+        ShadowReason::Limit(Limit::Requests),
+        ShadowReason::Limit(Limit::Concurrency),
+        ShadowReason::Limit(Limit::Share),
+        ShadowReason::NeverFits,
+        ShadowReason::NotAllowed,
+        ShadowReason::MaxTokensCeiling,
+        ShadowReason::LedgerError,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            ShadowReason::Limit(limit) => limit.label(),
+            ShadowReason::NeverFits => "never_fits",
+            ShadowReason::NotAllowed => "not_allowed",
+            ShadowReason::MaxTokensCeiling => "max_tokens_ceiling",
+            ShadowReason::LedgerError => "ledger_error",
+        }
+    }
+}
+
+/// A request that does not fit now.
+#[derive(Debug, Clone)]
+pub struct Throttle {
+    pub pool: Arc<Pool>,
+    /// The limit that bound.
+    pub limit: Limit,
+    pub why: ThrottleWhy,
+    /// When to come back: projected from the ledger, jittered, within `max_retry_hint`.
+    pub hint: Duration,
+}
+
+impl Throttle {
+    /// The `x-tokengate-reason` value and the `reason` label of `tokengate_rejections_total`.
+    pub fn reason(&self) -> &'static str {
+        match self.why {
+            ThrottleWhy::Queue(QueueRefusal::Full) => "queue_full",
+            _ => self.limit.label(),
+        }
+    }
+}
+
+/// Why a throttled request was not held until it fit.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ThrottleWhy {
+    /// Refused at once (the pool has no queue).
+    NoRoom {
+        /// Tokens this request reserves.
+        reserving: u64,
+        /// Tokens the bucket held for it.
+        available: u64,
+        in_flight: u32,
+    },
+    /// The admission queue would not hold it, or could not admit it in time.
+    Queue(QueueRefusal),
+}
+
+/// Why the admission queue turned a request away.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QueueRefusal {
+    /// The queue is at `max_queue`.
+    Full,
+    /// Its projected wait is longer than the pool's `max_wait`.
+    ProjectedTooLong,
+    /// It waited `max_wait` without room appearing.
+    TimedOut { waited: Duration },
+}
+
+/// A reservation larger than the pool's whole bucket.
+#[derive(Debug, Clone)]
+pub struct NeverFits {
+    pub pool: Arc<Pool>,
+    pub reserving: u64,
+    pub input: u64,
+    pub max_tokens: u64,
+    /// The most the pool holds.
+    pub capacity: u64,
+}
+
+/// A route calling a model it may not.
+#[derive(Debug, Clone)]
+pub struct NotAllowed {
+    /// The model's pool; `None` for a model in no pool (on no allow-list).
+    pub pool: Option<Arc<Pool>>,
+    pub route: Arc<str>,
+    pub model: String,
+}
+
+/// A request admission cannot read, or a `maxTokens` its route refuses.
+#[derive(Debug)]
+pub struct Invalid {
+    /// `None` when the request never reached a pool.
+    pub pool: Option<Arc<Pool>>,
+    pub problem: Problem,
+}
+
+/// What is wrong with a request.
+#[derive(Debug, thiserror::Error)]
+pub enum Problem {
+    #[error("the request body is not valid JSON ({error}); {operation} needs a JSON body")]
+    NotJson {
+        operation: &'static str,
+        error: String,
+    },
+    #[error("the request body must be a JSON object for {operation}")]
+    NotObject { operation: &'static str },
+    #[error(transparent)]
+    MaxTokens(#[from] MaxTokensError),
+    #[error(
+        "maxTokens {max_tokens} is above the ceiling of {ceiling} that tokengate route {route:?} allows; set maxTokens to at most {ceiling}"
+    )]
+    AboveCeiling {
+        max_tokens: u64,
+        ceiling: u64,
+        route: Arc<str>,
+    },
+    #[error("maxTokens cannot be limited to the route's ceiling of {ceiling}: {reason}")]
+    CannotClamp { ceiling: u64, reason: String },
+}
+
+/// Admission could not decide.
+#[derive(Debug, Clone)]
+pub struct Unavailable {
+    pub pool: Arc<Pool>,
+    pub cause: Unavailability,
+    pub hint: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unavailability {
+    /// The quota ledger failed.
+    Ledger {
+        backend: &'static str,
+        /// What failed, naming the operation and the pool.
+        error: String,
+    },
+    /// tokengate is shutting down; a queued request is answered at once.
+    ShuttingDown { waited: Option<Duration> },
+}

@@ -1,0 +1,235 @@
+//! Taking a reservation: at once when it fits, through the pool's queue when it soon will, and
+//! the refusal (with its retry hint) when it will not.
+
+use std::{sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use rand::{SeedableRng, rngs::SmallRng};
+
+use super::{
+    Admission, Admitted, Caller, Decision, Estimate, Hold, NeverFits, Pool, ShadowReason, Throttle,
+    ThrottleWhy, Unavailability, Unavailable, hint,
+};
+use crate::ledger::{Decision as Verdict, LedgerError, Rejection, Reservation, ReserveRequest};
+
+/// What admission prepared before reserving: the estimate and the body to forward.
+#[derive(Debug)]
+pub(super) struct Prepared<'a> {
+    pub estimate: Estimate,
+    /// The model id as the pool's config lists it (the maxTokens-advice slot).
+    pub configured_model: &'a str,
+    /// The body rewritten to the route's ceiling, if it was.
+    pub body: Option<Bytes>,
+    /// Why exact input counting failed, if it did.
+    pub count_tokens_failed: Option<String>,
+}
+
+/// A reservation taken, and how long the request waited in the queue for it.
+#[derive(Debug)]
+pub(super) struct Granted {
+    pub reservation: Reservation,
+    pub queued_for: Option<Duration>,
+}
+
+impl Admission {
+    /// Reserves `estimate` in `pool`: at once, or after waiting in the pool's queue.
+    pub(super) async fn reserve(
+        &self,
+        pool: &Arc<Pool>,
+        estimate: Estimate,
+        caller: &Caller,
+    ) -> Result<Granted, Decision> {
+        let tokens = estimate.reservation();
+        if !pool.config.can_ever_hold(tokens) {
+            return Err(self.never_fits(pool, &estimate));
+        }
+        // While requests wait in this pool, newcomers queue behind them instead of taking the
+        // capacity freed for them.
+        let queue_busy = pool.queue.enabled() && !pool.queue.is_empty();
+        let rejection = if queue_busy {
+            None
+        } else {
+            match self.try_reserve(pool, tokens, caller).await {
+                Ok(Verdict::Admitted(reservation)) => {
+                    return Ok(Granted {
+                        reservation,
+                        queued_for: None,
+                    });
+                }
+                Ok(Verdict::Rejected(rejection)) => Some(rejection),
+                Err(e) => return Err(self.ledger_unavailable(pool, &e)),
+            }
+        };
+        let outcome = match (&rejection, pool.queue.enabled()) {
+            (Some(rejection), false) => Err(self.throttle(pool, rejection, tokens)),
+            _ => {
+                self.wait_in_queue(pool, tokens, rejection.as_ref(), caller)
+                    .await
+            }
+        };
+        if outcome.is_err()
+            && let Some(slot) = pool.shares.slot(&caller.route.name)
+        {
+            pool.shares.counts(slot).rejected();
+        }
+        outcome
+    }
+
+    /// Shadow mode: decide at once (no queueing) and take the reservation when it fits, so the
+    /// ledger sees the real load; when it does not, say what enforcement would have done.
+    pub(super) async fn reserve_shadow(
+        &self,
+        pool: &Arc<Pool>,
+        estimate: Estimate,
+        caller: &Caller,
+    ) -> Result<Granted, Decision> {
+        let waived = |reason| {
+            Decision::Pass(super::Pass::Shadow {
+                pool: Some(pool.clone()),
+                reason,
+            })
+        };
+        if !pool.config.can_ever_hold(estimate.reservation()) {
+            return Err(waived(ShadowReason::NeverFits));
+        }
+        match self.try_reserve(pool, estimate.reservation(), caller).await {
+            Ok(Verdict::Admitted(reservation)) => Ok(Granted {
+                reservation,
+                queued_for: None,
+            }),
+            Ok(Verdict::Rejected(rejection)) => Err(waived(ShadowReason::Limit(rejection.limit))),
+            Err(_) => Err(waived(ShadowReason::LedgerError)),
+        }
+    }
+
+    /// One ledger decision with the pool's current limits.
+    pub(crate) async fn try_reserve(
+        &self,
+        pool: &Pool,
+        tokens: u64,
+        caller: &Caller,
+    ) -> Result<Verdict, LedgerError> {
+        self.ledger
+            .reserve(&ReserveRequest {
+                pool: &pool.name,
+                limits: pool.limits(),
+                tokens,
+                share: pool.shares.request(&caller.route.name, caller.retry),
+                hold_back: pool.pending_excess(),
+            })
+            .await
+    }
+
+    /// The admitted request, holding `granted` until it settles.
+    pub(super) fn admitted(
+        &self,
+        pool: &Arc<Pool>,
+        granted: Granted,
+        prepared: Prepared<'_>,
+        caller: &Caller,
+    ) -> Admitted {
+        let Granted {
+            reservation,
+            queued_for,
+        } = granted;
+        let Prepared {
+            estimate,
+            configured_model,
+            body,
+            count_tokens_failed,
+        } = prepared;
+        pool.counts
+            .admitted
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let route = pool.shares.slot(&caller.route.name);
+        let recovered = reservation.share().is_some_and(|s| s.recovered);
+        if let (Some(slot), true) = (route, recovered) {
+            pool.shares.counts(slot).recovered();
+        }
+        let hold = Hold::new(
+            pool.clone(),
+            self.ledger.clone(),
+            reservation,
+            estimate,
+            pool.advice.slot(configured_model),
+            route,
+        );
+        Admitted {
+            hold,
+            clamped: body.is_some(),
+            body,
+            queued_for,
+            recovered,
+            count_tokens_failed,
+        }
+    }
+
+    /// A reservation above the pool's whole bucket would be refused forever.
+    fn never_fits(&self, pool: &Arc<Pool>, estimate: &Estimate) -> Decision {
+        pool.counts
+            .never_fits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Decision::NeverFits(NeverFits {
+            pool: pool.clone(),
+            reserving: estimate.reservation(),
+            input: estimate.input,
+            max_tokens: estimate.max_tokens,
+            capacity: pool.config.usable_tokens_per_minute(),
+        })
+    }
+
+    /// The 429 for a request that does not fit now and will not wait.
+    pub(super) fn throttle(
+        &self,
+        pool: &Arc<Pool>,
+        rejection: &Rejection,
+        tokens: u64,
+    ) -> Decision {
+        pool.counts.rejected(rejection.limit);
+        let wait = hint::projected_wait(rejection, pool.history(), self.config.max_retry_hint);
+        Decision::Throttle(Throttle {
+            pool: pool.clone(),
+            limit: rejection.limit,
+            why: ThrottleWhy::NoRoom {
+                reserving: tokens,
+                available: tokens.saturating_sub(rejection.token_deficit),
+                in_flight: rejection.in_flight_requests,
+            },
+            hint: self.hint(wait),
+        })
+    }
+
+    /// The ledger failed: a 503 the SDKs retry.
+    pub(super) fn ledger_unavailable(&self, pool: &Arc<Pool>, e: &LedgerError) -> Decision {
+        self.unavailable(
+            pool,
+            Unavailability::Ledger {
+                backend: e.backend,
+                error: e.to_string(),
+            },
+        )
+    }
+
+    pub(super) fn unavailable(&self, pool: &Arc<Pool>, cause: Unavailability) -> Decision {
+        Decision::Unavailable(Unavailable {
+            pool: pool.clone(),
+            cause,
+            hint: self.hint(hint::UNAVAILABLE_WAIT),
+        })
+    }
+
+    /// A jittered retry hint around `wait`, within `max_retry_hint`.
+    pub fn hint(&self, wait: Duration) -> Duration {
+        let mut rng = SmallRng::from_rng(&mut rand::rng());
+        hint::jittered(wait, self.config.max_retry_hint, &mut rng)
+    }
+
+    /// Upstream throttled a request this proxy admitted in `pool` (other traffic shares the
+    /// account quota): the pool's limit shrinks. Returns the hint to pass on: about half a
+    /// typical request, at least a second, jittered.
+    pub fn upstream_throttled(&self, pool: &Pool) -> Duration {
+        pool.upstream_throttled();
+        let wait = (pool.history().typical_duration / 2).max(hint::UNAVAILABLE_WAIT);
+        self.hint(wait)
+    }
+}

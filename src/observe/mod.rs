@@ -1,0 +1,402 @@
+//! Recording what happened: every request's metrics and its access-log line, in one place.
+//!
+//! The pipeline carries an [`Observation`] through the request (arrival, target, route,
+//! verdict, answer, first byte and token) and hands each event to the policy's [`Observer`]:
+//! [`Observer::decided`] when admission decided, [`Observer::settled`] when an admitted request
+//! settled, [`Observer::finished`] when any other request was answered. Metrics are only written
+//! here, never read back; what code needs to know lives in atomics owned by the pools, queues
+//! and the ledger, and [`publish`] copies it into gauges when `/metrics` is read.
+
+pub mod access_log;
+pub mod publish;
+pub mod series;
+pub mod timed;
+
+use std::{sync::Arc, time::Duration};
+
+use http::{HeaderMap, HeaderValue, StatusCode};
+use tokio::time::Instant;
+
+use crate::{
+    admission::{
+        Admission, Admitted, Decision, Pass, Pool, QueueRefusal, Settled, Throttle, ThrottleWhy,
+        Unavailability,
+    },
+    bedrock::{Operation, error::X_AMZN_REQUEST_ID},
+    metrics::{Metrics, NO_POOL},
+};
+pub use access_log::Verdict;
+use series::PoolSeries;
+
+/// One request's record, filled in as it goes, consumed when its line is written.
+#[derive(Debug)]
+pub struct Observation {
+    arrived: Instant,
+    operation: Option<Operation>,
+    model: Option<String>,
+    route: Option<Arc<str>>,
+    pool: Option<Arc<Pool>>,
+    /// The route's slot in the pool, once admitted.
+    route_slot: Option<usize>,
+    verdict: Option<Verdict>,
+    status: Option<u16>,
+    request_id: Option<HeaderValue>,
+    admitted_at: Option<Instant>,
+    first_byte: Option<Instant>,
+    first_token: Option<Instant>,
+}
+
+impl Observation {
+    /// A record for a request that arrived now.
+    pub fn start() -> Observation {
+        Observation {
+            arrived: Instant::now(),
+            operation: None,
+            model: None,
+            route: None,
+            pool: None,
+            route_slot: None,
+            verdict: None,
+            status: None,
+            request_id: None,
+            admitted_at: None,
+            first_byte: None,
+            first_token: None,
+        }
+    }
+
+    pub fn target(&mut self, operation: Operation, model: Option<&str>) {
+        self.operation = Some(operation);
+        self.model = model.map(str::to_string);
+    }
+
+    /// The route the caller identified as.
+    pub fn route(&mut self, route: &Arc<str>) {
+        self.route = Some(route.clone());
+    }
+
+    /// The request was answered before admission decided (bad path, credentials or body).
+    pub fn refused(&mut self, verdict: Verdict) {
+        self.verdict = Some(verdict);
+    }
+
+    /// The answer the client gets: its status and request id.
+    pub fn answered(&mut self, status: StatusCode, headers: &HeaderMap) {
+        self.status = Some(status.as_u16());
+        if let Some(id) = headers.get(X_AMZN_REQUEST_ID) {
+            self.request_id = Some(id.clone());
+        }
+    }
+
+    pub fn pool(&self) -> Option<&Arc<Pool>> {
+        self.pool.as_ref()
+    }
+
+    fn pool_name(&self) -> Option<&str> {
+        self.pool.as_ref().map(|p| &*p.name)
+    }
+
+    fn request_id(&self) -> Option<&str> {
+        self.request_id.as_ref().and_then(|v| v.to_str().ok())
+    }
+
+    fn operation_label(&self) -> &'static str {
+        self.operation.map_or("unknown", Operation::name)
+    }
+}
+
+/// Writes what requests of one policy generation did into the metrics and the access log.
+#[derive(Debug)]
+pub struct Observer {
+    metrics: Arc<Metrics>,
+    /// By pool id.
+    pools: Vec<PoolSeries>,
+}
+
+impl Observer {
+    /// Resolves the series of every pool and route of `admission`.
+    pub fn new(metrics: Arc<Metrics>, admission: &Admission) -> Observer {
+        let pools = series::for_policy(&metrics, admission);
+        Observer { metrics, pools }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    fn series(&self, pool: &Pool) -> Option<&PoolSeries> {
+        self.pools.get(pool.id)
+    }
+
+    /// Admission decided: count it, and note what the access log needs.
+    pub fn decided(&self, obs: &mut Observation, decision: &Decision) {
+        obs.pool = decision.pool().cloned();
+        let m = &self.metrics;
+        let op = obs.operation_label();
+        let route = obs.route.clone().unwrap_or_else(|| Arc::from(""));
+        let count = |pool: &str, outcome: &str| {
+            m.requests.with_label_values(&[pool, op, outcome]).inc();
+        };
+        let count_route = |pool: &Pool, outcome: &str| {
+            m.route_requests
+                .with_label_values(&[&pool.name, &route, outcome])
+                .inc();
+        };
+        match decision {
+            Decision::Admit(admitted) => self.admitted(obs, admitted),
+            Decision::Pass(Pass::NotMetered) => {
+                obs.verdict = Some(Verdict::Passthrough);
+                count(NO_POOL, "passthrough");
+            }
+            Decision::Pass(Pass::UnknownModel) => {
+                obs.verdict = Some(Verdict::Passthrough);
+                count(NO_POOL, "unknown_model_passed");
+            }
+            Decision::Pass(Pass::Shadow { pool, reason }) => {
+                obs.verdict = Some(Verdict::Passthrough);
+                let name = pool.as_ref().map_or(NO_POOL, |p| &p.name);
+                count(name, "passthrough");
+                m.shadow_rejections
+                    .with_label_values(&[name, &route, reason.label()])
+                    .inc();
+                if let Some(pool) = pool {
+                    count_route(pool, "shadow_rejected");
+                }
+            }
+            Decision::Throttle(throttle) => self.throttled(obs, throttle),
+            Decision::NeverFits(n) => {
+                obs.verdict = Some(Verdict::Invalid);
+                count(&n.pool.name, "invalid");
+                m.rejections
+                    .with_label_values(&[&n.pool.name, "never_fits"])
+                    .inc();
+            }
+            Decision::NotAllowed(n) => {
+                obs.verdict = Some(Verdict::Invalid);
+                count(n.pool.as_ref().map_or(NO_POOL, |p| &p.name), "not_allowed");
+                if let Some(pool) = &n.pool {
+                    count_route(pool, "not_allowed");
+                }
+            }
+            Decision::Invalid(invalid) => {
+                obs.verdict = Some(Verdict::Invalid);
+                let pool = invalid.pool.as_ref();
+                count(pool.map_or(NO_POOL, |p| &p.name), "invalid");
+                if let Some(pool) = pool {
+                    count_route(pool, "invalid");
+                }
+            }
+            Decision::UnknownModel { .. } => {
+                obs.verdict = Some(Verdict::Invalid);
+                count(NO_POOL, "unknown_model");
+            }
+            Decision::Unavailable(u) => self.unavailable(obs, u),
+        }
+    }
+
+    fn admitted(&self, obs: &mut Observation, admitted: &Admitted) {
+        let hold = &admitted.hold;
+        obs.admitted_at = Some(Instant::now());
+        obs.route_slot = hold.route().map(|r| r.index());
+        obs.verdict = Some(match admitted.queued_for {
+            Some(_) => Verdict::QueuedThenAdmitted,
+            None => Verdict::Admitted,
+        });
+        let pool = hold.pool();
+        if let Some(e) = &admitted.count_tokens_failed {
+            self.metrics
+                .upstream_errors
+                .with_label_values(&[&pool.name, "count_tokens"])
+                .inc();
+            tracing::warn!(pool = %pool.name, error = %e, "CountTokens failed; using the calibrated estimate");
+        }
+        let Some(s) = self.series(pool) else { return };
+        if let Some(op) = obs.operation {
+            s.operation(op).admitted.inc();
+        }
+        s.reserved_tokens_total.inc_by(hold.reserved());
+        if let Some(waited) = admitted.queued_for {
+            self.queue_outcome(pool, s, "admitted", Some(waited));
+        }
+        if let Some(route) = obs.route_slot.and_then(|i| s.route(i)) {
+            route.admitted.inc();
+            if admitted.recovered {
+                route.recovery_admissions.inc();
+            }
+            if admitted.clamped {
+                route.max_tokens_clamped.inc();
+            }
+        }
+    }
+
+    fn throttled(&self, obs: &mut Observation, throttle: &Throttle) {
+        obs.verdict = Some(Verdict::Rejected);
+        let pool = &throttle.pool;
+        self.metrics
+            .rejections
+            .with_label_values(&[&pool.name, throttle.reason()])
+            .inc();
+        self.count_rejected(obs, pool);
+        let Some(s) = self.series(pool) else { return };
+        s.retry_hint.observe(throttle.hint.as_secs_f64());
+        if let ThrottleWhy::Queue(QueueRefusal::TimedOut { waited }) = throttle.why {
+            self.queue_outcome(pool, s, "timed_out", Some(waited));
+        }
+    }
+
+    fn unavailable(&self, obs: &mut Observation, u: &crate::admission::Unavailable) {
+        obs.verdict = Some(Verdict::Unavailable);
+        let pool = &u.pool;
+        match &u.cause {
+            Unavailability::Ledger { backend, error } => {
+                self.metrics
+                    .ledger_errors
+                    .with_label_values(&[backend])
+                    .inc();
+                self.metrics
+                    .requests
+                    .with_label_values(&[&pool.name, obs.operation_label(), "ledger_error"])
+                    .inc();
+                tracing::error!(error = %error, pool = %pool.name, "ledger unavailable");
+            }
+            Unavailability::ShuttingDown { waited } => {
+                self.count_rejected(obs, pool);
+                if let (Some(s), Some(waited)) = (self.series(pool), waited) {
+                    self.queue_outcome(pool, s, "shutdown", Some(*waited));
+                }
+            }
+        }
+        if let Some(s) = self.series(pool) {
+            s.retry_hint.observe(u.hint.as_secs_f64());
+        }
+    }
+
+    /// A refusal that counts as `rejected` for the pool, the operation and the route.
+    fn count_rejected(&self, obs: &Observation, pool: &Pool) {
+        let Some(s) = self.series(pool) else { return };
+        if let Some(op) = obs.operation {
+            s.operation(op).rejected.inc();
+        }
+        let route = obs.route.as_deref().and_then(|r| pool.shares.slot(r));
+        if let Some(route) = route.and_then(|slot| s.route(slot.index())) {
+            route.rejected.inc();
+        }
+    }
+
+    fn queue_outcome(&self, pool: &Pool, s: &PoolSeries, outcome: &str, waited: Option<Duration>) {
+        self.metrics
+            .queue_outcomes
+            .with_label_values(&[&pool.name, outcome])
+            .inc();
+        if let Some(w) = waited {
+            s.queue_wait.observe(w.as_secs_f64());
+        }
+    }
+
+    /// The first bytes of an admitted request's response body.
+    pub fn first_byte(&self, obs: &mut Observation) {
+        if obs.first_byte.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        obs.first_byte = Some(now);
+        self.time_since_admission(obs, now, |o| &o.time_to_first_byte);
+    }
+
+    /// The first generated content (a stream's first content event, or any body bytes).
+    pub fn first_token(&self, obs: &mut Observation) {
+        if obs.first_token.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        obs.first_token = Some(now);
+        self.time_since_admission(obs, now, |o| &o.time_to_first_token);
+    }
+
+    fn time_since_admission(
+        &self,
+        obs: &Observation,
+        now: Instant,
+        histogram: impl Fn(&series::OperationSeries) -> &prometheus::Histogram,
+    ) {
+        let (Some(pool), Some(op), Some(at)) = (&obs.pool, obs.operation, obs.admitted_at) else {
+            return;
+        };
+        if let Some(s) = self.series(pool) {
+            histogram(s.operation(op)).observe(now.duration_since(at).as_secs_f64());
+        }
+    }
+
+    /// An admitted request settled: its charge and usage, and its access-log line.
+    pub fn settled(&self, obs: Observation, settled: &Settled) {
+        if let Some(s) = obs.pool.as_deref().and_then(|p| self.series(p)) {
+            record_settlement(s, &obs, settled);
+        }
+        access_log::settled(&obs, settled);
+    }
+
+    /// A request that was not admitted was answered (or its client left): its line.
+    pub fn finished(&self, obs: Observation) {
+        access_log::unadmitted(&obs);
+    }
+
+    /// Upstream answered an admitted or passed request with `status`.
+    pub fn upstream_response(&self, pool: Option<&Pool>, status: StatusCode) {
+        let pool = pool.map_or(NO_POOL, |p| &p.name);
+        self.metrics
+            .upstream_responses
+            .with_label_values(&[pool, status.as_str()])
+            .inc();
+    }
+
+    /// Upstream failed without a response, or mid-response.
+    pub fn upstream_error(&self, pool: Option<&Pool>, kind: &str, error: &dyn std::fmt::Display) {
+        let pool = pool.map_or(NO_POOL, |p| &p.name);
+        self.metrics
+            .upstream_errors
+            .with_label_values(&[pool, kind])
+            .inc();
+        tracing::warn!(pool, kind, %error, "upstream request failed");
+    }
+
+    /// Upstream throttled a request admitted in `pool`; its limit shrank.
+    pub fn upstream_throttled(&self, pool: &Pool, hint: Duration) {
+        self.metrics
+            .upstream_throttles
+            .with_label_values(&[&pool.name])
+            .inc();
+        if let Some(s) = self.series(pool) {
+            s.retry_hint.observe(hint.as_secs_f64());
+        }
+    }
+}
+
+fn record_settlement(s: &PoolSeries, obs: &Observation, settled: &Settled) {
+    s.settlement(settled.rule).inc();
+    s.charged_tokens.inc_by(settled.charge);
+    if let Some(op) = obs.operation {
+        s.operation(op)
+            .request_duration
+            .observe(settled.elapsed.as_secs_f64());
+    }
+    if let Some(route) = obs.route_slot.and_then(|i| s.route(i)) {
+        route.charged_tokens.inc_by(settled.charge);
+    }
+    let Some(usage) = settled.usage else { return };
+    s.input_tokens.inc_by(usage.input_tokens);
+    s.output_tokens.inc_by(usage.output_tokens);
+    s.cache_read_tokens.inc_by(usage.cache_read_input_tokens);
+    s.cache_write_tokens.inc_by(usage.cache_write_input_tokens);
+    if settled.charge > 0 {
+        s.over_reservation_ratio
+            .observe(settled.reserved as f64 / settled.charge as f64);
+    }
+    let prompt = usage
+        .input_tokens
+        .saturating_add(usage.cache_read_input_tokens)
+        .saturating_add(usage.cache_write_input_tokens);
+    s.input_tokens_per_request.observe(prompt as f64);
+    s.output_tokens_per_request
+        .observe(usage.output_tokens as f64);
+    s.requested_max_tokens.observe(settled.max_tokens as f64);
+}

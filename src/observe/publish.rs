@@ -1,0 +1,88 @@
+//! What `/metrics` copies from live state at each scrape: gauges of what pools, queues, routes
+//! and the ledger hold now, the maxTokens advice, and counts kept by their owners (queue
+//! cancellations, reservations dropped unsettled). Computing them here, when read, keeps the
+//! request path free of it.
+
+use crate::{
+    admission::{Admission, PoolView},
+    ledger::{Ledger, LedgerMode},
+    metrics::{Metrics, Publication},
+};
+
+use super::Observer;
+
+/// Publications of counts the ledger keeps, which outlive policy reloads (as the ledger does).
+#[derive(Debug, Default)]
+pub struct LedgerPublications {
+    unsettled: Publication,
+}
+
+impl Observer {
+    /// Copies the state of every pool of `admission` (`views`, read from it just now).
+    pub fn publish_pools(&self, admission: &Admission, views: &[PoolView]) {
+        let m = &self.metrics;
+        for (pool, view) in admission.pools().iter().zip(views) {
+            let Some(s) = self.series(pool) else { continue };
+            if let Some(ledger) = &view.ledger {
+                m.tokens_available
+                    .with_label_values(&[&*pool.name])
+                    .set(ledger.tokens_available as f64);
+            }
+            s.effective_tokens_per_minute
+                .set(view.effective_tokens_per_minute as f64);
+            s.calibration_ratio
+                .set(view.learned.input_calibration_ratio);
+            s.reserved_tokens
+                .set(i64::try_from(pool.load.reserved_tokens()).unwrap_or(i64::MAX));
+            s.inflight_requests
+                .set(i64::try_from(pool.load.in_flight()).unwrap_or(i64::MAX));
+            m.queue_depth
+                .with_label_values(&[&*pool.name])
+                .set(i64::try_from(pool.queue.depth()).unwrap_or(i64::MAX));
+            s.queue_cancelled.publish(
+                &m.queue_outcomes
+                    .with_label_values(&[&*pool.name, "cancelled"]),
+                pool.queue.cancelled(),
+            );
+            for (route, series) in view.routes.iter().zip(s.routes()) {
+                series.reserved_tokens.set(route.reserved_tokens);
+            }
+            self.publish_advice(&pool.name, view);
+        }
+    }
+
+    /// The maxTokens advice as `{pool,model}` gauges.
+    fn publish_advice(&self, pool: &str, view: &PoolView) {
+        let m = &self.metrics;
+        for a in &view.max_tokens_advice {
+            let labels = [pool, a.model.as_str()];
+            let gauge = |g: &prometheus::IntGaugeVec, v: u64| {
+                g.with_label_values(&labels)
+                    .set(i64::try_from(v).unwrap_or(i64::MAX));
+            };
+            gauge(&m.output_tokens_p99, a.p99_output);
+            gauge(&m.requested_max_tokens_p99, a.p99_requested_max_tokens);
+            if let Some(s) = a.suggested_max_tokens {
+                gauge(&m.suggested_max_tokens, s);
+            }
+            m.max_tokens_unused_ratio
+                .with_label_values(&labels)
+                .set(a.reserved_but_unused_share);
+        }
+    }
+}
+
+/// The ledger's mode and the reservations it saw dropped unsettled.
+pub fn ledger(metrics: &Metrics, ledger: &dyn Ledger, published: &LedgerPublications) {
+    let mode = ledger.mode();
+    for m in LedgerMode::ALL {
+        metrics
+            .ledger_mode
+            .with_label_values(&[m.label()])
+            .set(i64::from(m == mode));
+    }
+    published.unsettled.publish(
+        &metrics.unsettled_reservations,
+        crate::ledger::unsettled_drops(),
+    );
+}

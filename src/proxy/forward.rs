@@ -1,0 +1,143 @@
+//! Step 4: forward an admitted (or passed) request upstream, and turn upstream's answer into the
+//! client's: the response head passed on (hop-by-hop headers removed, those its `Connection`
+//! names too), an upstream throttle
+//! passed on with a hint and fed back to the pool, no answer turned into a retryable 503; the
+//! reservation settled by the rule that applies ([`crate::admission::hold`]).
+
+use std::sync::Arc;
+
+use axum::{body::Body, response::Response};
+use http::{StatusCode, header, request::Parts};
+
+use super::meter::{InFlight, Meter, MeteredBody};
+use crate::{
+    admission::{Admitted, hint},
+    answer,
+    bedrock::{ErrorCode, Operation, UsageObserver, eventstream, usage::ResponseKind},
+    observe::Observation,
+    state::{AppState, Policy},
+    upstream::{UpstreamError, headers::strip_hop_by_hop},
+};
+
+/// The request to send upstream.
+#[derive(Debug)]
+pub struct Outgoing<'a> {
+    pub parts: &'a Parts,
+    /// The headers to send, chosen already ([`crate::upstream::headers::Api::forwarded`]).
+    pub headers: http::HeaderMap,
+    pub operation: Operation,
+    /// The caller's body (replaced by admission's rewrite, if it made one).
+    pub body: bytes::Bytes,
+}
+
+/// Forwards `request`; an `admitted` request takes `obs` along, to be written at settlement.
+pub async fn forward(
+    state: &AppState,
+    policy: &Arc<Policy>,
+    request: Outgoing<'_>,
+    admitted: Option<Admitted>,
+    obs: &mut Option<Observation>,
+) -> Response {
+    let mut body = request.body;
+    let mut in_flight = admitted.map(|admitted| {
+        if let Some(rewritten) = admitted.body {
+            body = rewritten;
+        }
+        InFlight::new(admitted.hold, obs.take(), policy.observer.clone())
+    });
+    let parts = request.parts;
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or(parts.uri.path(), |p| p.as_str());
+    let sent = state
+        .upstream
+        .send(parts.method.clone(), path_and_query, &request.headers, body)
+        .await;
+    let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
+    let response = match sent {
+        Ok(response) => response,
+        Err(e) => return unreachable(policy, in_flight, &e),
+    };
+    let status = response.status();
+    policy.observer.upstream_response(pool.as_deref(), status);
+    let (mut head, incoming) = response.into_parts();
+    strip_hop_by_hop(&mut head.headers);
+    let event_stream = head.headers.get(header::CONTENT_TYPE).is_some_and(|v| {
+        v.as_bytes()
+            .starts_with(eventstream::CONTENT_TYPE.as_bytes())
+    });
+    if event_stream {
+        head.headers.remove(header::CONTENT_LENGTH);
+    }
+    let meter = match in_flight.take() {
+        Some(mut f) if !status.is_success() => {
+            refused(policy, &mut f, &mut head.headers, status);
+            None
+        }
+        Some(mut f) => {
+            f.answered(status, &head.headers);
+            ResponseKind::for_operation(request.operation).map(|kind| {
+                let mut usage = UsageObserver::new(kind);
+                if let Some(u) = usage.on_headers(&head.headers) {
+                    f.settle_usage(&u);
+                }
+                Meter::new(usage, f)
+            })
+        }
+        None => None,
+    };
+    let body = MeteredBody::new(
+        incoming,
+        meter,
+        policy.observer.clone(),
+        pool,
+        &state.upstream,
+        event_stream,
+    );
+    Response::from_parts(head, Body::new(body))
+}
+
+/// Upstream answered an admitted request with an error status: nothing is charged; a throttle
+/// shrinks the pool and is passed on with a hint.
+fn refused(
+    policy: &Policy,
+    in_flight: &mut InFlight,
+    headers: &mut http::HeaderMap,
+    status: StatusCode,
+) {
+    let throttled = status == StatusCode::TOO_MANY_REQUESTS
+        && headers
+            .get(crate::bedrock::error::X_AMZN_ERROR_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(ErrorCode::from_name)
+            .is_some_and(|c| c == ErrorCode::Throttling);
+    if throttled {
+        let pool = in_flight.hold().pool().clone();
+        let hint = policy.admission.upstream_throttled(&pool);
+        policy.observer.upstream_throttled(&pool, hint);
+        answer::upstream_throttled(headers, hint);
+    }
+    in_flight.answered(status, headers);
+    in_flight.settle_not_charged();
+}
+
+/// No response from upstream: a retryable 503, settled by the rule for the failure.
+fn unreachable(policy: &Policy, in_flight: Option<InFlight>, error: &UpstreamError) -> Response {
+    let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
+    policy
+        .observer
+        .upstream_error(pool.as_deref(), error.kind(), error);
+    let Some(mut in_flight) = in_flight else {
+        return answer::upstream_unreachable(error, None, hint::UNAVAILABLE_WAIT);
+    };
+    let hint = policy.admission.hint(hint::UNAVAILABLE_WAIT);
+    let response = answer::upstream_unreachable(error, pool.as_deref().map(|p| &*p.name), hint);
+    in_flight.answered(response.status(), response.headers());
+    match error {
+        // No answer yet, but the request may be running upstream: charge the reservation.
+        UpstreamError::Timeout(_) | UpstreamError::ShuttingDown => in_flight.settle_timeout(),
+        _ => in_flight.settle_not_charged(),
+    }
+    response
+}

@@ -1,0 +1,60 @@
+//! What every request handler shares: the reloadable [`Policy`] and the process-wide parts that
+//! outlive reloads (the upstream client, metrics, readiness).
+
+use std::sync::{Arc, atomic::AtomicBool};
+
+use arc_swap::ArcSwap;
+use prometheus::Registry;
+
+use crate::{
+    admission::Admission, auth::Authenticator, metrics::Metrics, observe::Observer,
+    observe::publish::LedgerPublications, upstream::Upstream,
+};
+
+/// What a config reload replaces: pools, routes, who may call, and the metric series that go
+/// with them. A request loads it once, at its start, and keeps that generation to the end (its
+/// reservation settles in the same ledger whatever was reloaded meanwhile).
+#[derive(Debug)]
+pub struct Policy {
+    pub admission: Arc<Admission>,
+    pub auth: Arc<Authenticator>,
+    pub observer: Arc<Observer>,
+}
+
+impl Policy {
+    /// Assembles a policy: the observer resolves the series of the admission's pools and routes.
+    pub fn new(admission: Admission, auth: Authenticator, metrics: Arc<Metrics>) -> Policy {
+        let observer = Observer::new(metrics, &admission);
+        Policy {
+            admission: Arc::new(admission),
+            auth: Arc::new(auth),
+            observer: Arc::new(observer),
+        }
+    }
+}
+
+/// Everything a request handler needs.
+#[derive(Debug)]
+pub struct AppState {
+    pub policy: ArcSwap<Policy>,
+    pub upstream: Arc<Upstream>,
+    pub metrics: Arc<Metrics>,
+    pub registry: Registry,
+    /// Counts the ledger keeps, published at each scrape.
+    pub ledger_publications: LedgerPublications,
+    pub max_body_bytes: usize,
+    /// How long a request body may take to arrive (`server.body_read_timeout_secs`).
+    pub body_read_timeout: std::time::Duration,
+    /// False until started, and again once draining.
+    pub ready: Arc<AtomicBool>,
+    /// The calls turned away recently, whose SDK retries may use the retry reserve. Kept across
+    /// reloads.
+    pub rejections: crate::admission::retries::RecentRejections,
+}
+
+impl AppState {
+    /// The policy in force now.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy.load_full()
+    }
+}
