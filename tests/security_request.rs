@@ -10,12 +10,13 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use aws_credential_types::Credentials;
-use aws_sigv4::{
-    http_request::{SignableBody, SignableRequest, SigningSettings, sign},
-    sign::v4::SigningParams,
+use aws_sigv4::http_request::SigningSettings;
+use common::{
+    signing::{Signing, signed_headers},
+    tap::Tap,
+    wire::read_head,
+    *,
 };
-use common::{tap::Tap, wire::read_head, *};
 use tokio::{io::AsyncWriteExt, net::TcpStream};
 
 const FAST_SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\n";
@@ -29,31 +30,12 @@ fn sigv4_route(extra: &str) -> String {
     )
 }
 
-/// How a test signs a raw request.
-struct Signing<'a> {
-    key_id: &'a str,
-    secret: &'a str,
-    region: &'a str,
-    service: &'a str,
-    at: SystemTime,
-    settings: SigningSettings,
+/// Signing with the triage route's key pair.
+fn triage() -> Signing<'static> {
+    Signing::new(KEY_ID, SECRET)
 }
 
-impl Default for Signing<'_> {
-    fn default() -> Self {
-        Signing {
-            key_id: KEY_ID,
-            secret: SECRET,
-            region: "us-east-1",
-            service: "bedrock",
-            at: SystemTime::now(),
-            settings: SigningSettings::default(),
-        }
-    }
-}
-
-/// The headers of a POST of `body` to `path` on `addr`, signed as `aws-sigv4` (every AWS SDK's
-/// signer) signs it: `host`, `content-type: application/json`, `headers`, and the signature.
+/// The headers of a POST to the proxy at `addr`, signed by `s`.
 fn signed(
     s: Signing<'_>,
     addr: SocketAddr,
@@ -61,38 +43,7 @@ fn signed(
     body: &[u8],
     headers: &[(&str, &str)],
 ) -> Vec<(String, String)> {
-    let identity = Credentials::new(s.key_id, s.secret, None, None, "tests").into();
-    let params = SigningParams::builder()
-        .identity(&identity)
-        .region(s.region)
-        .name(s.service)
-        .time(s.at)
-        .settings(s.settings)
-        .build()
-        .expect("params")
-        .into();
-    let host = addr.to_string();
-    let mut base = vec![
-        ("host", host.as_str()),
-        ("content-type", "application/json"),
-    ];
-    base.extend_from_slice(headers);
-    let request = SignableRequest::new(
-        "POST",
-        format!("http://{addr}{path}"),
-        base.iter().copied(),
-        SignableBody::Bytes(body),
-    )
-    .expect("signable");
-    let (instructions, _) = sign(request, &params).expect("sign").into_parts();
-    base.iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .chain(
-            instructions
-                .headers()
-                .map(|(k, v)| (k.to_string(), v.to_string())),
-        )
-        .collect()
+    signed_headers(s, &addr.to_string(), path, body, headers)
 }
 
 /// An HTTP/1.1 request written as raw bytes: `headers` as given, then `content-length` and the
@@ -152,7 +103,7 @@ async fn sigv4_callers_are_refused_from_the_head_before_any_body_byte() {
             "a key the proxy never issued",
             head_only(Signing {
                 key_id: "AKIANOTISSUED0000001",
-                ..Signing::default()
+                ..triage()
             }),
             "unrecognizedclientexception",
         ),
@@ -160,7 +111,7 @@ async fn sigv4_callers_are_refused_from_the_head_before_any_body_byte() {
             "a Region the proxy does not serve",
             head_only(Signing {
                 region: "eu-west-3",
-                ..Signing::default()
+                ..triage()
             }),
             "accessdeniedexception",
         ),
@@ -168,7 +119,7 @@ async fn sigv4_callers_are_refused_from_the_head_before_any_body_byte() {
             "another service's scope",
             head_only(Signing {
                 service: "s3",
-                ..Signing::default()
+                ..triage()
             }),
             "accessdeniedexception",
         ),
@@ -176,7 +127,7 @@ async fn sigv4_callers_are_refused_from_the_head_before_any_body_byte() {
             "host left unsigned",
             head_only(Signing {
                 settings: no_host,
-                ..Signing::default()
+                ..triage()
             }),
             "accessdeniedexception",
         ),
@@ -184,7 +135,7 @@ async fn sigv4_callers_are_refused_from_the_head_before_any_body_byte() {
             "signed ten minutes ago",
             head_only(Signing {
                 at: SystemTime::now() - Duration::from_secs(600),
-                ..Signing::default()
+                ..triage()
             }),
             "accessdeniedexception",
         ),
@@ -469,7 +420,7 @@ async fn a_sigv4_caller_s_unsigned_headers_never_go_upstream() {
     let path = model_path(SONNET_US, "converse");
     let body = converse_body("[sim:output=5] hi", Some(10));
     let mut headers = signed(
-        Signing::default(),
+        triage(),
         addr,
         &path,
         body.as_bytes(),
