@@ -368,8 +368,9 @@ impl Config {
             raw.routes,
             &pools,
             &admission.application_profiles,
-            server.tls.is_some(),
-            &|var| std::env::var(var).ok(),
+            &server,
+            &upstream,
+            env,
         )?;
         Ok(Config {
             server,
@@ -537,10 +538,21 @@ fn validate_upstream(raw: raw::RawUpstream) -> Result<UpstreamConfig, ConfigErro
         None => Endpoint::Aws,
         Some("simulated") => Endpoint::Simulated,
         Some(url) => {
+            // Never echo what may be a password.
+            let shown = crate::upstream::redact_userinfo(url);
             let uri: Uri = url
                 .parse()
-                .map_err(|_| invalid("upstream.endpoint", format!("{url:?} is not a URL")))?;
+                .map_err(|_| invalid("upstream.endpoint", format!("{shown:?} is not a URL")))?;
             match (uri.scheme_str(), uri.authority()) {
+                (_, Some(authority)) if authority.as_str().contains('@') => {
+                    return Err(invalid(
+                        "upstream.endpoint",
+                        format!(
+                            "{shown:?} carries credentials (user:password@): tokengate signs upstream requests \
+                             with its own AWS credentials (SigV4) and never sends these; write the URL without them"
+                        ),
+                    ));
+                }
                 (Some("http" | "https"), Some(_)) if uri.path() == "/" || uri.path().is_empty() => {
                     Endpoint::Url(uri)
                 }
@@ -548,7 +560,7 @@ fn validate_upstream(raw: raw::RawUpstream) -> Result<UpstreamConfig, ConfigErro
                     return Err(invalid(
                         "upstream.endpoint",
                         format!(
-                            "{url:?}: write \"simulated\" or a base URL such as \"http://127.0.0.1:9000\" (no path)"
+                            "{shown:?}: write \"simulated\" or a base URL such as \"http://127.0.0.1:9000\" (no path)"
                         ),
                     ));
                 }

@@ -5,6 +5,8 @@
 pub mod fleet;
 pub mod redis_server;
 pub mod scrape;
+pub mod signing;
+pub mod tap;
 pub mod wire;
 
 use std::{net::SocketAddr, time::Duration};
