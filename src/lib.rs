@@ -22,8 +22,9 @@
 //! | [`simulator`] | a faithful stand-in for `bedrock-runtime` with Bedrock's own quota arithmetic |
 //! | [`app`] | the axum router and the layer stack, in one place |
 //! | [`proxy`] | the life of a proxied request: admit, forward, meter |
+//! | [`body_budget`] | the bytes of request bodies held in memory, bounded for all requests together |
 //! | [`gateway`] | assembling a running proxy from a config |
-//! | [`server`] | the listener: HTTP/1.1 and h2c on one port, optional TLS, graceful shutdown |
+//! | [`server`] | the listener: HTTP/1.1 and h2c on one port, optional TLS, the connection cap, timeouts and header limits, graceful shutdown |
 //! | [`healthcheck`] | `tokengate healthcheck`: the container image's probe (no shell, no curl) |
 
 pub mod access_log;
@@ -31,6 +32,7 @@ pub mod admission;
 pub mod app;
 pub mod auth;
 pub mod bedrock;
+pub mod body_budget;
 pub mod config;
 pub mod gateway;
 pub mod healthcheck;

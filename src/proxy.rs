@@ -60,13 +60,16 @@ async fn forward(
     }
     // A client that sends a head and then trickles (or stalls) its body holds a connection but
     // never a reservation; it gets an answer when the body is overdue.
+    // The bytes carry their charge of the body budget until the last clone is dropped.
     let read = tokio::time::timeout(
         state.body_read_timeout,
-        axum::body::to_bytes(body, state.max_body_bytes),
+        state
+            .body_budget
+            .read(body, &parts.headers, state.max_body_bytes),
     );
     let body = match read.await {
         Ok(Ok(b)) => b,
-        Ok(Err(e)) => return body_error(&e, state.max_body_bytes).into_response(),
+        Ok(Err(e)) => return e.into_bedrock().into_response(),
         Err(_) => {
             return BedrockError::validation(format!(
                 "the request body did not arrive within {} s, the limit set by [server] body_read_timeout_secs; send the whole body at once",
@@ -271,18 +274,5 @@ fn target_error(e: TargetError) -> BedrockError {
                 "{e}; send the modelId percent-encoded once, as the AWS SDKs do (':' as %3A, '/' as %2F)"
             ))
         }
-    }
-}
-
-fn body_error(e: &axum::Error, limit: usize) -> BedrockError {
-    let too_large = std::error::Error::source(e)
-        .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-        || e.to_string().contains("length limit");
-    if too_large {
-        BedrockError::validation(format!(
-            "the request body is larger than {limit} bytes, the limit set by [server] max_body_bytes; send a smaller body"
-        ))
-    } else {
-        BedrockError::validation(format!("the request body could not be read: {e}"))
     }
 }
