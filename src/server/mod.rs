@@ -1,89 +1,125 @@
 //! The listener: HTTP/1.1 and HTTP/2 (h2c prior knowledge, or ALPN `h2` over TLS) on one port,
-//! served by hyper-util's auto builder, with graceful shutdown.
+//! served by hyper-util's auto builder, with what a client may hold bounded, and graceful
+//! shutdown.
 //!
 //! Tests own the socket: they bind `127.0.0.1:0`, read the address, and pass the listener in.
 //!
-//! # Slow and idle clients
-//! A connection must send its first byte (or finish its TLS handshake) and every request head
-//! within `header_read_timeout`; an HTTP/1.1 keep-alive connection idle that long is closed.
-//! Request bodies are bounded where they are read ([`crate::proxy`]).
+//! # What a client can hold
+//! Every limit below is also listed in SECURITY.md, with its default.
+//! - **Connections**: at most `max_connections` open; at the cap the oldest idle one is closed to
+//!   make room, and a newcomer is refused only when none is idle ([`registry`]). The cap is
+//!   lowered to what the file descriptor limit allows ([`fd_limit`]).
+//! - **Time**: the first request (TLS handshake and HTTP/2 preface included) and each HTTP/1.1
+//!   head within `header_read_timeout`; no request in flight for `idle_timeout` closes a connection
+//!   of either protocol ([`connection`]). HTTP/2 connections are pinged every
+//!   `h2_keep_alive_interval` they stay silent, and closed when a ping goes unanswered for
+//!   `h2_keep_alive_timeout`, so a peer that vanished mid-stream does not hold its streams.
+//! - **Heads**: header fields and bytes are bounded, with a Bedrock-shaped answer ([`service`]).
+//! - **Streams**: at most `h2_max_concurrent_streams` per HTTP/2 connection; more are refused
+//!   with `RST_STREAM(REFUSED_STREAM)`, which clients retry.
+//! - **Bodies**: bounded where they are read ([`crate::body_budget`], [`crate::proxy`]).
 //!
 //! # Shutdown
 //! The server stops accepting at once and lets open connections finish their in-flight requests
-//! up to `drain`. At that deadline it cancels [`ServeOptions::deadline`]: every response still in
-//! flight ends (a stream with an exception frame), settles, and gets a moment to flush; then
-//! whatever is left is closed.
+//! up to `drain` (idle ones close gracefully at once). At that deadline it cancels
+//! [`ServeOptions::deadline`]: every response still in flight ends (a stream with an exception
+//! frame), settles, and gets a moment to flush; then whatever is left is closed.
 
-use std::{future::Future, io, path::Path, sync::Arc, time::Duration};
+mod connection;
+pub mod fd_limit;
+mod registry;
+mod service;
+mod tls;
 
+use std::{future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
+
+use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::{conn::auto, graceful::GracefulShutdown},
-    service::TowerToHyperService,
+    server::conn::auto,
 };
-use tokio::net::TcpListener;
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::TcpListener,
+};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-/// Largest request head (request line and headers) accepted; larger answers 431.
-const MAX_HEADER_BYTES: usize = 64 * 1024;
+use crate::metrics::ListenerMetrics;
+use connection::{Expiry, Timeouts, TrackedIo};
+use registry::{Connections, Slot};
+use service::ConnService;
+pub use service::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
+pub use tls::{TlsError, tls_acceptor};
 
-/// Builds a TLS acceptor offering `h2` and `http/1.1` from PEM certificate chain and key files.
-pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
-    let certs = CertificateDer::pem_file_iter(cert)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| TlsError(format!("server.tls_cert {}: {e}", cert.display())))?;
-    if certs.is_empty() {
-        return Err(TlsError(format!(
-            "server.tls_cert {}: no certificate found",
-            cert.display()
-        )));
-    }
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| TlsError(format!("server.tls_key {}: {e}", key.display())))?;
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError(e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| TlsError(format!("server.tls_cert/tls_key: {e}")))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(config)))
-}
+/// The connection cap of the admin listener (probes and scrapes need a handful).
+pub const ADMIN_MAX_CONNECTIONS: usize = 64;
 
-/// The TLS certificate or key could not be loaded.
-#[derive(Debug, thiserror::Error)]
-#[error("TLS: {0}")]
-pub struct TlsError(String);
-
-/// How the server treats slow clients, and how it shuts down.
+/// How the server treats clients, and how it shuts down.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// How long a connection may take to send its first byte (or finish its TLS handshake), and
-    /// each request head; an idle HTTP/1.1 keep-alive connection is closed after it too.
+    /// How long a connection may take to send its first request (TLS handshake and HTTP/2
+    /// preface included), and each HTTP/1.1 request head from its first byte.
     pub header_read_timeout: Duration,
+    /// How long a connection may stay open with no request in flight.
+    pub idle_timeout: Duration,
+    /// Open connections at most (see [`registry`]).
+    pub max_connections: usize,
+    pub h2_max_concurrent_streams: u32,
+    pub h2_keep_alive_interval: Duration,
+    pub h2_keep_alive_timeout: Duration,
     /// Once shutdown starts, how long in-flight requests and streams may finish.
     pub drain: Duration,
     /// Cancelled when the drain deadline passes: responses still in flight end at once (a stream
     /// with an exception frame, see [`crate::upstream::body`]) and settle.
     pub deadline: CancellationToken,
+    /// This listener's connection metrics, if it reports any.
+    pub metrics: Option<ListenerMetrics>,
 }
 
+/// The defaults of `[server]`, without a connection cap (the simulator's listener); the proxy
+/// passes its configured values.
 impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             header_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: usize::MAX,
+            h2_max_concurrent_streams: 100,
+            h2_keep_alive_interval: Duration::from_secs(30),
+            h2_keep_alive_timeout: Duration::from_secs(20),
             drain: Duration::from_secs(30),
             deadline: CancellationToken::new(),
+            metrics: None,
         }
     }
 }
 
 /// After the drain deadline, how long responses that were told to end may take to flush theirs.
 const FLUSH_AFTER_DEADLINE: Duration = Duration::from_secs(2);
+
+/// hyper's connection settings for `options`.
+fn builder(options: &ServeOptions) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .max_buf_size(service::HYPER_MAX_HEAD_BYTES)
+        .max_headers(service::HYPER_MAX_HEADER_FIELDS)
+        .keep_alive(true)
+        .timer(TokioTimer::new())
+        // Head and idle timeouts are the connection task's (hyper's would close an idle
+        // keep-alive connection at the header timeout).
+        .header_read_timeout(None);
+    builder
+        .http2()
+        .max_header_list_size(service::HYPER_MAX_HEAD_BYTES as u32)
+        .max_concurrent_streams(options.h2_max_concurrent_streams)
+        .keep_alive_interval(options.h2_keep_alive_interval)
+        .keep_alive_timeout(options.h2_keep_alive_timeout)
+        .timer(TokioTimer::new());
+    builder
+}
 
 /// Serves `service` on `listener` until `shutdown` resolves, then drains (see [`ServeOptions`]).
 ///
@@ -103,23 +139,16 @@ where
         + 'static,
     S::Future: Send + 'static,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .max_buf_size(MAX_HEADER_BYTES.max(8192))
-        .keep_alive(true)
-        .timer(TokioTimer::new())
-        .header_read_timeout(options.header_read_timeout);
-    builder
-        .http2()
-        .max_header_list_size(MAX_HEADER_BYTES as u32);
-    let builder = Arc::new(builder);
-    let first_byte = options.header_read_timeout;
+    let builder = Arc::new(builder(&options));
+    let connections = Connections::new(options.max_connections, options.metrics.clone());
+    let timeouts = Timeouts {
+        header: options.header_read_timeout,
+        idle: options.idle_timeout,
+    };
+    let drain = CancellationToken::new();
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -134,63 +163,156 @@ where
             },
             () = &mut shutdown => break,
         };
+        let Some(slot) = connections.admit() else {
+            tracing::debug!(%peer, "at server.max_connections with none idle; connection refused");
+            continue;
+        };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(service.clone());
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
+        let task = Task {
+            slot,
+            peer,
+            timeouts,
+            drain: drain.clone(),
+            builder: builder.clone(),
+        };
+        let service = service.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            // hyper's header timeout starts once it knows the protocol, which takes a first byte
-            // (or a TLS handshake): a client that connects and says nothing is closed here.
-            let result = match tls {
-                None => {
-                    match tokio::time::timeout(first_byte, stream.peek(&mut [0u8; 1])).await {
-                        Ok(Ok(n)) if n > 0 => {}
-                        Ok(_) => return,
-                        Err(_) => {
-                            tracing::debug!(%peer, "no request within the header read timeout; closing");
-                            return;
-                        }
-                    }
-                    let conn =
-                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-                    watcher.watch(conn.into_owned()).await
-                }
+            match tls {
+                None => task.serve(stream, service).await,
                 Some(acceptor) => {
-                    match tokio::time::timeout(first_byte, acceptor.accept(stream)).await {
-                        Ok(Ok(tls_stream)) => {
-                            let conn = builder
-                                .serve_connection_with_upgrades(TokioIo::new(tls_stream), service);
-                            watcher.watch(conn.into_owned()).await
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "TLS handshake not done within the header read timeout");
-                            return;
-                        }
+                    if let Some(tls_stream) = task.handshake(&acceptor, stream).await {
+                        task.serve(tls_stream, service).await;
                     }
                 }
-            };
-            if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "connection closed with error");
             }
         });
     }
     drop(listener);
-    let drained = graceful.shutdown();
-    tokio::pin!(drained);
+    drain.cancel();
     tokio::select! {
-        () = &mut drained => {}
+        () = connections.emptied() => {}
         () = tokio::time::sleep(options.drain) => {
             tracing::warn!(drain_secs = options.drain.as_secs_f64(), "drain deadline passed; ending the responses still in flight");
             options.deadline.cancel();
-            if tokio::time::timeout(FLUSH_AFTER_DEADLINE, &mut drained).await.is_err() {
+            if tokio::time::timeout(FLUSH_AFTER_DEADLINE, connections.emptied()).await.is_err() {
                 tracing::warn!("connections still open after the drain deadline; closing them");
+                connections.close_all();
             }
         }
     }
     Ok(())
+}
+
+/// One accepted connection's serving task.
+struct Task {
+    slot: Slot,
+    peer: SocketAddr,
+    timeouts: Timeouts,
+    drain: CancellationToken,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+}
+
+impl Task {
+    fn count(&self, expiry: Expiry) {
+        let Some(m) = self.slot.metrics() else {
+            return;
+        };
+        match expiry {
+            Expiry::FirstRequest => m.first_request_timeouts.inc(),
+            Expiry::Header => m.header_timeouts.inc(),
+            Expiry::Idle => m.idle_timeouts.inc(),
+            Expiry::CloseGrace => {}
+        }
+    }
+
+    /// The TLS handshake, within the first request's deadline; `None` if it failed.
+    async fn handshake<I>(
+        &self,
+        acceptor: &TlsAcceptor,
+        stream: I,
+    ) -> Option<tokio_rustls::server::TlsStream<I>>
+    where
+        I: AsyncRead + AsyncWrite + Unpin,
+    {
+        let deadline = self.slot.activity.accepted() + self.timeouts.header;
+        let peer = self.peer;
+        tokio::select! {
+            done = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => match done {
+                Ok(Ok(tls_stream)) => Some(tls_stream),
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    None
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake not done within the header read timeout");
+                    self.count(Expiry::FirstRequest);
+                    None
+                }
+            },
+            () = self.slot.close.cancelled() => None,
+        }
+    }
+
+    /// Serves the connection until it ends, a timeout passes, or it is told to close.
+    async fn serve<I, S, B>(self, io: I, service: S)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        S: tower::Service<http::Request<Incoming>, Response = http::Response<B>>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let activity = self.slot.activity.clone();
+        let io = TokioIo::new(TrackedIo::new(io, activity.clone()));
+        let conn = self
+            .builder
+            .serve_connection_with_upgrades(io, ConnService::new(service, activity.clone()));
+        tokio::pin!(conn);
+        let peer = self.peer;
+        let mut closing = None;
+        loop {
+            let changed = activity.changed();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let due = match closing {
+                Some(at) => activity.close_deadline(at),
+                None => activity.next_deadline(&self.timeouts),
+            };
+            let expiry = async {
+                match due {
+                    Some((at, _)) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(%peer, error = %e, "connection closed with error");
+                    }
+                    return;
+                }
+                () = changed => {}
+                () = expiry => {
+                    let Some((_, kind)) = due else { continue };
+                    self.count(kind);
+                    if kind != Expiry::Idle {
+                        tracing::debug!(%peer, ?kind, "connection timed out; closing");
+                        return;
+                    }
+                    conn.as_mut().graceful_shutdown();
+                    closing = Some(tokio::time::Instant::now());
+                }
+                () = self.slot.close.cancelled() => return,
+                () = self.drain.cancelled(), if closing.is_none() => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = Some(tokio::time::Instant::now());
+                }
+            }
+        }
+    }
 }
