@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fleet;
+pub mod h2raw;
 pub mod redis_server;
 pub mod scrape;
 pub mod wire;
@@ -209,6 +210,19 @@ pub async fn assert_ledger_zero(proxy: &Gateway) {
         0,
         "a reservation was dropped unsettled"
     );
+}
+
+/// Polls `condition` every 10 ms for up to `within` (a bound against hangs, not a timing
+/// assertion).
+pub async fn eventually(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// A plain HTTP response, for tests that speak raw HTTP.
