@@ -51,9 +51,9 @@ const DEFAULT_MAX_BUFFERED_BODY: u64 = 256 * 1024 * 1024;
 const DEFAULT_HEADER_READ_TIMEOUT_SECS: u64 = 30;
 const DEFAULT_BODY_READ_TIMEOUT_SECS: u64 = 60;
 const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 60;
-/// Far above what the applications of one sidecar or gateway replica open, far below what
-/// file descriptors and memory allow (an idle HTTP/2 connection holds about 20 KiB).
-const DEFAULT_MAX_CONNECTIONS: u64 = 1024;
+/// Room for the 2,000 open streams a 128 MiB sidecar holds (see README, Sizing), with idle pooled
+/// connections beside them; idle connections at the cap cost tens of MiB (see SECURITY.md).
+const DEFAULT_MAX_CONNECTIONS: u64 = 4096;
 /// The value most HTTP/2 servers advertise (RFC 9113 recommends at least 100).
 const DEFAULT_H2_MAX_CONCURRENT_STREAMS: u64 = 100;
 const DEFAULT_H2_KEEP_ALIVE_INTERVAL_SECS: u64 = 30;
@@ -183,7 +183,7 @@ mod tests {
     fn listener_limits_have_defaults() {
         let s = server("").expect("defaults");
         assert_eq!(s.max_buffered_body_bytes, 256 * 1024 * 1024);
-        assert_eq!(s.max_connections, 1024);
+        assert_eq!(s.max_connections, 4096);
         assert_eq!(s.h2_max_concurrent_streams, 100);
         assert_eq!(s.idle_timeout, Duration::from_secs(60));
         assert_eq!(s.h2_keep_alive_interval, Duration::from_secs(30));
