@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sizing import MODEL, rss_kib, start  # noqa: E402
+from sizing import MODEL, rss_kib, start, start_instant_simulator  # noqa: E402
 
 LEGIT_KEY = "legitimate-caller-key"
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
@@ -207,12 +207,7 @@ def main() -> None:
     env = dict(os.environ, AWS_ACCESS_KEY_ID="attack", AWS_SECRET_ACCESS_KEY="attack",
                AWS_EC2_METADATA_DISABLED="true", RUST_LOG="warn")
     with tempfile.TemporaryDirectory() as tmp:
-        sim_config = Path(tmp, "sim.toml")
-        sim_config.write_text('[server]\nlisten = "127.0.0.1:0"\n[upstream]\nregion = "us-east-1"\n'
-                              'endpoint = "simulated"\n[simulator]\ntime_to_first_token_ms = 0\n'
-                              'tokens_per_second = 0\ndefault_tokens_per_minute = 1000000000\n')
-        sim, sim_addr = start(opts.binary, ["simulate", "--listen", "127.0.0.1:0", "--config", str(sim_config)],
-                              "simulator", env)
+        sim, sim_addr = start_instant_simulator(opts.binary, tmp, env)
         config = Path(tmp, "proxy.toml")
         config.write_text(proxy_config(sim_addr, opts.auth, [f"{kv.split('=', 1)[0]} = {kv.split('=', 1)[1]}"
                                                               for kv in opts.set]))

@@ -43,16 +43,6 @@ fn open_connections(proxy: &Gateway) -> i64 {
     m.open_connections.with_label_values(&["proxy"]).get()
 }
 
-/// The ledger at zero and no request body held.
-async fn nothing_held(proxy: &Gateway) {
-    assert_ledger_zero(proxy).await;
-    let budget = &proxy.state.body_budget;
-    eventually(BOUND, "the body budget to return to zero", || {
-        budget.held() == 0
-    })
-    .await;
-}
-
 /// A converse call over HTTP/1.1 that must succeed.
 async fn real_call(proxy: &Gateway) {
     let body = converse_body("[sim:output=5] still served", Some(10));
@@ -125,7 +115,7 @@ async fn connections_that_send_no_whole_first_request_are_closed_after_the_heade
     assert_eq!(timeouts(&proxy, "first_request"), 24);
     assert_eq!(timeouts(&proxy, "header"), 1);
     assert_eq!(timeouts(&proxy, "idle"), 0);
-    nothing_held(&proxy).await;
+    assert_nothing_held(&proxy).await;
 }
 
 #[tokio::test]
@@ -168,7 +158,7 @@ async fn connections_idle_after_their_requests_close_after_the_idle_timeout_on_b
     assert!(goaway.is_some(), "HTTP/2 closes gracefully, with a GOAWAY");
     assert!(closed_within(&mut h2, BOUND).await, "HTTP/2 kept open");
     assert_eq!(timeouts(&proxy, "idle"), 2);
-    nothing_held(&proxy).await;
+    assert_nothing_held(&proxy).await;
 }
 
 #[tokio::test]
@@ -204,7 +194,7 @@ async fn an_http2_peer_that_stops_answering_pings_is_closed_with_its_stream_in_f
         closed_within(&mut h2, BOUND).await,
         "an unanswered ping closes it"
     );
-    nothing_held(&proxy).await;
+    assert_nothing_held(&proxy).await;
 }
 
 #[tokio::test]
@@ -270,7 +260,7 @@ async fn at_the_connection_cap_idle_connections_make_room_oldest_first_and_busy_
     assert_eq!((shed("closed_idle"), shed("refused")), (2, 1));
     assert_eq!(open_connections(&proxy), 4, "the busy ones are all kept");
     drop(busy);
-    nothing_held(&proxy).await;
+    assert_nothing_held(&proxy).await;
 }
 
 #[tokio::test]
@@ -311,7 +301,7 @@ async fn http2_streams_past_the_concurrency_limit_are_refused() {
     let budget = &proxy.state.body_budget;
     eventually(BOUND, "three streams in flight", || budget.held() == 30).await;
     drop(h2);
-    nothing_held(&proxy).await;
+    assert_nothing_held(&proxy).await;
 }
 
 #[tokio::test]
@@ -347,5 +337,5 @@ async fn heads_over_the_limits_get_a_bedrock_shaped_answer_on_both_protocols() {
         let r = raw_request_with(proxy.addr, "POST", &path, body.clone(), h2, &headers).await;
         assert_eq!(r.status, 200, "{}", r.message());
     }
-    nothing_held(&proxy).await;
+    assert_nothing_held(&proxy).await;
 }

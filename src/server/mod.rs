@@ -56,6 +56,45 @@ pub use tls::{TlsError, tls_acceptor};
 /// The connection cap of the admin listener (probes and scrapes need a handful).
 pub const ADMIN_MAX_CONNECTIONS: usize = 64;
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a listener serves: a service from requests to responses (the proxy's router, the
+/// simulator's).
+pub trait HttpService<B>:
+    tower::Service<
+        http::Request<Incoming>,
+        Response = http::Response<B>,
+        Error: Into<BoxError>,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S, B> HttpService<B> for S where
+    S: tower::Service<
+            http::Request<Incoming>,
+            Response = http::Response<B>,
+            Error: Into<BoxError>,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// A response body a listener can send.
+pub trait ResponseBody:
+    http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
+{
+}
+
+impl<B> ResponseBody for B where
+    B: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
+{
+}
+
 /// How the server treats clients, and how it shuts down.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -125,23 +164,13 @@ fn builder(options: &ServeOptions) -> auto::Builder<TokioExecutor> {
 ///
 /// A service error closes its connection without an answer (the simulator uses this to play a
 /// connection reset); the proxy's router never fails.
-pub async fn serve<S, B>(
+pub async fn serve<S: HttpService<B>, B: ResponseBody>(
     listener: TcpListener,
     service: S,
     tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send,
     options: ServeOptions,
-) -> io::Result<()>
-where
-    S: tower::Service<http::Request<Incoming>, Response = http::Response<B>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+) -> io::Result<()> {
     let builder = Arc::new(builder(&options));
     let connections = Connections::new(options.max_connections, options.metrics.clone());
     let timeouts = Timeouts {
@@ -255,17 +284,9 @@ impl Task {
     }
 
     /// Serves the connection until it ends, a timeout passes, or it is told to close.
-    async fn serve<I, S, B>(self, io: I, service: S)
+    async fn serve<I, S: HttpService<B>, B: ResponseBody>(self, io: I, service: S)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-        S: tower::Service<http::Request<Incoming>, Response = http::Response<B>>
-            + Clone
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-        B: http_body::Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let activity = self.slot.activity.clone();
         let io = TokioIo::new(TrackedIo::new(io, activity.clone()));

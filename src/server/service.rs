@@ -26,7 +26,7 @@ use http_body_util::Either;
 use hyper::body::Incoming;
 use tower::ServiceExt;
 
-use super::connection::Activity;
+use super::{BoxError, HttpService, ResponseBody, connection::Activity};
 use crate::bedrock::BedrockError;
 
 /// The most header fields a request may carry.
@@ -39,8 +39,6 @@ pub const HYPER_MAX_HEAD_BYTES: usize = 2 * MAX_HEADER_BYTES;
 pub const HYPER_MAX_HEADER_FIELDS: usize = 20 * MAX_HEADER_FIELDS;
 /// What RFC 9113 adds to each field's name and value when it sizes a header list.
 const FIELD_OVERHEAD: usize = 32;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Wraps the listener's service for one connection.
 #[derive(Debug, Clone)]
@@ -57,10 +55,8 @@ impl<S> ConnService<S> {
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for ConnService<S>
 where
-    S: tower::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    B: Body<Data = Bytes> + Send + 'static,
+    S: tower::Service<Request<Incoming>, Response = Response<B>> + HttpService<B>,
+    B: ResponseBody,
 {
     type Response = Response<TrackedBody<B>>;
     type Error = BoxError;
@@ -145,11 +141,7 @@ impl<B> TrackedBody<B> {
     }
 }
 
-impl<B> Body for TrackedBody<B>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
+impl<B: ResponseBody> Body for TrackedBody<B> {
     type Data = Bytes;
     type Error = BoxError;
 

@@ -225,6 +225,19 @@ pub async fn eventually(within: Duration, what: &str, mut condition: impl FnMut(
     }
 }
 
+/// [`assert_ledger_zero`], and no request body held in memory: the body budget back at zero.
+pub async fn assert_nothing_held(proxy: &Gateway) {
+    assert_ledger_zero(proxy).await;
+    let budget = &proxy.state.body_budget;
+    eventually(
+        Duration::from_secs(10),
+        "the body budget to return to zero",
+        || budget.held() == 0,
+    )
+    .await;
+    assert_eq!(proxy.state.metrics.buffered_body_bytes.get(), 0);
+}
+
 /// A plain HTTP response, for tests that speak raw HTTP.
 #[derive(Debug)]
 pub struct RawResponse {
