@@ -146,6 +146,32 @@ async fn a_body_that_times_out_or_is_cut_gives_its_budget_back() {
     assert_eq!(stack.sim.simulator.stats().calls(), 0);
 }
 
+#[tokio::test]
+async fn a_body_is_given_back_once_forwarded_while_its_stream_runs_on() {
+    // A stream of about ten seconds: it outlives the body it was asked with.
+    let sim = "time_to_first_token_ms = 0\ntokens_per_second = 20\ndefault_tokens_per_minute = 10000000\n";
+    let stack = Stack::start(sim, &sonnet_pool(1_000_000, 8), "").await;
+    let prompt = format!("[sim:output=200] {}", "words ".repeat(20_000));
+    let body = converse_body(&prompt, Some(300));
+    let path = model_path(SONNET_US, "converse-stream");
+    let mut stream = raw_post(stack.proxy.addr, &path, body.as_bytes()).await;
+    let (status, _, _) = read_head(&mut stream).await;
+    assert_eq!(status, 200);
+    let in_flight = || {
+        let m = &stack.proxy.state.metrics;
+        m.inflight_requests.with_label_values(&[POOL]).get()
+    };
+    assert_eq!(in_flight(), 1, "the stream runs");
+    let budget = &stack.proxy.state.body_budget;
+    eventually(BOUND, "the forwarded body given back", || {
+        budget.held() == 0
+    })
+    .await;
+    assert_eq!(in_flight(), 1, "while the stream still runs");
+    drop(stream);
+    assert_nothing_held(&stack.proxy).await;
+}
+
 /// An upstream that answers every call 200 with an event stream: two whole frames and the first
 /// half of a third, then either cuts the connection or ends the body cleanly (`clean_end`).
 async fn mid_frame_upstream(clean_end: bool) -> SocketAddr {
