@@ -64,74 +64,17 @@ pub(super) fn validate(raw: RawServer) -> Result<ServerConfig, ConfigError> {
     let secs = |key: &str, value: Option<u64>, default: u64| {
         positive(key, value.unwrap_or(default)).map(Duration::from_secs)
     };
-    let max_body_bytes = positive(
-        "server.max_body_bytes",
-        raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
-    )?;
-    let max_buffered_body_bytes = positive(
-        "server.max_buffered_body_bytes",
-        raw.max_buffered_body_bytes
-            .unwrap_or(DEFAULT_MAX_BUFFERED_BODY),
-    )?;
-    if max_buffered_body_bytes < max_body_bytes {
-        return Err(invalid(
-            "server.max_buffered_body_bytes",
-            format!(
-                "{max_buffered_body_bytes} is less than server.max_body_bytes ({max_body_bytes}): a body of the largest \
-                 allowed size could never be read; raise it (a few times max_body_bytes) or lower max_body_bytes"
-            ),
-        ));
-    }
-    let h2_max_concurrent_streams = positive(
-        "server.h2_max_concurrent_streams",
-        raw.h2_max_concurrent_streams
-            .unwrap_or(DEFAULT_H2_MAX_CONCURRENT_STREAMS),
-    )?;
-    let h2_max_concurrent_streams = u32::try_from(h2_max_concurrent_streams)
-        .ok()
-        .filter(|n| *n <= i32::MAX as u32)
-        .ok_or_else(|| {
-            invalid(
-                "server.h2_max_concurrent_streams",
-                "must be at most 2147483647; 100 suits almost every client",
-            )
-        })?;
+    let (max_body_bytes, max_buffered_body_bytes) = body_limits(&raw)?;
     Ok(ServerConfig {
-        listen: raw.listen.parse().map_err(|_| {
-            invalid(
-                "server.listen",
-                format!(
-                    "{:?} is not an address; write \"127.0.0.1:8080\"",
-                    raw.listen
-                ),
-            )
-        })?,
+        listen: address("server.listen", &raw.listen, "127.0.0.1:8080")?,
         admin_listen: raw
             .admin_listen
-            .map(|a| {
-                a.parse().map_err(|_| {
-                    invalid(
-                        "server.admin_listen",
-                        format!("{a:?} is not an address; write \"0.0.0.0:9090\""),
-                    )
-                })
-            })
+            .as_deref()
+            .map(|a| address("server.admin_listen", a, "0.0.0.0:9090"))
             .transpose()?,
-        tls: match (raw.tls_cert, raw.tls_key) {
-            (Some(cert), Some(key)) => Some(TlsFiles {
-                cert: cert.into(),
-                key: key.into(),
-            }),
-            (None, None) => None,
-            _ => {
-                return Err(invalid(
-                    "server.tls_cert",
-                    "tls_cert and tls_key go together; set both or neither",
-                ));
-            }
-        },
-        max_body_bytes: max_body_bytes as usize,
-        max_buffered_body_bytes: max_buffered_body_bytes as usize,
+        tls: tls_files(raw.tls_cert, raw.tls_key)?,
+        max_body_bytes,
+        max_buffered_body_bytes,
         drain: Duration::from_secs(raw.drain_secs.unwrap_or(30)),
         accept_grace: Duration::from_secs(raw.accept_grace_secs.unwrap_or(0)),
         header_read_timeout: secs(
@@ -153,7 +96,7 @@ pub(super) fn validate(raw: RawServer) -> Result<ServerConfig, ConfigError> {
             "server.max_connections",
             raw.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS),
         )? as usize,
-        h2_max_concurrent_streams,
+        h2_max_concurrent_streams: h2_streams(raw.h2_max_concurrent_streams)?,
         h2_keep_alive_interval: secs(
             "server.h2_keep_alive_interval_secs",
             raw.h2_keep_alive_interval_secs,
@@ -165,6 +108,67 @@ pub(super) fn validate(raw: RawServer) -> Result<ServerConfig, ConfigError> {
             DEFAULT_H2_KEEP_ALIVE_TIMEOUT_SECS,
         )?,
     })
+}
+
+fn address(key: &str, text: &str, example: &str) -> Result<SocketAddr, ConfigError> {
+    text.parse().map_err(|_| {
+        invalid(
+            key,
+            format!("{text:?} is not an address; write \"{example}\""),
+        )
+    })
+}
+
+fn tls_files(cert: Option<String>, key: Option<String>) -> Result<Option<TlsFiles>, ConfigError> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+            cert: cert.into(),
+            key: key.into(),
+        })),
+        (None, None) => Ok(None),
+        _ => Err(invalid(
+            "server.tls_cert",
+            "tls_cert and tls_key go together; set both or neither",
+        )),
+    }
+}
+
+/// `max_body_bytes` and `max_buffered_body_bytes`: the budget must hold the largest body.
+fn body_limits(raw: &RawServer) -> Result<(usize, usize), ConfigError> {
+    let max_body = positive(
+        "server.max_body_bytes",
+        raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
+    )?;
+    let max_buffered = positive(
+        "server.max_buffered_body_bytes",
+        raw.max_buffered_body_bytes
+            .unwrap_or(DEFAULT_MAX_BUFFERED_BODY),
+    )?;
+    if max_buffered < max_body {
+        return Err(invalid(
+            "server.max_buffered_body_bytes",
+            format!(
+                "{max_buffered} is less than server.max_body_bytes ({max_body}): a body of the largest \
+                 allowed size could never be read; raise it (a few times max_body_bytes) or lower max_body_bytes"
+            ),
+        ));
+    }
+    Ok((max_body as usize, max_buffered as usize))
+}
+
+/// `h2_max_concurrent_streams`: positive, and a valid HTTP/2 setting (31 bits).
+fn h2_streams(value: Option<u64>) -> Result<u32, ConfigError> {
+    let key = "server.h2_max_concurrent_streams";
+    let streams = positive(key, value.unwrap_or(DEFAULT_H2_MAX_CONCURRENT_STREAMS))?;
+    u32::try_from(streams)
+        .ok()
+        .filter(|n| *n <= i32::MAX as u32)
+        .ok_or_else(|| {
+            invalid(
+                key,
+                "must be at most 2147483647; 100 suits almost every client",
+            )
+        })
 }
 
 #[cfg(test)]

@@ -97,6 +97,7 @@ impl Drop for Meter {
 
 pin_project! {
     /// An upstream response body, passed through and metered.
+    #[project = MeteredBodyProj]
     pub struct MeteredBody {
         #[pin]
         inner: Incoming,
@@ -223,29 +224,23 @@ impl Body for MeteredBody {
                 }
                 Poll::Ready(Some(Ok(frame))) => frame,
                 Poll::Ready(Some(Err(e))) => break Failure::Upstream(e.to_string()),
-                Poll::Ready(None) => {
-                    if let Some(broken) = unfinished_frame(this.frames.as_ref()) {
-                        break broken;
-                    }
-                    finish(this.finished, this.meter.as_mut());
-                    return Poll::Ready(None);
-                }
+                Poll::Ready(None) => match end(&mut this) {
+                    Ok(()) => return Poll::Ready(None),
+                    Err(broken) => break broken,
+                },
             };
             this.idle
                 .as_mut()
                 .reset(Instant::now() + *this.idle_timeout);
-            let end = this.inner.is_end_stream();
+            let last = this.inner.is_end_stream();
             let frame = match whole_frames(this.frames.as_mut(), frame) {
                 Ok(Some(frame)) => frame,
                 // Nothing whole yet: read on.
-                Ok(None) if !end => continue,
-                Ok(None) => {
-                    if let Some(broken) = unfinished_frame(this.frames.as_ref()) {
-                        break broken;
-                    }
-                    finish(this.finished, this.meter.as_mut());
-                    return Poll::Ready(None);
-                }
+                Ok(None) if !last => continue,
+                Ok(None) => match end(&mut this) {
+                    Ok(()) => return Poll::Ready(None),
+                    Err(broken) => break broken,
+                },
                 Err(broken) => break broken,
             };
             if let (Some(meter), Some(data)) = (this.meter.as_mut(), frame.data_ref()) {
@@ -253,35 +248,12 @@ impl Body for MeteredBody {
             }
             // A body of known length is complete with its last byte, and the server may drop it
             // without polling for the end: settle now.
-            if end {
-                if let Some(broken) = unfinished_frame(this.frames.as_ref()) {
-                    break broken;
-                }
-                finish(this.finished, this.meter.as_mut());
+            if last && let Err(broken) = end(&mut this) {
+                break broken;
             }
             return Poll::Ready(Some(Ok(frame)));
         };
-        // The response ends early: upstream failed, went quiet, or the drain deadline passed.
-        *this.finished = true;
-        let (code, message, kind) = failure.describe(*this.idle_timeout);
-        if let Some(kind) = kind {
-            this.metrics
-                .upstream_errors
-                .with_label_values(&[this.pool, kind])
-                .inc();
-        }
-        let kind = kind.unwrap_or("drain_deadline");
-        tracing::warn!(pool = %this.pool, failure = %message, kind, "response ended early");
-        if let Some(meter) = this.meter.as_mut() {
-            let seen = meter.unsettled_output();
-            meter.admitted.settle_without_usage(seen);
-        }
-        if this.frames.is_some() {
-            // Any partial frame held is dropped: the exception starts on a frame boundary.
-            Poll::Ready(Some(Ok(Frame::data(exception_frame(code, &message)))))
-        } else {
-            Poll::Ready(Some(Err(message.into())))
-        }
+        end_early(this, failure)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -297,11 +269,44 @@ impl Body for MeteredBody {
     }
 }
 
-/// The body ended cleanly: settle on its usage.
-fn finish(finished: &mut bool, meter: Option<&mut Meter>) {
-    *finished = true;
-    if let Some(meter) = meter {
+/// The body ended: settle on its usage, unless it is an event stream that ended inside a frame.
+fn end(this: &mut MeteredBodyProj<'_>) -> Result<(), Failure> {
+    if let Some(broken) = unfinished_frame(this.frames.as_ref()) {
+        return Err(broken);
+    }
+    *this.finished = true;
+    if let Some(meter) = this.meter.as_mut() {
         meter.end();
+    }
+    Ok(())
+}
+
+/// The response ends early (upstream failed, went quiet, or the drain deadline passed): count
+/// it, settle without usage, and end a stream with an exception frame, any other body with an
+/// error.
+fn end_early(
+    this: MeteredBodyProj<'_>,
+    failure: Failure,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    *this.finished = true;
+    let (code, message, kind) = failure.describe(*this.idle_timeout);
+    if let Some(kind) = kind {
+        this.metrics
+            .upstream_errors
+            .with_label_values(&[this.pool, kind])
+            .inc();
+    }
+    let kind = kind.unwrap_or("drain_deadline");
+    tracing::warn!(pool = %this.pool, failure = %message, kind, "response ended early");
+    if let Some(meter) = this.meter.as_mut() {
+        let seen = meter.unsettled_output();
+        meter.admitted.settle_without_usage(seen);
+    }
+    if this.frames.is_some() {
+        // Any partial frame held is dropped: the exception starts on a frame boundary.
+        Poll::Ready(Some(Ok(Frame::data(exception_frame(code, &message)))))
+    } else {
+        Poll::Ready(Some(Err(message.into())))
     }
 }
 
