@@ -71,6 +71,7 @@ class Legit(threading.Thread):
         self.body = json.dumps({"messages": [{"role": "user", "content": [{"text": "[sim:output=20] hi"}]}],
                                 "inferenceConfig": {"maxTokens": 100}})
         self.latencies: list[float] = []
+        self.started: list[float] = []
         self.failures: list[str] = []
         self.stop = threading.Event()
 
@@ -87,6 +88,7 @@ class Legit(threading.Thread):
                     self.failures.append(str(response.status))
             except OSError as e:
                 self.failures.append(type(e).__name__)
+            self.started.append(started)
             self.latencies.append(time.monotonic() - started)
             self.stop.wait(0.05)
 
@@ -235,6 +237,7 @@ def main() -> None:
             while time.monotonic() - launched < opts.hold:
                 closed += drain_closed(selector, 0.1)
             during = legit.latencies[before:]
+            slowest = max(range(before, len(legit.latencies)), key=legit.latencies.__getitem__, default=None)
             failures = list(legit.failures)
             metrics = scrape(addr)
             legit.stop.set()
@@ -252,7 +255,10 @@ def main() -> None:
                 "legit_failures": {f: failures.count(f) for f in sorted(set(failures))},
                 "legit_latency_ms": {"p50": round(statistics.median(during) * 1000, 1) if during else None,
                                      "p99": round(percentile(during, 0.99) * 1000, 1),
-                                     "max": round(max(during, default=0) * 1000, 1)},
+                                     "max": round(max(during, default=0) * 1000, 1),
+                                     "over_1s": sum(1 for d in during if d > 1.0),
+                                     "slowest_began_s_into_attack": None if slowest is None
+                                     else round(legit.started[slowest] - launched, 2)},
                 "attack_secs": round(time.monotonic() - launched, 1),
                 "proxy_metrics_at_end": metrics,
             }, indent=1))

@@ -135,6 +135,11 @@ impl Default for ServeOptions {
     }
 }
 
+/// The accept queue asked of the kernel (which caps it at `net.core.somaxconn`): a burst of
+/// connections waits there for the accept loop, which sheds what is over the cap, instead of the
+/// kernel dropping SYNs past a short queue (a client whose SYN is dropped retries a second later).
+const LISTEN_BACKLOG: i32 = 4096;
+
 /// After the drain deadline, how long responses that were told to end may take to flush theirs.
 const FLUSH_AFTER_DEADLINE: Duration = Duration::from_secs(2);
 
@@ -171,6 +176,10 @@ pub async fn serve<S: HttpService<B>, B: ResponseBody>(
     shutdown: impl Future<Output = ()> + Send,
     options: ServeOptions,
 ) -> io::Result<()> {
+    // Listening again on a listening socket only changes its backlog.
+    if let Err(e) = rustix::net::listen(&listener, LISTEN_BACKLOG) {
+        tracing::debug!(error = %e, "could not widen the accept queue");
+    }
     let builder = Arc::new(builder(&options));
     let connections = Connections::new(options.max_connections, options.metrics.clone());
     let timeouts = Timeouts {
