@@ -131,13 +131,12 @@ async fn a_wait_projected_beyond_max_wait_is_rejected_at_once() {
     );
 
     // One that fits within max_wait waits and gets in when refill covers it, never before.
-    // Refill started when the transit hold of the first reservation (taken from the full
-    // bucket) ended.
+    // Refill started when the transit hold (100 ms) of the first reservation, taken from the
+    // full bucket, ended.
     let mut ok = admit(&adm, 100).await.expect("queued, then admitted");
     let waited = start.elapsed();
     let missing = ok.estimate().reservation() - left;
-    let refill = Duration::from_millis(missing * 10)
-        + Duration::from_nanos(tokengate::ledger::memory::UPSTREAM_TRANSIT_NS);
+    let refill = Duration::from_millis(missing * 10) + Duration::from_millis(100);
     assert!(
         waited >= refill && waited <= refill + Duration::from_millis(5),
         "{waited:?} for {missing} missing tokens"
