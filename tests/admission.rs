@@ -552,6 +552,9 @@ async fn every_reservation_covers_upstreams_input_count() {
         );
     }
     let ratio = stack.proxy.admission().pools()[0].calibration_ratio();
-    assert!(ratio >= 1.0, "calibration never lowers the estimate: {ratio}");
+    assert!(
+        ratio >= 1.0,
+        "calibration never lowers the estimate: {ratio}"
+    );
     stack.assert_ledger_zero().await;
 }

@@ -47,7 +47,10 @@ fn fields(operation: Operation, provider: Option<&str>, body: &Value) -> Option<
     Some(match provider {
         Some("anthropic") => vec!["max_tokens", "max_tokens_to_sample"],
         Some("amazon") if titan => vec!["textGenerationConfig.maxTokenCount"],
-        Some("amazon") => vec!["inferenceConfig.maxTokens", "inferenceConfig.max_new_tokens"],
+        Some("amazon") => vec![
+            "inferenceConfig.maxTokens",
+            "inferenceConfig.max_new_tokens",
+        ],
         Some("meta") => vec!["max_gen_len"],
         Some("ai21") => vec!["maxTokens", "max_tokens"],
         Some("mistral" | "cohere" | "deepseek" | "openai" | "qwen" | "writer") => {
@@ -86,7 +89,8 @@ pub fn max_tokens(operation: Operation, provider: Option<&str>, body: &Value) ->
         match value {
             None | Some(Value::Null) => continue,
             Some(v) => {
-                return usable(v).map_or_else(|| Expected::Unusable(field.to_string()), Expected::Value);
+                return usable(v)
+                    .map_or_else(|| Expected::Unusable(field.to_string()), Expected::Value);
             }
         }
     }
