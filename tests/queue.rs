@@ -1,7 +1,9 @@
 //! The admission queue through `Admission::admit`, on tokio's paused clock: waiters are admitted
 //! the moment a settlement frees room, rejected at once when their projected wait is too long,
 //! answered with a hint when their wait runs out, and leave nothing behind when they go.
-//! Then end to end: clients that hang up while queued, shutdown, and a saturating SDK fleet.
+//! End to end elsewhere: a raw-TCP client that hangs up while queued (`tests/client_faults.rs`),
+//! shutdown with calls queued (`tests/lifecycle.rs`), a saturating SDK fleet
+//! (`tests/queue_fleet.rs`).
 
 mod common;
 
