@@ -1,6 +1,7 @@
 //! The shared ledger end to end: replicas that crash, replicas that share one quota, and a Redis
 //! that stops answering. Each test runs its own `redis-server` (see `common/redis_server.rs`);
-//! without one they skip locally and fail under CI.
+//! without one they are named, counted skips locally and failures under CI (`common/skip.rs`).
+//! (Over 500 lines: every Redis scenario shares the private-server harness in one binary.)
 
 mod common;
 
