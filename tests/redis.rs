@@ -277,8 +277,10 @@ async fn three_replicas_share_one_quota() {
         rejected.iter().all(|&r| r > 0),
         "every replica must be saturated for this to mean anything: {rejected:?}"
     );
+    // A margin a loaded machine holds; the measured figure is in loadtest/RESULTS.md ("The CI
+    // fleet tests": 1.03 with the machine's load average at 11).
     assert!(
-        utilisation >= 0.85,
+        utilisation >= 0.7,
         "the quota must stay busy: utilisation {utilisation:.3}"
     );
     for replica in &replicas {
