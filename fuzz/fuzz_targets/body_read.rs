@@ -13,6 +13,10 @@
 
 use std::collections::HashSet;
 
+#[path = "families.rs"]
+mod families;
+
+use families::PROVIDERS;
 use libfuzzer_sys::fuzz_target;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
@@ -23,18 +27,6 @@ use tokengate::{
     },
     bedrock::{Operation, max_tokens::requested_max_tokens},
 };
-
-const PROVIDERS: [Option<&str>; 9] = [
-    None,
-    Some("anthropic"),
-    Some("amazon"),
-    Some("meta"),
-    Some("ai21"),
-    Some("mistral"),
-    Some("cohere"),
-    Some("deepseek"),
-    Some("someone-new"),
-];
 
 fn run(body: &[u8]) {
     let parsed = serde_json::from_slice::<Value>(body);
