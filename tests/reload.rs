@@ -242,7 +242,8 @@ async fn a_reload_keeps_what_each_pool_learned() {
         ratio, 4.0,
         "calibrated to its ceiling by the under-estimate"
     );
-    assert!(factor < 0.85, "shrunk by the throttle: {factor}");
+    // x0.8 at the throttle, regrowing 1% a second: below 1 for twenty seconds; a new pool's is 1.
+    assert!(factor < 1.0, "shrunk by the throttle: {factor}");
 
     let new = proxy_config(stack.sim.addr, &pools(900_000, false), "");
     stack.proxy.reload(new).expect("a valid config reloads");
@@ -254,7 +255,7 @@ async fn a_reload_keeps_what_each_pool_learned() {
     );
     assert_eq!(after_ratio, 4.0, "the calibration carried over");
     assert!(
-        after_factor < 0.85,
+        after_factor < 1.0,
         "the throttle feedback carried over: {after_factor}"
     );
     stack.assert_ledger_zero().await;
