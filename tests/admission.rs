@@ -1,5 +1,6 @@
 //! Admission control end to end: rejections and their hints, never-fitting requests, every
-//! settlement path, and a saturating fleet of SDK clients that never gets upstream throttled.
+//! settlement path, burndown hold-back, and reservations that cover upstream's input count.
+//! (Over 500 lines: admission's end-to-end cases share one stack harness; tests/it/ will split it.)
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! bearer and SigV4 keys identify the route, route rules (models, maxTokens ceiling) hold, a
 //! retry draws on the recovery budget, shadow mode forwards what it would reject, and a
 //! high-priority route keeps its guaranteed share of a saturated pool while lending it when idle.
+//! (Over 500 lines: the route cases share one harness; the move to tests/it/ will split them.)
 
 mod common;
 
