@@ -23,6 +23,9 @@ if [ -s "$skips" ]; then
   echo "== $(wc -l < "$skips") Rust test(s) skipped here (under CI=true they fail):"
   sed 's/^/  /' "$skips"
 fi
+# Ignored tests are measurements run by hand for loadtest/RESULTS.md, never here: name them.
+echo "== ignored (measurements for loadtest/RESULTS.md, run by hand):"
+cargo nextest list --workspace --locked --run-ignored ignored-only --message-format oneline | sed 's/^/  /'
 [ "$status" -eq 0 ] || exit "$status"
 
 # -rs names every skipped Python test and its reason (tests/python/conftest.py fails them under CI).
