@@ -1,5 +1,7 @@
-//! Tests for `body.rs`: the one-pass read agrees with the parsed-`Value` functions, and refuses
-//! exactly what `serde_json::from_slice::<Value>` refuses, with the same message.
+//! Tests for `body.rs`: the one-pass read agrees with the parsed-`Value` functions and with
+//! independent references for both answers (the estimate's below, `maxTokens`'s in
+//! `max_tokens_reference.rs`), and refuses exactly what `serde_json::from_slice::<Value>`
+//! refuses, with the same message.
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -10,23 +12,31 @@ use crate::{
     bedrock::max_tokens::requested_max_tokens,
 };
 
+#[path = "max_tokens_reference.rs"]
+mod max_tokens_reference;
+
+use max_tokens_reference::Expected;
+
 const OPERATIONS: [Operation; 4] = [
     Operation::Converse,
     Operation::InvokeModel,
     Operation::InvokeModelWithResponseStream,
     Operation::CountTokens,
 ];
-const PROVIDERS: [Option<&str>; 6] = [
+const PROVIDERS: [Option<&str>; 8] = [
     None,
     Some("anthropic"),
     Some("amazon"),
     Some("meta"),
     Some("ai21"),
     Some("mistral"),
+    Some("cohere"),
+    Some("someone-new"),
 ];
 
-/// `read` of `text` against the parsed-`Value` functions and the estimate's independent oracle
-/// ([`reference`]), for every operation and provider.
+/// `read` of `text` against the parsed-`Value` functions and the independent oracles of the
+/// estimate ([`reference`]) and of `maxTokens` ([`max_tokens_reference`]), for every operation
+/// and provider.
 fn check_agrees(text: &str) {
     let parsed: Value = match serde_json::from_str(text) {
         Ok(v) => v,
@@ -50,6 +60,15 @@ fn check_agrees(text: &str) {
                     max_tokens,
                     input_tokens,
                 });
+            let oracle = max_tokens_reference::max_tokens(operation, provider, &parsed);
+            match (&expected, &oracle) {
+                (Ok(facts), Expected::Absent) => assert_eq!(facts.max_tokens, None, "{text}"),
+                (Ok(facts), Expected::Value(n)) => assert_eq!(facts.max_tokens, Some(*n), "{text}"),
+                (Err(e), Expected::Unusable(field)) => assert_eq!(&e.field, field, "{text}"),
+                (expected, oracle) => panic!(
+                    "{operation} {provider:?}: {expected:?}, the reference says {oracle:?}: {text}"
+                ),
+            }
             match (raw, expected) {
                 (Ok(raw), Ok(expected)) => {
                     assert_eq!(raw, expected, "{operation} {provider:?}: {text}")
@@ -129,24 +148,58 @@ fn max_tokens_fields_in_every_place_and_form() {
     }
 }
 
+/// A `maxTokens` field or config object named twice is refused, naming it: the proxy would
+/// reserve one value while upstream might read the other.
 #[test]
-fn a_repeated_member_keeps_its_last_value_for_max_tokens() {
-    let read_max =
-        |body: &str| read(Operation::Converse, None, body.as_bytes()).map(|facts| facts.max_tokens);
+fn a_repeated_max_tokens_member_is_refused() {
+    let refusal = |operation: Operation, provider: Option<&str>, body: &str| match read(
+        operation,
+        provider,
+        body.as_bytes(),
+    ) {
+        Err(BodyError::MaxTokens(e)) => e.to_string(),
+        other => panic!("{other:?} for {body}"),
+    };
+    let converse = |body: &str| refusal(Operation::Converse, None, body);
     assert_eq!(
-        read_max(r#"{"inferenceConfig": {"maxTokens": 1}, "inferenceConfig": {"maxTokens": 2}}"#)
-            .ok(),
-        Some(Some(2))
-    );
-    // The second object replaces the first whole, as in a parsed `Value`.
-    assert_eq!(
-        read_max(r#"{"inferenceConfig": {"maxTokens": 1}, "inferenceConfig": {"topP": 1}}"#).ok(),
-        Some(None)
+        converse(r#"{"inferenceConfig": {"maxTokens": 60000, "maxTokens": 1}}"#),
+        "inferenceConfig.maxTokens appears more than once in the body; send it once"
     );
     assert_eq!(
-        read_max(r#"{"inferenceConfig": {"maxTokens": -1, "maxTokens": 3}}"#).ok(),
-        Some(Some(3))
+        converse(r#"{"inferenceConfig": {"maxTokens": 1}, "inferenceConfig": {"topP": 1}}"#),
+        "inferenceConfig appears more than once in the body; send it once"
     );
+    // Escaped names are the same names.
+    assert_eq!(
+        refusal(
+            Operation::InvokeModel,
+            Some("anthropic"),
+            r#"{"max_tokens": 60000, "\u006dax_tokens": 1}"#
+        ),
+        "max_tokens appears more than once in the body; send it once"
+    );
+    assert!(
+        refusal(
+            Operation::InvokeModel,
+            Some("amazon"),
+            r#"{"inputText": "x", "textGenerationConfig": {}, "textGenerationConfig": {"maxTokenCount": 1}}"#
+        )
+        .starts_with("textGenerationConfig appears more than once")
+    );
+    // Other repeated members are not refused here (the estimate counts each copy).
+    let fine = read(
+        Operation::Converse,
+        None,
+        br#"{"system": [], "system": [], "inferenceConfig": {"maxTokens": 5}}"#,
+    );
+    assert_eq!(fine.ok().and_then(|f| f.max_tokens), Some(5));
+    // A StartAsyncInvoke body names its model once.
+    assert_eq!(
+        async_invoke_model_id(br#"{"modelId": "a", "modelInput": {}}"#).ok(),
+        Some(Some("a".to_string()))
+    );
+    assert!(async_invoke_model_id(br#"{"modelId": "a", "modelId": "b"}"#).is_err());
+    assert_eq!(async_invoke_model_id(b"{}").ok(), Some(None));
 }
 
 #[test]
