@@ -189,17 +189,7 @@ mod tests {
             fallback.stats().absorbed_errors() >= 1,
             "the probe at connect failed and was absorbed"
         );
-        let request = ReserveRequest {
-            pool: "p",
-            limits: Limits {
-                tokens_per_minute: 1_000,
-                requests_per_minute: None,
-                max_concurrency: 4,
-            },
-            tokens: 10,
-            share: None,
-            hold_back: 0,
-        };
+        let request = crate::ledger::tests::small_request();
         let Ok(Verdict::Granted(local)) = fallback.reserve(&request).await else {
             panic!("the local share admits");
         };

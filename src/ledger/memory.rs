@@ -304,17 +304,7 @@ mod tests {
             MemoryLedger::new(Clock::manual()),
             MemoryLedger::new(Clock::manual()),
         );
-        let request = ReserveRequest {
-            pool: "p",
-            limits: Limits {
-                tokens_per_minute: 1_000,
-                requests_per_minute: None,
-                max_concurrency: 4,
-            },
-            tokens: 10,
-            share: None,
-            hold_back: 0,
-        };
+        let request = crate::ledger::tests::small_request();
         let Ok(Verdict::Granted(settled)) = a.reserve(&request).await else {
             panic!("admitted");
         };

@@ -318,3 +318,23 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
         LedgerMode::Memory
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::{Limits, ReserveRequest};
+
+    /// Ten tokens in pool `p` of 1,000 tokens per minute and four permits: always admitted first.
+    pub fn small_request() -> ReserveRequest<'static> {
+        ReserveRequest {
+            pool: "p",
+            limits: Limits {
+                tokens_per_minute: 1_000,
+                requests_per_minute: None,
+                max_concurrency: 4,
+            },
+            tokens: 10,
+            share: None,
+            hold_back: 0,
+        }
+    }
+}
