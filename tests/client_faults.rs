@@ -237,7 +237,7 @@ async fn idle_and_half_sent_connections_do_not_stop_requests_and_are_closed_afte
  {
     let sim = start_simulator(FAST_SIM).await;
     let mut config = proxy_config(sim.addr, &sonnet_pool(1_000_000, 8), "");
-    config.server.header_read_timeout = Duration::from_secs(2);
+    config.process.server.header_read_timeout = Duration::from_secs(2);
     let proxy = start_proxy(config).await;
     let addr = proxy.addr;
     let opened = Instant::now();
