@@ -18,14 +18,11 @@ pub mod log;
 pub mod pools;
 pub mod raw;
 pub mod routes;
+pub mod server;
 pub mod simulator;
 pub mod upstream;
 
-use std::{
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::path::Path;
 
 pub use admission::{AdmissionConfig, UnknownModels};
 pub use auth::{AuthConfig, AuthMode, Secret};
@@ -34,6 +31,7 @@ pub use log::{LogConfig, LogFormat};
 pub use pools::{InputEstimate, PoolConfig};
 use raw::RawConfig;
 pub use routes::{MaxTokensPolicy, RouteConfig, ShareConfig};
+pub use server::{ServerConfig, TlsFiles};
 pub use simulator::SimulatorConfig;
 pub use upstream::{Endpoint, UpstreamConfig};
 
@@ -82,33 +80,6 @@ pub struct PolicyConfig {
     pub routes: Vec<RouteConfig>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct ServerConfig {
-    pub listen: SocketAddr,
-    /// A second, plain-HTTP listener serving only the admin endpoints (health, readiness,
-    /// metrics, `/v1/pools`), so that the proxy itself can stay on loopback.
-    pub admin_listen: Option<SocketAddr>,
-    pub tls: Option<TlsFiles>,
-    /// Largest request body accepted (413-free: answered as a `ValidationException`).
-    pub max_body_bytes: usize,
-    /// How long shutdown waits for in-flight requests and streams.
-    pub drain: Duration,
-    /// On shutdown, how long the listener keeps accepting while `/readyz` answers 503.
-    pub accept_grace: Duration,
-    /// How long a connection may take to send a request head (or its first byte).
-    pub header_read_timeout: Duration,
-    /// How long a request body may take to arrive, whole.
-    pub body_read_timeout: Duration,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-const DEFAULT_MAX_BODY: u64 = 26 * 1024 * 1024;
-
 /// A fraction in `[0, max)`.
 fn fraction(key: &str, value: f64, max: f64) -> Result<f64, ConfigError> {
     if (0.0..max).contains(&value) {
@@ -149,7 +120,7 @@ impl Config {
 
     pub fn from_raw_with_env(raw: RawConfig, env: &Env) -> Result<Config, ConfigError> {
         let process = ProcessConfig {
-            server: validate_server(raw.server)?,
+            server: server::validate(raw.server)?,
             upstream: upstream::validate(raw.upstream)?,
             ledger: ledger::validate(raw.ledger, env)?,
             log: raw.log.into(),
@@ -216,58 +187,6 @@ pub type Env = dyn Fn(&str) -> Option<String>;
 
 fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok()
-}
-
-fn validate_server(raw: raw::RawServer) -> Result<ServerConfig, ConfigError> {
-    Ok(ServerConfig {
-        listen: raw.listen.parse().map_err(|_| {
-            invalid(
-                "server.listen",
-                format!(
-                    "{:?} is not an address; write \"127.0.0.1:8080\"",
-                    raw.listen
-                ),
-            )
-        })?,
-        admin_listen: raw
-            .admin_listen
-            .map(|a| {
-                a.parse().map_err(|_| {
-                    invalid(
-                        "server.admin_listen",
-                        format!("{a:?} is not an address; write \"0.0.0.0:9090\""),
-                    )
-                })
-            })
-            .transpose()?,
-        tls: match (raw.tls_cert, raw.tls_key) {
-            (Some(cert), Some(key)) => Some(TlsFiles {
-                cert: cert.into(),
-                key: key.into(),
-            }),
-            (None, None) => None,
-            _ => {
-                return Err(invalid(
-                    "server.tls_cert",
-                    "tls_cert and tls_key go together; set both or neither",
-                ));
-            }
-        },
-        max_body_bytes: positive(
-            "server.max_body_bytes",
-            raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
-        )? as usize,
-        drain: Duration::from_secs(raw.drain_secs.unwrap_or(30)),
-        accept_grace: Duration::from_secs(raw.accept_grace_secs.unwrap_or(0)),
-        header_read_timeout: Duration::from_secs(positive(
-            "server.header_read_timeout_secs",
-            raw.header_read_timeout_secs.unwrap_or(30),
-        )?),
-        body_read_timeout: Duration::from_secs(positive(
-            "server.body_read_timeout_secs",
-            raw.body_read_timeout_secs.unwrap_or(60),
-        )?),
-    })
 }
 
 fn positive(key: &str, v: u64) -> Result<u64, ConfigError> {

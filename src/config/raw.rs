@@ -10,6 +10,7 @@ pub use super::ledger::RawLedger;
 pub use super::log::RawLog;
 pub use super::pools::RawPool;
 pub use super::routes::{RawRoute, RawShare};
+pub use super::server::RawServer;
 use super::simulator::SimulatorConfig;
 pub use super::upstream::RawUpstream;
 
@@ -41,18 +42,4 @@ pub struct RawPolicy {
     pub pools: Vec<RawPool>,
     pub auth: RawAuth,
     pub routes: Vec<RawRoute>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawServer {
-    pub listen: String,
-    pub admin_listen: Option<String>,
-    pub tls_cert: Option<String>,
-    pub tls_key: Option<String>,
-    pub max_body_bytes: Option<u64>,
-    pub drain_secs: Option<u64>,
-    pub accept_grace_secs: Option<u64>,
-    pub header_read_timeout_secs: Option<u64>,
-    pub body_read_timeout_secs: Option<u64>,
 }
