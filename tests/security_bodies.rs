@@ -157,10 +157,7 @@ async fn a_body_is_given_back_once_forwarded_while_its_stream_runs_on() {
     let mut stream = raw_post(stack.proxy.addr, &path, body.as_bytes()).await;
     let (status, _, _) = read_head(&mut stream).await;
     assert_eq!(status, 200);
-    let in_flight = || {
-        let m = &stack.proxy.state.metrics;
-        m.inflight_requests.with_label_values(&[POOL]).get()
-    };
+    let in_flight = || common::in_flight(&stack.proxy, POOL);
     assert_eq!(in_flight(), 1, "the stream runs");
     let budget = &stack.proxy.state.body_budget;
     eventually(BOUND, "the forwarded body given back", || {
