@@ -3,6 +3,8 @@
 //!
 //! Tests and `main` share this: the caller owns the listener (bind `127.0.0.1:0` in tests) and
 //! the shutdown. The admin listener (`server.admin_listen`), when configured, is bound here.
+//!
+//! (Long: start, reload and shutdown of one value, and the assembly they share.)
 
 use std::{
     io,
