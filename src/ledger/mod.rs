@@ -17,12 +17,12 @@
 //! # One arithmetic, two backends
 //!
 //! The bucket arithmetic ([`bucket`]) and the route-share rules ([`shares`]) are written in Rust
-//! for the memory backend and in Lua for Redis. What ties them together is not comments:
-//! the constants both use are defined once ([`units`]) and formatted into the scripts; the
-//! scripts answer typed JSON replies; the contract suite (`tests/ledger_contract.rs`) runs every
-//! case on both backends; and a differential property test (`tests/ledger_differential.rs`)
-//! drives both through the same random operations at the same instants and requires the same
-//! answers, exactly. The memory backend counts in nanoseconds and Redis in milliseconds: at
+//! for the memory backend and in Lua for Redis. What ties them together is not comments: the
+//! constants both use are defined once ([`units`]) and formatted into the scripts; the scripts
+//! answer typed JSON replies; the contract suite (`tests/it/ledger_contract.rs`) runs every case
+//! on both backends; and a differential property test (`tests/it/ledger_differential.rs`) drives
+//! both through the same random operations at the same instants and requires the same answers,
+//! exactly. The memory backend counts in nanoseconds and Redis in milliseconds: at
 //! whole milliseconds their levels agree, and both report waits in whole milliseconds, rounded
 //! up.
 //!
