@@ -1,5 +1,5 @@
 -- tokengate ledger, key layout v1: KEYS[1] = tg:v1:{pool}:s (hash), KEYS[2] = tg:v1:{pool}:l (zset).
--- This prelude is prepended to every script, after the constants src/ledger/redis.rs formats in
+-- This prelude is prepended to every script, after the constants src/ledger/scripts.rs formats in
 -- from Rust (never copied here by hand): U (units per token: milliseconds per minute, from
 -- ledger/units.rs), TRANSIT_MS (ledger/units.rs UPSTREAM_TRANSIT), PURGE_BATCH (expired leases
 -- reclaimed per call) and KEY_GRACE_MS (how long an idle pool's keys outlive a full bucket).
