@@ -129,10 +129,11 @@ fn cases() -> Vec<Case> {
 }
 
 fn not_charged(proxy: &Gateway) -> u64 {
-    let m = &proxy.state.metrics;
-    m.settlements
-        .with_label_values(&[POOL, "not_charged"])
-        .get()
+    crate::common::metric(
+        proxy,
+        "tokengate_settlements_total",
+        &[("pool", POOL), ("rule", "not_charged")],
+    ) as u64
 }
 
 fn upstream_calls(stack: &Stack) -> u64 {

@@ -337,3 +337,10 @@ pub fn in_flight(proxy: &Gateway, pool: &str) -> u64 {
         .find(|p| &*p.name == pool)
         .map_or(0, |p| p.load.in_flight())
 }
+
+/// The value of one series of `proxy`'s metrics as `/metrics` exposes it now (the registry's text
+/// exposition, parsed; the gauges `/metrics` refreshes from live state when scraped are read with
+/// [`scrape`] over HTTP instead). For the polls of a sync closure.
+pub fn metric(proxy: &Gateway, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape::Scrape::parse(&tokengate::metrics::render(&proxy.state.registry)).get(name, labels)
+}
