@@ -2,6 +2,8 @@
 //! and every way of departing from them is refused.
 
 use super::*;
+use crate::auth::amz_date::parse_amz_date;
+use std::time::UNIX_EPOCH;
 use aws_credential_types::Credentials;
 use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
 use aws_sigv4::sign::v4::SigningParams;
@@ -172,9 +174,6 @@ fn unknown_keys_skew_and_garbage_are_refused() {
 
 #[test]
 fn helpers() {
-    assert_eq!(parse_amz_date("20260101T000000Z"), Some(t0()));
-    assert_eq!(parse_amz_date("20260101T000000"), None);
-    assert_eq!(parse_amz_date("2026010xT000000Z"), None);
     assert_eq!(normalize_path("/a/./b/../c//d"), "/a/c/d");
     assert_eq!(
         canonical_query("b=2&a=1&a=0&c=x%2Fy"),
@@ -265,4 +264,54 @@ fn the_head_is_checked_before_the_body() {
         SignedHead::check(&late, t0()),
         Err(SigV4Error::ClockSkew { .. })
     ));
+}
+
+/// An event stream's head: signed over no payload (aws-sdk-rust) or over the events marker, and
+/// only when the caller asks for [`Payload::EventStream`].
+#[test]
+fn an_event_stream_head_is_signed_without_its_body() {
+    use aws_sigv4::http_request::PayloadChecksumKind;
+    const STREAM: &str = "/model/amazon.nova-sonic-v1%3A0/invoke-with-bidirectional-stream";
+    let stream_check = |headers: &HeaderMap, body: &[u8]| {
+        let request = SignedRequest {
+            method: &Method::POST,
+            raw_path_and_query: STREAM,
+            authority: None,
+            headers,
+            body,
+        };
+        SignedHead::check_for(headers, t0(), Payload::EventStream)?.verify(&request, "secret")
+    };
+    let empty = signed("secret", STREAM, b"", t0());
+    assert!(stream_check(&empty, b"").is_ok());
+    // The events that follow are not the body the head's signature covers.
+    assert!(stream_check(&empty, b"events").is_ok());
+
+    let mut with_hash = SigningSettings::default();
+    with_hash.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    let marked = signed_with(
+        with_hash.clone(),
+        "secret",
+        STREAM,
+        SignableBody::Precomputed(STREAMING_EVENTS.into()),
+        t0(),
+    );
+    assert_eq!(marked["x-amz-content-sha256"], STREAMING_EVENTS);
+    assert!(stream_check(&marked, b"").is_ok());
+    assert_eq!(
+        check(STREAM, &marked, b""),
+        Err(SigV4Error::UnsignedPayload),
+        "the events marker is refused for a whole-body operation"
+    );
+    let mut other = marked.clone();
+    other.insert(
+        "x-amz-content-sha256",
+        "STREAMING-UNSIGNED-PAYLOAD-TRAILER".parse().unwrap(),
+    );
+    assert_eq!(stream_check(&other, b""), Err(SigV4Error::UnsignedPayload));
+    let wrong = signed("not-the-secret", STREAM, b"", t0());
+    assert_eq!(
+        stream_check(&wrong, b""),
+        Err(SigV4Error::SignatureMismatch)
+    );
 }
