@@ -2,7 +2,6 @@
 //! and every way of departing from them is refused.
 
 use super::*;
-use crate::auth::amz_date::parse_amz_date;
 use std::time::UNIX_EPOCH;
 use aws_credential_types::Credentials;
 use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
