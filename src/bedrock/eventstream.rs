@@ -19,13 +19,16 @@ fn string_header(name: &'static str, value: impl Into<String>) -> Header {
 }
 
 fn encode(message: &Message) -> Bytes {
-    let mut buf = Vec::with_capacity(message.payload().len() + 96);
     // Writing to a Vec cannot fail short of headers too large for the format, which our
     // fixed header set never is.
-    if write_message_to(message, &mut buf).is_err() {
-        return Bytes::new();
-    }
-    Bytes::from(buf)
+    encode_message(message).unwrap_or_default()
+}
+
+/// The frame that encodes `message`.
+pub fn encode_message(message: &Message) -> Result<Bytes, FrameError> {
+    let mut buf = Vec::with_capacity(message.payload().len() + 96);
+    write_message_to(message, &mut buf).map_err(|e| FrameError(e.to_string()))?;
+    Ok(Bytes::from(buf))
 }
 
 /// An event frame: `:message-type=event`, `:event-type={event_type}`, JSON payload.
