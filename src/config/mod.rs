@@ -184,6 +184,9 @@ pub struct PoolConfig {
     pub max_concurrency: u32,
     pub output_burndown: u32,
     pub default_max_tokens: u64,
+    /// Reserved for the whole of an InvokeModelWithBidirectionalStream session, whose input and
+    /// output are not known when it opens (`bidirectional_reservation`, else `default_max_tokens`).
+    pub bidirectional_reservation: u64,
     /// Fraction of the bucket kept free, in `[0, 1)`.
     pub headroom: f64,
     pub input_estimate: InputEstimate,
@@ -640,6 +643,11 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
         ));
     }
     let default_max_tokens = nonzero("default_max_tokens", raw.default_max_tokens)?;
+    let bidirectional_reservation = raw
+        .bidirectional_reservation
+        .map(|v| nonzero("bidirectional_reservation", v))
+        .transpose()?
+        .unwrap_or(default_max_tokens);
     let headroom = raw.headroom.unwrap_or(0.0);
     if !(0.0..0.9).contains(&headroom) {
         return Err(invalid(
@@ -683,6 +691,7 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
         max_concurrency,
         output_burndown: raw.output_burndown,
         default_max_tokens,
+        bidirectional_reservation,
         headroom,
         input_estimate,
         max_wait: Duration::from_millis(max_wait_ms),
@@ -690,14 +699,19 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
         retry_reserve,
         shadow: raw.shadow.unwrap_or(false),
     };
-    if default_max_tokens >= pool.usable_tokens_per_minute() {
-        return Err(invalid(
-            key("default_max_tokens"),
-            format!(
-                "{default_max_tokens} does not fit in the bucket ({} tokens per minute after headroom): lower it",
-                pool.usable_tokens_per_minute()
-            ),
-        ));
+    for (name, tokens) in [
+        ("default_max_tokens", default_max_tokens),
+        ("bidirectional_reservation", bidirectional_reservation),
+    ] {
+        if tokens >= pool.usable_tokens_per_minute() {
+            return Err(invalid(
+                key(name),
+                format!(
+                    "{tokens} does not fit in the bucket ({} tokens per minute after headroom): lower it",
+                    pool.usable_tokens_per_minute()
+                ),
+            ));
+        }
     }
     Ok(pool)
 }

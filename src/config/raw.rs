@@ -95,6 +95,7 @@ pub struct RawPool {
     pub max_concurrency: u32,
     pub output_burndown: u32,
     pub default_max_tokens: u64,
+    pub bidirectional_reservation: Option<u64>,
     pub headroom: Option<f64>,
     pub input_estimate: Option<String>,
     pub max_wait_ms: Option<u64>,
