@@ -75,7 +75,8 @@ pub struct Frame {
 }
 
 impl Frame {
-    fn from_message(message: &Message) -> Frame {
+    /// The frame's type headers and payload.
+    pub fn from_message(message: &Message) -> Frame {
         let header = |name: &str| {
             message
                 .headers()

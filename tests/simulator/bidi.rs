@@ -115,8 +115,11 @@ fn input_stream(
     InvokeModelWithBidirectionalStreamInput,
     InvokeModelWithBidirectionalStreamInputError,
 > {
-    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })
-        .into()
+    // Fused: the SDK polls its input once more after the end.
+    futures_util::StreamExt::fuse(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (e, rx))
+    }))
+    .into()
 }
 
 /// Opens a session whose `sessionStart` asks for `max_tokens`: the caller's side and the SDK's
@@ -265,6 +268,13 @@ async fn a_session_answers_turn_by_turn_and_is_charged_its_usage_totals() {
     );
     assert_eq!(stats.operations["InvokeModelWithBidirectionalStream"], 1);
     assert_eq!(stats.sigv4.verified, 1, "the request's own SigV4 verified");
+    // sessionStart, promptStart, 2 x 3 user content events, promptEnd, sessionEnd (which ends
+    // the session before the end envelope is read).
+    assert_eq!(
+        (stats.sigv4.events_verified, stats.sigv4.events_rejected),
+        (10, 0),
+        "each event's chained signature verified"
+    );
 }
 
 #[tokio::test]
