@@ -510,7 +510,7 @@ struct ChunkPayload {
 }
 
 /// The bytes a `chunk` event's `{"bytes": base64}` carries.
-fn decode_chunk(payload: &[u8]) -> Option<Vec<u8>> {
+pub(super) fn decode_chunk(payload: &[u8]) -> Option<Vec<u8>> {
     let chunk = serde_json::from_slice::<ChunkPayload>(payload).ok()?;
     base64::engine::general_purpose::STANDARD
         .decode(chunk.bytes)
