@@ -32,15 +32,6 @@ fn in_flight(proxy: &Gateway) -> u64 {
     common::in_flight(proxy, POOL)
 }
 
-/// Polls `condition` every 10 ms for up to `within`.
-async fn eventually(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_client_that_hangs_up_mid_body_reaches_nothing_and_holds_nothing() {
     let stack = Stack::start(FAST_SIM, &sonnet_pool(1_000_000, 8), "").await;

@@ -38,6 +38,8 @@ mod faults;
 mod model_ids;
 #[path = "common/signing.rs"]
 mod signing;
+#[path = "common/sonic.rs"]
+mod sonic;
 #[path = "simulator/tiers.rs"]
 mod tiers;
 

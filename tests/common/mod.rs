@@ -6,6 +6,7 @@ pub mod fleet;
 pub mod redis_server;
 pub mod scrape;
 pub mod signing;
+pub mod sonic;
 pub mod tap;
 pub mod wire;
 
@@ -211,6 +212,18 @@ pub async fn assert_ledger_zero(proxy: &Gateway) {
         0,
         "a reservation was dropped unsettled"
     );
+}
+
+/// Polls `condition` every 10 ms for up to `within`: waiting for a state, never for a time.
+pub async fn eventually(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// A plain HTTP response, for tests that speak raw HTTP.

@@ -1,0 +1,494 @@
+//! Nova Sonic sessions over InvokeModelWithBidirectionalStream, for tests of the simulator and of
+//! the proxy: aws-sdk-bedrockruntime's `invoke_model_with_bidirectional_stream` through an h2c
+//! connector (the SDK's default client speaks HTTP/2 only over TLS), a caller side fed through a
+//! channel so a test decides when each event goes, and, for what the SDK cannot express, a raw
+//! HTTP/2 session whose frames a test signs (or forges) itself.
+#![allow(dead_code)]
+
+use std::{convert::Infallible, net::SocketAddr, time::Duration};
+
+use aws_credential_types::Credentials;
+use aws_sdk_bedrockruntime::{
+    Client,
+    config::{BehaviorVersion, Region, retry::RetryConfig},
+    primitives::{Blob, event_stream::EventStreamSender},
+    types::{
+        BidirectionalInputPayloadPart, InvokeModelWithBidirectionalStreamInput,
+        InvokeModelWithBidirectionalStreamOutput,
+        error::InvokeModelWithBidirectionalStreamInputError,
+    },
+};
+use aws_sigv4::{
+    event_stream::{sign_empty_message, sign_message},
+    http_request::{PayloadChecksumKind, SignableBody, SignableRequest, SigningSettings, sign},
+    sign::v4::SigningParams,
+};
+use aws_smithy_runtime_api::client::{
+    http::{HttpConnector, HttpConnectorFuture, SharedHttpConnector, http_client_fn},
+    orchestrator::HttpResponse,
+    result::ConnectorError,
+};
+use aws_smithy_types::{body::SdkBody, event_stream::Message};
+use bytes::Bytes;
+use http_body_util::{BodyExt, StreamBody};
+use hyper_util::{
+    client::legacy::{Client as HttpClient, connect::HttpConnector as TcpConnector},
+    rt::{TokioExecutor, TokioIo},
+};
+use serde_json::{Value, json};
+use tokengate::bedrock::eventstream::{Frame, FrameReader, event_frame};
+use tokio::sync::mpsc;
+
+pub const SONIC: &str = "amazon.nova-sonic-v1:0";
+pub const SONIC_PATH: &str = "/model/amazon.nova-sonic-v1%3A0/invoke-with-bidirectional-stream";
+
+/// The SDK's answer to the call: its `body` receives the output events.
+pub type Session = aws_sdk_bedrockruntime::operation::invoke_model_with_bidirectional_stream::InvokeModelWithBidirectionalStreamOutput;
+pub type Input =
+    Result<InvokeModelWithBidirectionalStreamInput, InvokeModelWithBidirectionalStreamInputError>;
+
+/// An HTTP/2-only (prior knowledge) connector for the SDK.
+#[derive(Debug, Clone)]
+struct H2c(HttpClient<TcpConnector, SdkBody>);
+
+impl HttpConnector for H2c {
+    fn call(&self, request: aws_smithy_runtime_api::http::Request) -> HttpConnectorFuture {
+        let client = self.0.clone();
+        HttpConnectorFuture::new(async move {
+            let request = request
+                .try_into_http1x()
+                .map_err(|e| ConnectorError::other(e.into(), None))?;
+            let response = client
+                .request(request)
+                .await
+                .map_err(|e| ConnectorError::io(e.into()))?;
+            HttpResponse::try_from(response.map(SdkBody::from_body_1_x))
+                .map_err(|e| ConnectorError::other(e.into(), None))
+        })
+    }
+}
+
+/// An SDK client for `addr` over h2c, signing with `key_id` / `secret` for `region`, no retries.
+pub fn h2c_client(addr: SocketAddr, region: &str, key_id: &str, secret: &str) -> Client {
+    let http = HttpClient::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(TcpConnector::new());
+    let connector = SharedHttpConnector::new(H2c(http));
+    let config = aws_sdk_bedrockruntime::Config::builder()
+        .endpoint_url(format!("http://{addr}"))
+        .region(Region::new(region.to_string()))
+        .credentials_provider(Credentials::new(key_id, secret, None, None, "test"))
+        .http_client(http_client_fn(move |_, _| connector.clone()))
+        .retry_config(RetryConfig::disabled())
+        .behavior_version(BehaviorVersion::latest())
+        .build();
+    Client::from_conf(config)
+}
+
+/// A chunk event carrying one Nova Sonic event.
+pub fn chunk(name: &str, body: Value) -> Input {
+    let bytes = json!({"event": {name: body}}).to_string();
+    Ok(InvokeModelWithBidirectionalStreamInput::Chunk(
+        BidirectionalInputPayloadPart::builder()
+            .bytes(Blob::new(bytes))
+            .build(),
+    ))
+}
+
+/// The caller's side of a session: a channel feeding the SDK's input stream. Dropping it ends
+/// the input (the SDK then sends its signed end envelope).
+pub struct Caller(pub mpsc::Sender<Input>);
+
+impl Caller {
+    pub async fn send(&self, name: &str, body: Value) {
+        self.0.send(chunk(name, body)).await.unwrap();
+    }
+
+    /// One user text turn of prompt `p1`: contentStart, textInput, contentEnd.
+    pub async fn user_text(&self, content: &str, text: &str) {
+        let ids = json!({"promptName": "p1", "contentName": content});
+        let mut start = ids.clone();
+        start["type"] = json!("TEXT");
+        start["role"] = json!("USER");
+        start["interactive"] = json!(true);
+        self.send("contentStart", start).await;
+        let mut input = ids.clone();
+        input["content"] = json!(text);
+        self.send("textInput", input).await;
+        self.send("contentEnd", ids).await;
+    }
+}
+
+pub fn input_stream(
+    rx: mpsc::Receiver<Input>,
+) -> EventStreamSender<
+    InvokeModelWithBidirectionalStreamInput,
+    InvokeModelWithBidirectionalStreamInputError,
+> {
+    // Fused: the SDK polls its input once more after the end.
+    futures_util::StreamExt::fuse(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|e| (e, rx))
+    }))
+    .into()
+}
+
+/// Opens a session whose `sessionStart` asks for `max_tokens`: the caller's side and the SDK's
+/// answer (an error if the call was refused before the stream).
+pub async fn try_open(
+    client: &Client,
+    max_tokens: u64,
+) -> (
+    Caller,
+    Result<Session, aws_sdk_bedrockruntime::error::SdkError<
+        aws_sdk_bedrockruntime::operation::invoke_model_with_bidirectional_stream::InvokeModelWithBidirectionalStreamError,
+        HttpResponse,
+    >>,
+) {
+    let (tx, rx) = mpsc::channel(16);
+    let caller = Caller(tx);
+    caller
+        .send(
+            "sessionStart",
+            json!({"inferenceConfiguration": {"maxTokens": max_tokens}}),
+        )
+        .await;
+    let session = client
+        .invoke_model_with_bidirectional_stream()
+        .model_id(SONIC)
+        .body(input_stream(rx))
+        .send()
+        .await;
+    (caller, session)
+}
+
+/// [`try_open`], which must succeed.
+pub async fn open(client: &Client, max_tokens: u64) -> (Caller, Session) {
+    let (caller, session) = try_open(client, max_tokens).await;
+    (caller, session.expect("the session opens"))
+}
+
+/// A hang guard, not a timing assertion: generous, and only there so a broken relay fails the
+/// test instead of hanging it.
+pub const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// The output events until (and including) the next `usageEvent`, or the end of the stream.
+/// A relay that buffered the caller's input until it ended would never answer here.
+pub async fn until_usage(out: &mut Session) -> Vec<Value> {
+    let body = &mut out.body;
+    let mut events = Vec::new();
+    let recv = async {
+        while let Some(InvokeModelWithBidirectionalStreamOutput::Chunk(part)) =
+            body.recv().await.unwrap()
+        {
+            let event: Value = serde_json::from_slice(part.bytes().unwrap().as_ref()).unwrap();
+            let usage = event["event"].get("usageEvent").is_some();
+            events.push(event);
+            if usage {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(HANG_GUARD, recv)
+        .await
+        .expect("answered while the caller's side is still open");
+    events
+}
+
+/// The error the output stream ends with (within the hang guard).
+pub async fn stream_error(
+    out: &mut Session,
+) -> aws_sdk_bedrockruntime::types::error::InvokeModelWithBidirectionalStreamOutputError {
+    let recv = async {
+        loop {
+            match out.body.recv().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the stream ended without an error"),
+                Err(e) => return e.into_service_error(),
+            }
+        }
+    };
+    tokio::time::timeout(HANG_GUARD, recv)
+        .await
+        .expect("the stream ends")
+}
+
+/// Each event's name.
+pub fn names(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| {
+            e["event"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .next()
+                .unwrap()
+                .clone()
+        })
+        .collect()
+}
+
+/// An unsigned `chunk` frame carrying one Nova Sonic event.
+pub fn raw_chunk(name: &str, body: Value) -> Bytes {
+    use base64::Engine;
+    let event = json!({"event": {name: body}}).to_string();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(event);
+    event_frame("chunk", json!({ "bytes": b64 }).to_string().as_bytes())
+}
+
+/// A whole text turn as raw unsigned frames: sessionStart (with `max_tokens`, if any),
+/// promptStart, one user text content, promptEnd, sessionEnd.
+pub fn raw_session(max_tokens: Option<u64>, text: &str) -> Vec<Bytes> {
+    let ids = json!({"promptName": "p", "contentName": "c"});
+    let mut start = ids.clone();
+    start["type"] = json!("TEXT");
+    start["role"] = json!("USER");
+    let mut input = ids.clone();
+    input["content"] = json!(text);
+    vec![
+        raw_chunk(
+            "sessionStart",
+            max_tokens.map_or(json!({}), |n| json!({"inferenceConfiguration": {"maxTokens": n}})),
+        ),
+        raw_chunk("promptStart", json!({"promptName": "p"})),
+        raw_chunk("contentStart", start),
+        raw_chunk("textInput", input),
+        raw_chunk("contentEnd", ids),
+        raw_chunk("promptEnd", json!({"promptName": "p"})),
+        raw_chunk("sessionEnd", json!({})),
+    ]
+}
+
+// === Raw HTTP/2 ===
+
+/// How a raw session's head is signed.
+pub enum Head<'a> {
+    /// No `authorization` at all.
+    Unsigned,
+    /// Over an empty payload, as aws-sdk-rust signs it.
+    EmptyPayload { key_id: &'a str, secret: &'a str },
+    /// With `x-amz-content-sha256: STREAMING-AWS4-HMAC-SHA256-EVENTS` (`marker`, to try others).
+    Marker {
+        key_id: &'a str,
+        secret: &'a str,
+        marker: &'a str,
+    },
+}
+
+/// The headers of a session's head to `host`, and its signature (the seed of the events').
+pub fn head(host: &str, how: Head<'_>) -> (Vec<(String, String)>, String) {
+    let (key_id, secret, body, with_header) = match how {
+        Head::Unsigned => {
+            return (
+                vec![(
+                    "content-type".into(),
+                    "application/vnd.amazon.eventstream".into(),
+                )],
+                String::new(),
+            );
+        }
+        Head::EmptyPayload { key_id, secret } => (key_id, secret, SignableBody::Bytes(&[]), false),
+        Head::Marker {
+            key_id,
+            secret,
+            marker,
+        } => (key_id, secret, SignableBody::Precomputed(marker.into()), true),
+    };
+    let identity = Credentials::new(key_id, secret, None, None, "tests").into();
+    let mut settings = SigningSettings::default();
+    if with_header {
+        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    }
+    let params = SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("bedrock")
+        .time(std::time::SystemTime::now())
+        .settings(settings)
+        .build()
+        .unwrap()
+        .into();
+    let base = [
+        ("host", host),
+        ("content-type", "application/vnd.amazon.eventstream"),
+    ];
+    let request = SignableRequest::new(
+        "POST",
+        format!("http://{host}{SONIC_PATH}"),
+        base.iter().copied(),
+        body,
+    )
+    .unwrap();
+    let (instructions, signature) = sign(request, &params).unwrap().into_parts();
+    let headers = base
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain(
+            instructions
+                .headers()
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+        .collect();
+    (headers, signature)
+}
+
+/// Signs events as an SDK does, each chained from the one before, the head's first.
+pub struct EventSigner {
+    identity: aws_smithy_runtime_api::client::identity::Identity,
+    prior: String,
+}
+
+impl EventSigner {
+    pub fn new(key_id: &str, secret: &str, seed: &str) -> EventSigner {
+        EventSigner {
+            identity: Credentials::new(key_id, secret, None, None, "tests").into(),
+            prior: seed.to_string(),
+        }
+    }
+
+    /// `frame` (an encoded event) in a signed envelope; `None` signs the end envelope.
+    pub fn sign(&mut self, frame: Option<&Bytes>) -> Bytes {
+        let params = SigningParams::builder()
+            .identity(&self.identity)
+            .region("us-east-1")
+            .name("bedrock")
+            .time(std::time::SystemTime::now())
+            .settings(())
+            .build()
+            .unwrap();
+        let signed = match frame {
+            Some(frame) => {
+                let message = aws_smithy_eventstream::frame::read_message_from(frame.clone())
+                    .expect("an encoded event");
+                sign_message(&message, &self.prior, &params).unwrap()
+            }
+            None => sign_empty_message(&self.prior, &params).unwrap(),
+        };
+        let (envelope, signature) = signed.into_parts();
+        self.prior = signature;
+        encode(&envelope)
+    }
+}
+
+pub fn encode(message: &Message) -> Bytes {
+    tokengate::bedrock::eventstream::encode_message(message).unwrap()
+}
+
+/// A raw HTTP/2 session on its own connection: frames go when the test sends them, output is
+/// read frame by frame, and [`RawSession::hang_up`] drops the connection.
+pub struct RawSession {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    input: Option<mpsc::Sender<Result<http_body::Frame<Bytes>, Infallible>>>,
+    output: hyper::body::Incoming,
+    reader: FrameReader,
+    connection: tokio::task::JoinHandle<()>,
+    _sender: hyper::client::conn::http2::SendRequest<RawBody>,
+}
+
+type RawBody = StreamBody<
+    futures_util::stream::Fuse<
+        std::pin::Pin<
+            Box<dyn futures_util::Stream<Item = Result<http_body::Frame<Bytes>, Infallible>> + Send>,
+        >,
+    >,
+>;
+
+impl RawSession {
+    /// POSTs to `addr` with `headers`, sending `first` at once.
+    pub async fn open(addr: SocketAddr, headers: &[(String, String)], first: &[Bytes]) -> Self {
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                .await
+                .unwrap();
+        let connection = tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let (tx, rx) = mpsc::channel(16);
+        for frame in first {
+            tx.send(Ok(http_body::Frame::data(frame.clone())))
+                .await
+                .unwrap();
+        }
+        let frames: std::pin::Pin<Box<dyn futures_util::Stream<Item = _> + Send>> =
+            Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|f| (f, rx))
+            }));
+        let body: RawBody = StreamBody::new(futures_util::StreamExt::fuse(frames));
+        let mut request = http::Request::post(format!("http://{addr}{SONIC_PATH}"));
+        for (name, value) in headers {
+            if name != "host" {
+                request = request.header(name, value);
+            }
+        }
+        let response = sender
+            .send_request(request.body(body).unwrap())
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let (parts, output) = response.into_parts();
+        RawSession {
+            status,
+            headers: parts.headers,
+            input: Some(tx),
+            output,
+            reader: FrameReader::new(),
+            connection,
+            _sender: sender,
+        }
+    }
+
+    /// Sends one more input frame.
+    pub async fn send(&self, frame: Bytes) {
+        if let Some(tx) = &self.input {
+            let _ = tx.send(Ok(http_body::Frame::data(frame))).await;
+        }
+    }
+
+    /// Ends the input (END_STREAM, without an end envelope).
+    pub fn close_input(&mut self) {
+        self.input = None;
+    }
+
+    /// The next output frame, `None` at the end of the stream (within the hang guard).
+    pub async fn next(&mut self) -> Option<Frame> {
+        let read = async {
+            loop {
+                if let Some(frame) = self.reader.next_frame().unwrap() {
+                    return Some(frame);
+                }
+                match self.output.frame().await {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            self.reader.push(&data);
+                        }
+                    }
+                    Some(Err(_)) | None => return None,
+                }
+            }
+        };
+        tokio::time::timeout(HANG_GUARD, read)
+            .await
+            .expect("the output moves")
+    }
+
+    /// Every output frame to the end.
+    pub async fn rest(&mut self) -> Vec<Frame> {
+        let mut out = Vec::new();
+        while let Some(frame) = self.next().await {
+            out.push(frame);
+        }
+        out
+    }
+
+    /// The whole body of a refusal answered before the stream.
+    pub async fn body(self) -> Bytes {
+        self.output.collect().await.unwrap().to_bytes()
+    }
+
+    /// Drops the connection, as a client that crashed.
+    pub fn hang_up(self) {
+        self.connection.abort();
+    }
+}
