@@ -91,7 +91,10 @@ async fn a_session_is_relayed_turn_by_turn_and_charged_what_upstream_charged() {
     );
     let usage = &first[4]["event"]["usageEvent"];
     assert_eq!(
-        (usage["totalInputTokens"].as_u64(), usage["totalOutputTokens"].as_u64()),
+        (
+            usage["totalInputTokens"].as_u64(),
+            usage["totalOutputTokens"].as_u64()
+        ),
         (Some(7), Some(20))
     );
     // Mid-session: one permit and the session's reservation held in the proxy; upstream holds
@@ -155,7 +158,11 @@ async fn a_session_that_does_not_fit_is_turned_away_before_the_stream() {
     let (_caller, refused) = try_open(&client, 300).await;
     let error = refused.expect_err("no permit left").into_service_error();
     assert!(error.is_throttling_exception(), "{error:?}");
-    assert_eq!(bucket(&stack).requests, 1, "the refused one never reached upstream");
+    assert_eq!(
+        bucket(&stack).requests,
+        1,
+        "the refused one never reached upstream"
+    );
 
     held.send("sessionEnd", json!({})).await;
     drop(held);
@@ -163,7 +170,10 @@ async fn a_session_that_does_not_fit_is_turned_away_before_the_stream() {
     stack.assert_ledger_zero().await;
     // No usage event: nothing was said, nothing was charged upstream.
     assert_eq!(bucket(&stack).tokens_charged, 0);
-    assert_eq!(settlements(&stack, "no_usage").await, (1.0, RESERVATION as f64));
+    assert_eq!(
+        settlements(&stack, "no_usage").await,
+        (1.0, RESERVATION as f64)
+    );
 }
 
 #[tokio::test]
@@ -213,7 +223,10 @@ async fn a_quiet_upstream_ends_the_session_at_the_idle_timeout() {
     let error = stream_error(&mut session).await;
     assert!(error.is_model_stream_error_exception(), "{error:?}");
     stack.assert_ledger_zero().await;
-    assert_eq!(settlements(&stack, "no_usage").await, (1.0, RESERVATION as f64));
+    assert_eq!(
+        settlements(&stack, "no_usage").await,
+        (1.0, RESERVATION as f64)
+    );
     // The proxy reset the upstream stream: upstream's session ended too.
     upstream_idle(&stack).await;
     drop(caller);
@@ -258,19 +271,30 @@ async fn a_route_ceiling_holds_for_the_session_s_max_tokens() {
     until_usage(&mut session).await;
     // The sessionStart upstream read asks for the ceiling; the proxy reserved no more.
     assert_eq!(bucket(&stack).tokens_reserved_in_flight, 200);
-    assert_eq!(stack.proxy.admission().pools()[0].load.reserved_tokens(), 200);
+    assert_eq!(
+        stack.proxy.admission().pools()[0].load.reserved_tokens(),
+        200
+    );
     drop(caller);
     while session.body.recv().await.unwrap().is_some() {}
     stack.assert_ledger_zero().await;
 
-    let reject = "[[routes]]\nname = \"app\"\nmax_tokens_ceiling = 200\nmax_tokens_policy = \"reject\"\n";
+    let reject =
+        "[[routes]]\nname = \"app\"\nmax_tokens_ceiling = 200\nmax_tokens_policy = \"reject\"\n";
     let stack = Stack::start(SIM, &sonic_pool(100_000, 4, ""), reject).await;
     let (_caller, mut session) = open(&client(&stack), 5_000).await;
     let error = stream_error(&mut session).await;
     assert!(error.is_validation_exception(), "{error:?}");
     let message = error.meta().message().unwrap_or_default().to_string();
-    assert!(message.contains("maxTokens 5000 is above the ceiling of 200"), "{message}");
+    assert!(
+        message.contains("maxTokens 5000 is above the ceiling of 200"),
+        "{message}"
+    );
     stack.assert_ledger_zero().await;
     upstream_idle(&stack).await;
-    assert_eq!(bucket(&stack).requests, 0, "no sessionStart reached upstream");
+    assert_eq!(
+        bucket(&stack).requests,
+        0,
+        "no sessionStart reached upstream"
+    );
 }

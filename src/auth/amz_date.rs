@@ -73,7 +73,12 @@ mod tests {
 
     #[test]
     fn dates_read_and_write_back() {
-        for text in ["20260101T000000Z", "20240229T235959Z", "19700101T000000Z", "21000301T120000Z"] {
+        for text in [
+            "20260101T000000Z",
+            "20240229T235959Z",
+            "19700101T000000Z",
+            "21000301T120000Z",
+        ] {
             let at = parse_amz_date(text).unwrap();
             let (date_time, day) = format_amz_date(at);
             assert_eq!(date_time, text);
@@ -82,6 +87,10 @@ mod tests {
         assert_eq!(parse_amz_date("20260101T000000"), None);
         assert_eq!(parse_amz_date("20261301T000000Z"), None);
         let later = UNIX_EPOCH + Duration::from_millis(1_767_225_600_999);
-        assert_eq!(format_amz_date(later).0, "20260101T000000Z", "sub-seconds dropped");
+        assert_eq!(
+            format_amz_date(later).0,
+            "20260101T000000Z",
+            "sub-seconds dropped"
+        );
     }
 }

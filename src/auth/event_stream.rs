@@ -124,15 +124,17 @@ impl ChainVerifier {
         let Some(HeaderValue::Timestamp(date)) = header(envelope, DATE) else {
             return Err(malformed(":date is missing or not a timestamp"));
         };
-        let at =
-            SystemTime::try_from(*date).map_err(|_| malformed(":date is out of range"))?;
+        let at = SystemTime::try_from(*date).map_err(|_| malformed(":date is out of range"))?;
         let skew = now.duration_since(at).unwrap_or_else(|e| e.duration());
         if skew > MAX_SKEW {
             return Err(FrameSignatureError::ClockSkew);
         }
         let mut date_header = Vec::new();
-        write_headers_to(&[Header::new(DATE, HeaderValue::Timestamp(*date))], &mut date_header)
-            .map_err(|_| malformed(":date cannot be encoded"))?;
+        write_headers_to(
+            &[Header::new(DATE, HeaderValue::Timestamp(*date))],
+            &mut date_header,
+        )
+        .map_err(|_| malformed(":date cannot be encoded"))?;
         let (date_time, day) = format_amz_date(at);
         let string_to_sign = format!(
             "AWS4-HMAC-SHA256-PAYLOAD\n{date_time}\n{day}/{}/{}/aws4_request\n{}\n{}\n{}",
@@ -207,7 +209,10 @@ mod tests {
             assert!(is_envelope(envelope));
             payloads.push(v.verify(envelope, t0()).unwrap());
         }
-        assert!(payloads[0].len() > 3, "the payload is the whole inner frame");
+        assert!(
+            payloads[0].len() > 3,
+            "the payload is the whole inner frame"
+        );
         assert!(payloads[2].is_empty(), "the end of the stream");
     }
 
@@ -226,7 +231,8 @@ mod tests {
             verifier("other").verify(&chain[0], t0()),
             Err(FrameSignatureError::Mismatch)
         );
-        let mut reseeded = ChainVerifier::new(Secret("secret".into()), "us-east-1", "bedrock", "00");
+        let mut reseeded =
+            ChainVerifier::new(Secret("secret".into()), "us-east-1", "bedrock", "00");
         assert_eq!(
             reseeded.verify(&chain[0], t0()),
             Err(FrameSignatureError::Mismatch)

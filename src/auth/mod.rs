@@ -271,8 +271,8 @@ impl Authenticator {
             headers: &parts.headers,
             body,
         };
-        let verified = sigv4::SignedHead::check_for(&parts.headers, checked_at, payload)
-            .and_then(|head| {
+        let verified =
+            sigv4::SignedHead::check_for(&parts.headers, checked_at, payload).and_then(|head| {
                 let (secret, _) = self
                     .keys
                     .get(head.auth.access_key_id)

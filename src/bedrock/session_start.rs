@@ -38,7 +38,10 @@ impl SessionStart {
         let event: Value = decode_chunk(chunk_payload)
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
             .ok_or(SessionStartError::NotAChunk)?;
-        if event.pointer("/event/sessionStart").is_none_or(|s| !s.is_object()) {
+        if event
+            .pointer("/event/sessionStart")
+            .is_none_or(|s| !s.is_object())
+        {
             return Err(SessionStartError::NotSessionStart);
         }
         Ok(SessionStart { event })

@@ -328,7 +328,10 @@ impl UsageObserver {
         if let Some(text) = event.pointer("/textOutput/content").and_then(Value::as_str) {
             self.add_output(text.len() as u64);
         }
-        if let Some(totals) = event.get("usageEvent").and_then(|u| usage_in(u, &SESSION_KEYS)) {
+        if let Some(totals) = event
+            .get("usageEvent")
+            .and_then(|u| usage_in(u, &SESSION_KEYS))
+        {
             self.output_seen = self.output_seen.max(totals.output_tokens);
             self.running = Some(totals);
         }

@@ -158,8 +158,15 @@ fn a_session_is_charged_its_last_running_totals_at_its_end() {
         assert_eq!(o.on_data(frame), None, "running totals settle nothing yet");
     }
     assert_eq!(o.running_usage(), Some(usage(7, 20, 0, 0)));
-    assert_eq!(o.output_tokens_seen(), 20, "the totals, not the 3 tokens of text");
-    for frame in [sonic("textOutput", json!({"content": "more"})), usage_event(13, 50)] {
+    assert_eq!(
+        o.output_tokens_seen(),
+        20,
+        "the totals, not the 3 tokens of text"
+    );
+    for frame in [
+        sonic("textOutput", json!({"content": "more"})),
+        usage_event(13, 50),
+    ] {
         assert_eq!(o.on_data(&frame), None);
     }
     assert_eq!(o.on_end(), Some(usage(13, 50, 0, 0)));

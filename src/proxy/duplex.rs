@@ -113,11 +113,15 @@ pub async fn proxy(
     let input = Input {
         client,
         verifier,
-        ceiling: caller.route.config.max_tokens_ceiling.map(|max_tokens| Ceiling {
-            max_tokens,
-            policy: caller.route.config.max_tokens_policy,
-            route: caller.route.name.clone(),
-        }),
+        ceiling: caller
+            .route
+            .config
+            .max_tokens_ceiling
+            .map(|max_tokens| Ceiling {
+                max_tokens,
+                policy: caller.route.config.max_tokens_policy,
+                route: caller.route.name.clone(),
+            }),
         link: link.clone(),
         auth: policy.auth.clone(),
     };

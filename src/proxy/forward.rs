@@ -135,7 +135,11 @@ fn refused(
 }
 
 /// No response from upstream: a retryable 503, settled by the rule for the failure.
-pub fn unreachable(policy: &Policy, in_flight: Option<InFlight>, error: &UpstreamError) -> Response {
+pub fn unreachable(
+    policy: &Policy,
+    in_flight: Option<InFlight>,
+    error: &UpstreamError,
+) -> Response {
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     policy
         .observer

@@ -76,7 +76,10 @@ impl Link {
 
     /// Why the input was refused, once.
     pub fn refusal(&self) -> Option<BedrockError> {
-        self.refused.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 }
 
@@ -213,10 +216,11 @@ impl InputRelay {
             }
             _ => {
                 let payload = start.with_max_tokens(limit);
-                Ok(event.headers().iter().cloned().fold(
-                    Message::new(payload),
-                    Message::add_header,
-                ))
+                Ok(event
+                    .headers()
+                    .iter()
+                    .cloned()
+                    .fold(Message::new(payload), Message::add_header))
             }
         }
     }

@@ -23,9 +23,9 @@ use super::Inner;
 use super::stats::ApiKeyStats;
 use crate::auth::event_stream::ChainVerifier;
 use crate::auth::sigv4::{self, Payload, SigV4Error, SignedHead};
-use crate::config::Secret;
 use crate::bedrock::error::X_AMZN_ERROR_TYPE;
 use crate::bedrock::{BedrockError, ErrorCode};
+use crate::config::Secret;
 
 /// Bearer and `x-api-key` counters.
 #[derive(Debug, Default)]

@@ -45,8 +45,8 @@ use super::sonic::{Action, Session};
 use super::{auth, shapes};
 use crate::auth::event_stream::{ChainVerifier, is_envelope};
 use crate::bedrock::eventstream::{self, Frame, FrameReader, exception_frame};
-use aws_smithy_types::event_stream::Message;
 use crate::bedrock::{BedrockError, ErrorCode, Operation};
+use aws_smithy_types::event_stream::Message;
 
 const API: &str = "InvokeModelWithBidirectionalStream";
 
@@ -182,12 +182,13 @@ impl Live<'_> {
                 if payload.is_empty() {
                     return Ok(Some(End::Done));
                 }
-                eventstream::whole_message(&payload).map_err(|_| {
-                    "A signed frame does not hold a whole message.".to_string()
-                })?
+                eventstream::whole_message(&payload)
+                    .map_err(|_| "A signed frame does not hold a whole message.".to_string())?
             } else if self.verifier.is_some() {
                 self.sim.sigv4.record_event(false);
-                return Err("Each input event must be signed (a :chunk-signature envelope).".into());
+                return Err(
+                    "Each input event must be signed (a :chunk-signature envelope).".into(),
+                );
             } else {
                 message
             };

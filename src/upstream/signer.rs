@@ -353,7 +353,9 @@ mod tests {
         let path = "/model/amazon.nova-sonic-v1%3A0/invoke-with-bidirectional-stream";
         let mut request = http::Request::builder()
             .method("POST")
-            .uri(format!("https://bedrock-runtime.us-east-1.amazonaws.com{path}"))
+            .uri(format!(
+                "https://bedrock-runtime.us-east-1.amazonaws.com{path}"
+            ))
             .header("host", "bedrock-runtime.us-east-1.amazonaws.com")
             .body(bytes::Bytes::new())
             .unwrap();

@@ -143,7 +143,7 @@ pub async fn try_open(
         aws_sdk_bedrockruntime::operation::invoke_model_with_bidirectional_stream::InvokeModelWithBidirectionalStreamError,
         HttpResponse,
     >>,
-) {
+){
     let (tx, rx) = mpsc::channel(16);
     let caller = Caller(tx);
     caller
@@ -248,7 +248,10 @@ pub fn raw_session(max_tokens: Option<u64>, text: &str) -> Vec<Bytes> {
     vec![
         raw_chunk(
             "sessionStart",
-            max_tokens.map_or(json!({}), |n| json!({"inferenceConfiguration": {"maxTokens": n}})),
+            max_tokens.map_or(
+                json!({}),
+                |n| json!({"inferenceConfiguration": {"maxTokens": n}}),
+            ),
         ),
         raw_chunk("promptStart", json!({"promptName": "p"})),
         raw_chunk("contentStart", start),
@@ -292,7 +295,12 @@ pub fn head(host: &str, how: Head<'_>) -> (Vec<(String, String)>, String) {
             key_id,
             secret,
             marker,
-        } => (key_id, secret, SignableBody::Precomputed(marker.into()), true),
+        } => (
+            key_id,
+            secret,
+            SignableBody::Precomputed(marker.into()),
+            true,
+        ),
     };
     let identity = Credentials::new(key_id, secret, None, None, "tests").into();
     let mut settings = SigningSettings::default();
@@ -389,7 +397,9 @@ pub struct RawSession {
 type RawBody = StreamBody<
     futures_util::stream::Fuse<
         std::pin::Pin<
-            Box<dyn futures_util::Stream<Item = Result<http_body::Frame<Bytes>, Infallible>> + Send>,
+            Box<
+                dyn futures_util::Stream<Item = Result<http_body::Frame<Bytes>, Infallible>> + Send,
+            >,
         >,
     >,
 >;

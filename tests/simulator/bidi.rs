@@ -192,8 +192,7 @@ async fn raw_h2(
 async fn unsigned_frames_are_read_and_api_keys_and_other_models_are_refused() {
     let sim = start(instant_config()).await;
     // Unsigned chunk frames (no SDK envelope), all sent before reading: the session still runs.
-    let frames = raw_session(None, "raw [sim:output=3]")
-    .concat();
+    let frames = raw_session(None, "raw [sim:output=3]").concat();
     let (status, out) = raw_h2(&sim, &[], frames).await;
     assert_eq!(status, 200);
     assert!(
