@@ -4,6 +4,8 @@
 //! channel so a test decides when each event goes, and, for what the SDK cannot express, a raw
 //! HTTP/2 session whose frames a test signs (or forges) itself.
 #![allow(dead_code)]
+// Helpers that run only inside tests; a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
 
 use std::{convert::Infallible, net::SocketAddr, time::Duration};
 
