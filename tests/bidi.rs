@@ -13,9 +13,7 @@ use common::{sonic::*, *};
 use serde_json::{Value, json};
 use tokengate::simulator::BucketStats;
 
-/// Instant answers; the simulator verifies the proxy's signatures.
-const SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\n\
-    verify_sigv4 = { access_key_id = \"AKIATOKENGATEPROXY01\", secret_access_key = \"proxy-secret-key\" }\n";
+const SIM: &str = SONIC_SIM;
 const POOL: &str = "sonic";
 /// What a session reserves in the proxy's pool (`bidirectional_reservation`).
 const RESERVATION: u64 = 1_000;
@@ -38,14 +36,7 @@ fn client(stack: &Stack) -> aws_sdk_bedrockruntime::Client {
 }
 
 fn bucket(stack: &Stack) -> BucketStats {
-    stack
-        .sim
-        .simulator
-        .stats()
-        .buckets
-        .get(&format!("{SONIC}@us-east-1"))
-        .cloned()
-        .unwrap_or_default()
+    sonic_bucket(&stack.sim)
 }
 
 /// The pool's settlements by `rule`, and the tokens charged.
@@ -60,12 +51,8 @@ async fn settlements(stack: &Stack, rule: &str) -> (f64, f64) {
     )
 }
 
-/// Waits until upstream holds no session either (the proxy reset the ones it cut).
 async fn upstream_idle(stack: &Stack) {
-    eventually(Duration::from_secs(10), "upstream's session ended", || {
-        bucket(stack).in_flight == 0
-    })
-    .await;
+    sonic_upstream_idle(&stack.sim).await;
 }
 
 #[tokio::test]
@@ -79,24 +66,8 @@ async fn a_session_is_relayed_turn_by_turn_and_charged_what_upstream_charged() {
     // The second input goes only once the first answer is in: a proxy that held the input
     // until the caller's side ended would never answer.
     let first = until_usage(&mut session).await;
-    assert_eq!(
-        names(&first),
-        [
-            "completionStart",
-            "contentStart",
-            "textOutput",
-            "contentEnd",
-            "usageEvent"
-        ]
-    );
-    let usage = &first[4]["event"]["usageEvent"];
-    assert_eq!(
-        (
-            usage["totalInputTokens"].as_u64(),
-            usage["totalOutputTokens"].as_u64()
-        ),
-        (Some(7), Some(20))
-    );
+    assert_eq!(names(&first), FIRST_TURN);
+    assert_eq!(totals(&first[4]), (7, 20));
     // Mid-session: one permit and the session's reservation held in the proxy; upstream holds
     // the session's own maxTokens.
     assert_eq!(in_flight(&stack.proxy, POOL), 1);
@@ -111,6 +82,7 @@ async fn a_session_is_relayed_turn_by_turn_and_charged_what_upstream_charged() {
         names(&second),
         ["contentStart", "textOutput", "contentEnd", "usageEvent"]
     );
+    assert_eq!(totals(&second[3]), (13, 50));
     caller.send("promptEnd", json!({"promptName": "p1"})).await;
     caller.send("sessionEnd", json!({})).await;
     drop(caller);
@@ -252,10 +224,7 @@ async fn a_session_cut_short_by_shutdown_ends_in_band_and_settles() {
     assert!(error.is_service_unavailable_exception(), "{error:?}");
     let report = stopping.await.expect("join").expect("shutdown");
     assert!(report.is_clean(), "{report:?}");
-    eventually(Duration::from_secs(10), "upstream's session ended", || {
-        sim.simulator.stats().buckets[&format!("{SONIC}@us-east-1")].in_flight == 0
-    })
-    .await;
+    sonic_upstream_idle(&sim).await;
     drop(caller);
 }
 

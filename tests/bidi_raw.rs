@@ -5,14 +5,11 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::{sonic::*, *};
 use serde_json::json;
 use tokengate::simulator::BucketStats;
 
-const SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\n\
-    verify_sigv4 = { access_key_id = \"AKIATOKENGATEPROXY01\", secret_access_key = \"proxy-secret-key\" }\n";
+const SIM: &str = SONIC_SIM;
 const POOL: &str = "sonic";
 const RESERVATION: u64 = 1_000;
 const KEY_ID: &str = "AKIAROUTESONIC000001";
@@ -35,21 +32,11 @@ async fn sigv4_stack() -> Stack {
 }
 
 fn bucket(stack: &Stack) -> BucketStats {
-    stack
-        .sim
-        .simulator
-        .stats()
-        .buckets
-        .get(&format!("{SONIC}@us-east-1"))
-        .cloned()
-        .unwrap_or_default()
+    sonic_bucket(&stack.sim)
 }
 
 async fn upstream_idle(stack: &Stack) {
-    eventually(Duration::from_secs(10), "upstream's session ended", || {
-        bucket(stack).in_flight == 0
-    })
-    .await;
+    sonic_upstream_idle(&stack.sim).await;
 }
 
 async fn auth_failures(stack: &Stack, reason: &str) -> f64 {
@@ -166,35 +153,17 @@ async fn other_payload_markers_and_other_operations_are_refused_from_the_head() 
 
     // A Converse signed with the events marker: its body would go unchecked.
     let path = model_path(SONIC, "converse");
-    let mut settings = aws_sigv4::http_request::SigningSettings::default();
-    settings.payload_checksum_kind = aws_sigv4::http_request::PayloadChecksumKind::XAmzSha256;
-    let identity = aws_credential_types::Credentials::new(KEY_ID, SECRET, None, None, "t").into();
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region("us-east-1")
-        .name("bedrock")
-        .time(std::time::SystemTime::now())
-        .settings(settings)
-        .build()
-        .unwrap()
-        .into();
-    let base = [
-        ("host", host.as_str()),
-        ("content-type", "application/json"),
-    ];
-    let signable = aws_sigv4::http_request::SignableRequest::new(
-        "POST",
-        format!("http://{host}{path}"),
-        base.iter().copied(),
-        aws_sigv4::http_request::SignableBody::Precomputed(
-            "STREAMING-AWS4-HMAC-SHA256-EVENTS".into(),
-        ),
-    )
-    .unwrap();
-    let (instructions, _) = aws_sigv4::http_request::sign(signable, &params)
-        .unwrap()
-        .into_parts();
-    let headers: Vec<(&str, &str)> = instructions.headers().collect();
+    let events_marker = Head::Marker {
+        key_id: KEY_ID,
+        secret: SECRET,
+        marker: "STREAMING-AWS4-HMAC-SHA256-EVENTS",
+    };
+    let (signed, _) = signed_head(&host, &path, "application/json", events_marker);
+    let headers: Vec<(&str, &str)> = signed
+        .iter()
+        .filter(|(k, _)| k != "host" && k != "content-type")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     let body = converse_body("hi", Some(10));
     let response = raw_request_with(stack.proxy.addr, "POST", &path, body, false, &headers).await;
     assert_eq!(response.status, 403);

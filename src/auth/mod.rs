@@ -35,7 +35,7 @@ use http::request::Parts;
 use sha2::{Digest, Sha256};
 
 use crate::{
-    bedrock::{BedrockError, ErrorCode},
+    bedrock::{BedrockError, ErrorCode, operation::raw_path_and_query},
     config::{AuthConfig, AuthMode, RouteConfig, Secret},
     metrics::Metrics,
 };
@@ -263,10 +263,7 @@ impl Authenticator {
     ) -> Result<Option<ChainVerifier>, BedrockError> {
         let request = sigv4::SignedRequest {
             method: &parts.method,
-            raw_path_and_query: parts
-                .uri
-                .path_and_query()
-                .map_or(parts.uri.path(), |p| p.as_str()),
+            raw_path_and_query: raw_path_and_query(&parts.uri),
             authority: parts.uri.authority().map(|a| a.as_str()),
             headers: &parts.headers,
             body,

@@ -208,6 +208,11 @@ impl Target {
     }
 }
 
+/// The path and query of `uri` exactly as received (what is forwarded and signed).
+pub fn raw_path_and_query(uri: &http::Uri) -> &str {
+    uri.path_and_query().map_or(uri.path(), |p| p.as_str())
+}
+
 /// Refuses paths whose segments, raw or decoded once, are empty, `.` or `..`, or that hold a
 /// `%25` (see the module doc). `/` alone is left to routing.
 fn check_segments(raw_path: &str) -> Result<(), TargetError> {

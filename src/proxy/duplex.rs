@@ -53,7 +53,7 @@ use super::{
 use crate::{
     admission::{Decision, Facts},
     answer,
-    bedrock::{Operation, eventstream::exception_frame},
+    bedrock::{Operation, eventstream::exception_frame, operation::raw_path_and_query},
     observe::Observation,
     state::{AppState, Policy},
     upstream::headers::BEDROCK_RUNTIME,
@@ -126,10 +126,7 @@ pub async fn proxy(
         auth: policy.auth.clone(),
     };
     let headers = BEDROCK_RUNTIME.forwarded(&parts.headers, identity.signed_headers());
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or(parts.uri.path(), |p| p.as_str());
+    let path_and_query = raw_path_and_query(&parts.uri);
     let sent = state
         .upstream
         .open_duplex(path_and_query, &headers, |signer| {

@@ -14,7 +14,10 @@ use super::meter::{InFlight, Meter, MeteredBody};
 use crate::{
     admission::{Admitted, hint},
     answer,
-    bedrock::{ErrorCode, Operation, UsageObserver, eventstream, usage::ResponseKind},
+    bedrock::{
+        ErrorCode, Operation, UsageObserver, eventstream, operation::raw_path_and_query,
+        usage::ResponseKind,
+    },
     observe::Observation,
     state::{AppState, Policy},
     upstream::{UpstreamError, headers::strip_hop_by_hop},
@@ -47,10 +50,7 @@ pub async fn forward(
         InFlight::new(admitted.hold, obs.take(), policy.observer.clone())
     });
     let parts = request.parts;
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or(parts.uri.path(), |p| p.as_str());
+    let path_and_query = raw_path_and_query(&parts.uri);
     let sent = state
         .upstream
         .send(parts.method.clone(), path_and_query, &request.headers, body)

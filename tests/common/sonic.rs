@@ -214,6 +214,22 @@ pub async fn stream_error(
         .expect("the stream ends")
 }
 
+/// The events that answer a prompt's first user turn.
+pub const FIRST_TURN: [&str; 5] = [
+    "completionStart",
+    "contentStart",
+    "textOutput",
+    "contentEnd",
+    "usageEvent",
+];
+
+/// A `usageEvent`'s running totals: (input, output).
+pub fn totals(event: &Value) -> (u64, u64) {
+    let usage = &event["event"]["usageEvent"];
+    let count = |k: &str| usage[k].as_u64().expect("a usageEvent total");
+    (count("totalInputTokens"), count("totalOutputTokens"))
+}
+
 /// Each event's name.
 pub fn names(events: &[Value]) -> Vec<String> {
     events
@@ -282,13 +298,21 @@ pub enum Head<'a> {
 
 /// The headers of a session's head to `host`, and its signature (the seed of the events').
 pub fn head(host: &str, how: Head<'_>) -> (Vec<(String, String)>, String) {
+    signed_head(host, SONIC_PATH, "application/vnd.amazon.eventstream", how)
+}
+
+/// The headers of a POST head to `path` on `host` with `content_type`, signed as `how` says,
+/// and its signature.
+pub fn signed_head(
+    host: &str,
+    path: &str,
+    content_type: &str,
+    how: Head<'_>,
+) -> (Vec<(String, String)>, String) {
     let (key_id, secret, body, with_header) = match how {
         Head::Unsigned => {
             return (
-                vec![(
-                    "content-type".into(),
-                    "application/vnd.amazon.eventstream".into(),
-                )],
+                vec![("content-type".into(), content_type.into())],
                 String::new(),
             );
         }
@@ -318,13 +342,10 @@ pub fn head(host: &str, how: Head<'_>) -> (Vec<(String, String)>, String) {
         .build()
         .unwrap()
         .into();
-    let base = [
-        ("host", host),
-        ("content-type", "application/vnd.amazon.eventstream"),
-    ];
+    let base = [("host", host), ("content-type", content_type)];
     let request = SignableRequest::new(
         "POST",
-        format!("http://{host}{SONIC_PATH}"),
+        format!("http://{host}{path}"),
         base.iter().copied(),
         body,
     )

@@ -11,7 +11,9 @@ use tokengate::bedrock::eventstream::{Frame, FrameReader};
 use tokengate::simulator::{SimulatorConfig, SimulatorHandle};
 use tokio::sync::mpsc;
 
-use super::sonic::{SONIC, input_stream, names, open, raw_session, until_usage};
+use super::sonic::{
+    FIRST_TURN, SONIC, input_stream, names, open, raw_session, totals, until_usage,
+};
 use super::{instant_config, start, verifying};
 
 /// The SDK over h2c, signing with the key the simulator verifies.
@@ -28,25 +30,10 @@ async fn a_session_answers_turn_by_turn_and_is_charged_its_usage_totals() {
         .await;
     caller.user_text("t1", "hello sonic [sim:output=20]").await;
     let first = until_usage(&mut body).await;
-    assert_eq!(
-        names(&first),
-        [
-            "completionStart",
-            "contentStart",
-            "textOutput",
-            "contentEnd",
-            "usageEvent"
-        ]
-    );
+    assert_eq!(names(&first), FIRST_TURN);
     let usage = &first[4]["event"]["usageEvent"];
     // "hello sonic [sim:output=20]" = 27 bytes -> 7 text tokens.
-    assert_eq!(
-        (
-            usage["totalInputTokens"].as_u64(),
-            usage["totalOutputTokens"].as_u64()
-        ),
-        (Some(7), Some(20))
-    );
+    assert_eq!(totals(&first[4]), (7, 20));
     assert_eq!(usage["totalTokens"], 27);
     let text = first[2]["event"]["textOutput"]["content"].as_str().unwrap();
     assert_eq!(text.len().div_ceil(4), 20, "4 bytes a token: {text:?}");
@@ -67,13 +54,7 @@ async fn a_session_answers_turn_by_turn_and_is_charged_its_usage_totals() {
     );
     let usage = &second[3]["event"]["usageEvent"];
     // "again [sim:output=30]" = 21 bytes -> 6 tokens.
-    assert_eq!(
-        (
-            usage["totalInputTokens"].as_u64(),
-            usage["totalOutputTokens"].as_u64()
-        ),
-        (Some(13), Some(50))
-    );
+    assert_eq!(totals(&second[3]), (13, 50));
     assert_eq!(usage["details"]["delta"]["output"]["textTokens"], 30);
 
     caller.send("promptEnd", json!({"promptName": "p1"})).await;
