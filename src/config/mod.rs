@@ -565,11 +565,6 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
         ));
     }
     let default_max_tokens = nonzero("default_max_tokens", raw.default_max_tokens)?;
-    let bidirectional_reservation = raw
-        .bidirectional_reservation
-        .map(|v| nonzero("bidirectional_reservation", v))
-        .transpose()?
-        .unwrap_or(default_max_tokens);
     let headroom = raw.headroom.unwrap_or(0.0);
     if !(0.0..0.9).contains(&headroom) {
         return Err(invalid(
@@ -613,7 +608,10 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
         max_concurrency,
         output_burndown: raw.output_burndown,
         default_max_tokens,
-        bidirectional_reservation,
+        bidirectional_reservation: match raw.bidirectional_reservation {
+            Some(v) => nonzero("bidirectional_reservation", v)?,
+            None => default_max_tokens,
+        },
         headroom,
         input_estimate,
         max_wait: Duration::from_millis(max_wait_ms),
@@ -621,9 +619,16 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
         retry_reserve,
         shadow: raw.shadow.unwrap_or(false),
     };
+    reservations_fit(&pool, &key)?;
+    Ok(pool)
+}
+
+/// A pool's fixed reservations (`default_max_tokens`, `bidirectional_reservation`) must fit its
+/// bucket, or requests that use them could never be admitted.
+fn reservations_fit(pool: &PoolConfig, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
     for (name, tokens) in [
-        ("default_max_tokens", default_max_tokens),
-        ("bidirectional_reservation", bidirectional_reservation),
+        ("default_max_tokens", pool.default_max_tokens),
+        ("bidirectional_reservation", pool.bidirectional_reservation),
     ] {
         if tokens >= pool.usable_tokens_per_minute() {
             return Err(invalid(
@@ -635,7 +640,7 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
             ));
         }
     }
-    Ok(pool)
+    Ok(())
 }
 
 fn check_pools_disjoint(pools: &[PoolConfig]) -> Result<(), ConfigError> {
