@@ -247,3 +247,35 @@ async fn a_client_that_hangs_up_mid_session_holds_nothing() {
         RESERVATION as f64,
     );
 }
+
+/// Upstream refuses the session with an error status (a model without speech): the answer is
+/// passed on before the stream, nothing is charged, and the input relay stops.
+#[tokio::test]
+async fn an_upstream_error_status_is_passed_on_uncharged() {
+    let pools = format!(
+        "{}[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 100000\n\
+         max_concurrency = 4\noutput_burndown = 1\ndefault_max_tokens = 500\n",
+        sonic_pool()
+    );
+    let stack = Stack::start(SIM, &pools, "").await;
+    let (headers, _) = head(&stack.proxy.addr.to_string(), Head::Unsigned);
+    let path = model_path(HAIKU, "invoke-with-bidirectional-stream");
+    let frames = raw_session(Some(100), "not a speech model");
+    let refused = RawSession::open_at(stack.proxy.addr, &path, &headers, &frames).await;
+    assert_eq!(refused.status, 400);
+    assert_eq!(
+        refused
+            .headers
+            .get("x-amzn-errortype")
+            .and_then(|v| v.to_str().ok()),
+        Some("ValidationException")
+    );
+    let said = String::from_utf8_lossy(&refused.body().await).to_string();
+    assert!(said.contains("Nova Sonic"), "{said}");
+    stack.assert_ledger_zero().await;
+    scrape(stack.proxy.addr).await.expect(
+        "tokengate_settlements_total",
+        &[("pool", "haiku"), ("rule", "not_charged")],
+        1.0,
+    );
+}

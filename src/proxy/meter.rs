@@ -16,6 +16,11 @@
 //! complete-looking one. Either way the reservation is settled by the `no_usage` rule. If the
 //! client hangs up, the body is dropped and settles the same way.
 //!
+//! A bidirectional stream (InvokeModelWithBidirectionalStream) settles when it ends, to the last
+//! running totals its `usageEvent`s reported; ended early, by the `no_usage` rule on those totals.
+//! One that upstream refuses in-band (a `throttlingException` before any usage) is not charged,
+//! and shrinks its pool as a 429 does.
+//!
 //! At shutdown, once the drain deadline passes ([`crate::server::ServeOptions::deadline`]), a
 //! response still in flight ends the same way, with a `serviceUnavailableException` frame for a
 //! stream, and settles by the `no_usage` rule.

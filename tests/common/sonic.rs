@@ -428,8 +428,19 @@ type RawBody = StreamBody<
 >;
 
 impl RawSession {
-    /// POSTs to `addr` with `headers`, sending `first` at once.
+    /// POSTs to Nova Sonic's bidirectional stream on `addr` with `headers`, sending `first` at
+    /// once.
     pub async fn open(addr: SocketAddr, headers: &[(String, String)], first: &[Bytes]) -> Self {
+        Self::open_at(addr, SONIC_PATH, headers, first).await
+    }
+
+    /// [`RawSession::open`] to `path`.
+    pub async fn open_at(
+        addr: SocketAddr,
+        path: &str,
+        headers: &[(String, String)],
+        first: &[Bytes],
+    ) -> Self {
         let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (mut sender, connection) =
             hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
@@ -449,7 +460,7 @@ impl RawSession {
                 rx.recv().await.map(|f| (f, rx))
             }));
         let body: RawBody = StreamBody::new(futures_util::StreamExt::fuse(frames));
-        let mut request = http::Request::post(format!("http://{addr}{SONIC_PATH}"));
+        let mut request = http::Request::post(format!("http://{addr}{path}"));
         for (name, value) in headers {
             if name != "host" {
                 request = request.header(name, value);
