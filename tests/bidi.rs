@@ -208,7 +208,7 @@ async fn a_quiet_upstream_ends_the_session_at_the_idle_timeout() {
 async fn a_session_cut_short_by_shutdown_ends_in_band_and_settles() {
     let sim = start_simulator(SIM).await;
     let mut config = proxy_config(sim.addr, &sonic_pool(100_000, 4, ""), "");
-    config.server.drain = Duration::from_secs(1);
+    config.process.server.drain = Duration::from_secs(1);
     let proxy = start_proxy(config).await;
     let addr = proxy.addr;
     let client = h2c_client(addr, "us-east-1", CLIENT_KEY_ID, "application-secret");
