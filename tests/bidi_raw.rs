@@ -279,3 +279,29 @@ async fn an_upstream_error_status_is_passed_on_uncharged() {
         1.0,
     );
 }
+
+/// An input that ends inside an event frame is refused, not cut silently: the client is told,
+/// and upstream's stream is reset rather than ended as if the session were complete.
+#[tokio::test]
+async fn an_input_that_ends_inside_a_frame_is_refused() {
+    let stack = Stack::start(SIM, &sonic_pool(), "").await;
+    let (headers, _) = head(&stack.proxy.addr.to_string(), Head::Unsigned);
+    let start = raw_chunk("sessionStart", json!({}));
+    let prompt = raw_chunk("promptStart", json!({"promptName": "p"}));
+    let half = prompt.slice(..prompt.len() / 2);
+    let mut raw = RawSession::open(stack.proxy.addr, &headers, &[start, half]).await;
+    assert_eq!(raw.status, 200);
+    raw.close_input();
+    let end = raw.rest().await;
+    assert_eq!(end.len(), 1, "{end:?}");
+    assert_eq!(end[0].kind, "validationException");
+    let said = String::from_utf8_lossy(&end[0].payload).to_string();
+    assert!(said.contains("ended inside an event frame"), "{said}");
+    stack.assert_ledger_zero().await;
+    upstream_idle(&stack).await;
+    assert_eq!(
+        bucket(&stack).completed,
+        0,
+        "upstream never saw a clean end"
+    );
+}

@@ -100,6 +100,8 @@ enum Refusal {
     Framing(#[from] FrameError),
     #[error("an input event is larger than {FRAME_CAP} bytes")]
     TooLarge,
+    #[error("the input ended inside an event frame")]
+    Truncated,
     #[error("{0}; send a sessionStart first, as Nova Sonic requires")]
     SessionStart(#[from] SessionStartError),
     #[error(transparent)]
@@ -193,6 +195,9 @@ impl InputRelay {
     /// The client's stream ended: end upstream's with the proxy's own signed empty envelope.
     fn end(&mut self) -> Result<(), Refusal> {
         self.ended = true;
+        if self.frames.pending() > 0 {
+            return Err(Refusal::Truncated);
+        }
         let end = self.signer.sign_end()?;
         self.ready.push_back(encode_message(&end)?);
         Ok(())
