@@ -110,7 +110,7 @@ impl Operation {
     /// `bedrock:InvokeModelWithResponseStream`); the Service Authorization Reference for Amazon
     /// Bedrock lists the others under their own names. `None` where AWS documents no action
     /// (InvokeGuardrailChecks, as of the 2026-06 launch). The README's IAM policy is checked
-    /// against this table (`tests/iam_policy.rs`).
+    /// against this table (`tests/it/iam_policy.rs`).
     pub fn iam_action(self) -> Option<&'static str> {
         match self {
             Operation::Converse

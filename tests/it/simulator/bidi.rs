@@ -1,6 +1,6 @@
 //! InvokeModelWithBidirectionalStream, driven by aws-sdk-bedrockruntime's
 //! `invoke_model_with_bidirectional_stream` over HTTP/2 cleartext (prior knowledge), through the
-//! h2c connector of `tests/common/sonic.rs`.
+//! h2c connector of `tests/it/common/sonic.rs`.
 
 use aws_sdk_bedrockruntime::types::InvokeModelWithBidirectionalStreamOutput;
 use bytes::Bytes;
@@ -11,14 +11,14 @@ use tokengate::bedrock::eventstream::{Frame, FrameReader};
 use tokengate::simulator::{SimulatorConfig, SimulatorHandle};
 use tokio::sync::mpsc;
 
-use super::sonic::{
+use super::{instant_config, start, verifying};
+use crate::common::sonic::{
     FIRST_TURN, SONIC, input_stream, names, open, raw_session, totals, until_usage,
 };
-use super::{instant_config, start, verifying};
 
 /// The SDK over h2c, signing with the key the simulator verifies.
 fn h2c_client(sim: &SimulatorHandle, region: &str) -> aws_sdk_bedrockruntime::Client {
-    super::sonic::h2c_client(sim.addr, region, "AKIDTEST", "secret")
+    crate::common::sonic::h2c_client(sim.addr, region, "AKIDTEST", "secret")
 }
 
 #[tokio::test]
@@ -212,7 +212,7 @@ async fn unsigned_frames_are_read_and_api_keys_and_other_models_are_refused() {
 /// stream, and so does a bare event; a head signed with the events marker is accepted.
 #[tokio::test]
 async fn forged_and_unsigned_events_end_the_stream_when_signatures_are_verified() {
-    use super::sonic::{EventSigner, Head, RawSession, head, raw_chunk};
+    use crate::common::sonic::{EventSigner, Head, RawSession, head, raw_chunk};
     let sim = start(verifying(instant_config())).await;
     let host = sim.addr.to_string();
     let start_event = raw_chunk("sessionStart", json!({}));

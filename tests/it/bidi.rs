@@ -4,12 +4,10 @@
 //! the simulator charged, refused before the stream or in it, and settled on every path by which
 //! a session ends. Every test ends with the ledger at zero.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{sonic::*, *};
 use aws_sdk_bedrockruntime::types::InvokeModelWithBidirectionalStreamOutput;
-use common::{sonic::*, *};
 use serde_json::{Value, json};
 use tokengate::simulator::BucketStats;
 
