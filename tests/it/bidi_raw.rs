@@ -3,7 +3,7 @@
 //! an HTTP/1.1 call, and a client that drops its connection mid-session. In front of the
 //! simulator, which verifies the proxy's own signatures; every test ends with the ledger at zero.
 
-use crate::common::{sonic::*, *};
+use crate::common::{sonic::*, sonic_raw::*, *};
 use serde_json::json;
 use tokengate::simulator::BucketStats;
 

@@ -8,6 +8,7 @@ pub mod redis_server;
 pub mod scrape;
 pub mod signing;
 pub mod sonic;
+pub mod sonic_raw;
 pub mod tap;
 pub mod wire;
 

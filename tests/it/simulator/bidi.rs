@@ -12,9 +12,8 @@ use tokengate::simulator::{SimulatorConfig, SimulatorHandle};
 use tokio::sync::mpsc;
 
 use super::{instant_config, start, verifying};
-use crate::common::sonic::{
-    FIRST_TURN, SONIC, input_stream, names, open, raw_session, totals, until_usage,
-};
+use crate::common::sonic::{FIRST_TURN, SONIC, input_stream, names, open, totals, until_usage};
+use crate::common::sonic_raw::raw_session;
 
 /// The SDK over h2c, signing with the key the simulator verifies.
 fn h2c_client(sim: &SimulatorHandle, region: &str) -> aws_sdk_bedrockruntime::Client {
@@ -212,7 +211,7 @@ async fn unsigned_frames_are_read_and_api_keys_and_other_models_are_refused() {
 /// stream, and so does a bare event; a head signed with the events marker is accepted.
 #[tokio::test]
 async fn forged_and_unsigned_events_end_the_stream_when_signatures_are_verified() {
-    use crate::common::sonic::{EventSigner, Head, RawSession, head, raw_chunk};
+    use crate::common::sonic_raw::{EventSigner, Head, RawSession, head, raw_chunk};
     let sim = start(verifying(instant_config())).await;
     let host = sim.addr.to_string();
     let start_event = raw_chunk("sessionStart", json!({}));
