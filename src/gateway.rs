@@ -449,7 +449,7 @@ async fn connect_upstream(
              (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity, container or instance role)"
         ))
     })?;
-    let upstream = Upstream::new(
+    let mut upstream = Upstream::new(
         base,
         signer,
         up.connect_timeout,
@@ -457,6 +457,10 @@ async fn connect_upstream(
         up.idle_timeout,
     )
     .map_err(|e| StartError::Upstream(e.to_string()))?;
+    if up.endpoint == Endpoint::Aws {
+        // Each pool's Region has its own endpoint.
+        upstream = upstream.with_aws_endpoints();
+    }
     Ok((upstream, simulator))
 }
 

@@ -73,6 +73,7 @@ pub struct Admission {
 pub trait InputCounter: Send + Sync + std::fmt::Debug {
     async fn count_input_tokens(
         &self,
+        region: &str,
         model_id: &str,
         operation: Operation,
         body: &Bytes,
@@ -250,7 +251,7 @@ impl Admission {
             (pool.config.input_estimate, &self.counter, facts.model_id)
         {
             match counter
-                .count_input_tokens(model_id, operation, facts.body)
+                .count_input_tokens(&pool.config.region, model_id, operation, facts.body)
                 .await
             {
                 Ok(n) => estimate.input = n.max(1),
@@ -262,6 +263,17 @@ impl Admission {
             requested: read.max_tokens,
             count_failed,
         })
+    }
+
+    /// The Region a decided request goes to: its pool's (the pool it was admitted in, for an
+    /// admitted request), else the pool of `model_id`; `None` for a model in no pool (it goes to
+    /// `upstream.region`).
+    pub fn region_of(&self, decision: &Decision, model_id: Option<&str>) -> Option<String> {
+        let pool = match decision.pool() {
+            Some(pool) => pool,
+            None => self.table.resolve(&ModelRef::parse(model_id?))?.0,
+        };
+        Some(pool.config.region.clone())
     }
 
     /// Live state of every pool, for `GET /v1/pools`.

@@ -131,6 +131,9 @@ pub(super) fn validate(
             "must be a fraction in [0, 0.9), e.g. 0.05",
         ));
     }
+    if let Some(region) = &raw.region {
+        super::upstream::check_region(&key("region"), region)?;
+    }
     let (max_wait, max_queue) = queue_settings(&raw, &key)?;
     let retry_reserve = fraction(&key("retry_reserve"), raw.retry_reserve.unwrap_or(0.0), 0.5)?;
     let pool = PoolConfig {

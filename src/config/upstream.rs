@@ -40,18 +40,23 @@ pub struct UpstreamConfig {
     pub idle_timeout: Duration,
 }
 
-pub(super) fn validate(raw: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
-    if raw.region.is_empty()
-        || !raw
-            .region
+/// `region` (at `key`) is a Region name: it becomes part of a host name and a credential scope.
+pub(super) fn check_region(key: &str, region: &str) -> Result<(), ConfigError> {
+    if region.is_empty()
+        || !region
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
     {
         return Err(invalid(
-            "upstream.region",
-            format!("{:?} is not a Region name like \"us-east-1\"", raw.region),
+            key,
+            format!("{region:?} is not a Region name like \"us-east-1\""),
         ));
     }
+    Ok(())
+}
+
+pub(super) fn validate(raw: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
+    check_region("upstream.region", &raw.region)?;
     let endpoint = match raw.endpoint.as_deref() {
         None => Endpoint::Aws,
         Some("simulated") => Endpoint::Simulated,

@@ -49,6 +49,7 @@ pub struct UpstreamCounter(pub Arc<Upstream>);
 impl InputCounter for UpstreamCounter {
     async fn count_input_tokens(
         &self,
+        region: &str,
         model_id: &str,
         operation: Operation,
         body: &Bytes,
@@ -66,7 +67,7 @@ impl InputCounter for UpstreamCounter {
         );
         let request = Bytes::from(count_tokens_body(operation, body)?.to_string());
         let response = upstream
-            .send(Method::POST, &path, &headers, request)
+            .send(region, Method::POST, &path, &headers, request)
             .await
             .map_err(|e| e.to_string())?;
         let status = response.status();

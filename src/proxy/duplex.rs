@@ -101,6 +101,10 @@ pub async fn proxy(
     if let Some(refusal) = answer::refusal(&decision) {
         return refusal;
     }
+    let region = policy
+        .admission
+        .region_of(&decision, model_id)
+        .unwrap_or_else(|| state.upstream.signer().default_region().to_string());
     let in_flight = match decision {
         Decision::Admit(admitted) => Some(InFlight::new(
             admitted.hold,
@@ -129,7 +133,7 @@ pub async fn proxy(
     let path_and_query = raw_path_and_query(&parts.uri);
     let sent = state
         .upstream
-        .open_duplex(path_and_query, &headers, |signer| {
+        .open_duplex(&region, path_and_query, &headers, |signer| {
             InputRelay::new(input, signer).boxed_unsync()
         })
         .await;

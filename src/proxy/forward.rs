@@ -30,6 +30,8 @@ pub struct Outgoing<'a> {
     /// The headers to send, chosen already ([`crate::upstream::headers::Api::forwarded`]).
     pub headers: http::HeaderMap,
     pub operation: Operation,
+    /// The Region it goes to ([`crate::admission::Admission::region_of`]).
+    pub region: String,
     /// The caller's body (replaced by admission's rewrite, if it made one).
     pub body: bytes::Bytes,
 }
@@ -53,7 +55,13 @@ pub async fn forward(
     let path_and_query = raw_path_and_query(&parts.uri);
     let sent = state
         .upstream
-        .send(parts.method.clone(), path_and_query, &request.headers, body)
+        .send(
+            &request.region,
+            parts.method.clone(),
+            path_and_query,
+            &request.headers,
+            body,
+        )
         .await;
     match sent {
         Ok(response) => respond(state, policy, request.operation, in_flight, response),

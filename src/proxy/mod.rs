@@ -120,6 +120,10 @@ async fn proxy(
     if let Some(refusal) = answer::refusal(&decision) {
         return refusal;
     }
+    let region = policy
+        .admission
+        .region_of(&decision, target.model_id.as_deref())
+        .unwrap_or_else(|| state.upstream.signer().default_region().to_string());
     let admitted = match decision {
         Decision::Admit(admitted) => Some(admitted),
         _ => None,
@@ -128,6 +132,7 @@ async fn proxy(
         parts: &parts,
         headers: BEDROCK_RUNTIME.forwarded(&parts.headers, identity.signed_headers()),
         operation: target.operation,
+        region,
         body,
     };
     forward::forward(state, policy, request, admitted, obs).await

@@ -42,19 +42,26 @@ pub const SIGNING_NAME: &str = "bedrock";
 #[derive(Debug)]
 pub struct Signer {
     provider: SharedCredentialsProvider,
-    region: String,
+    /// `upstream.region`: the Region of requests no pool names one for.
+    default_region: String,
     cached: RwLock<Option<Credentials>>,
     refresh: tokio::sync::Mutex<()>,
 }
 
 impl Signer {
-    pub fn new(provider: SharedCredentialsProvider, region: impl Into<String>) -> Signer {
+    /// Signs with `provider`'s credentials; `default_region` is `upstream.region`.
+    pub fn new(provider: SharedCredentialsProvider, default_region: impl Into<String>) -> Signer {
         Signer {
             provider,
-            region: region.into(),
+            default_region: default_region.into(),
             cached: RwLock::new(None),
             refresh: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The Region of requests that no pool names one for (`upstream.region`).
+    pub fn default_region(&self) -> &str {
+        &self.default_region
     }
 
     fn fresh(&self) -> Option<Credentials> {
@@ -87,14 +94,16 @@ impl Signer {
         Ok(creds)
     }
 
-    /// Signs `request` in place (adds `authorization`, `x-amz-date` and, for temporary
-    /// credentials, `x-amz-security-token`). The request must already carry its final `host`.
+    /// Signs `request` in place for `region` (adds `authorization`, `x-amz-date` and, for
+    /// temporary credentials, `x-amz-security-token`). The request must already carry its final
+    /// `host`.
     pub async fn sign(
         &self,
+        region: &str,
         request: &mut http::Request<bytes::Bytes>,
     ) -> Result<(), UpstreamError> {
         let identity: Identity = self.credentials().await?.into();
-        sign_as(&identity, &self.region, SystemTime::now(), request).map(|_| ())
+        sign_as(&identity, region, SystemTime::now(), request).map(|_| ())
     }
 
     /// Signs the head of an event stream in place, over an empty payload (`request`'s body must
@@ -102,13 +111,14 @@ impl Signer {
     /// credentials it started with, as the SDKs do.
     pub async fn sign_event_stream(
         &self,
+        region: &str,
         request: &mut http::Request<bytes::Bytes>,
     ) -> Result<EventSigner, UpstreamError> {
         let identity: Identity = self.credentials().await?.into();
-        let seed = sign_as(&identity, &self.region, SystemTime::now(), request)?;
+        let seed = sign_as(&identity, region, SystemTime::now(), request)?;
         Ok(EventSigner {
             identity,
-            region: self.region.clone(),
+            region: region.to_string(),
             prior: seed,
         })
     }
@@ -283,7 +293,7 @@ mod tests {
             .header("content-type", "application/json")
             .body(bytes::Bytes::from_static(b"{}"))
             .unwrap();
-        signer.sign(&mut request).await.unwrap();
+        signer.sign("us-east-1", &mut request).await.unwrap();
         let auth = request.headers()["authorization"].to_str().unwrap();
         assert!(
             auth.starts_with("AWS4-HMAC-SHA256 Credential=AKID0/"),
@@ -359,7 +369,10 @@ mod tests {
             .header("host", "bedrock-runtime.us-east-1.amazonaws.com")
             .body(bytes::Bytes::new())
             .unwrap();
-        let mut events = signer.sign_event_stream(&mut request).await.unwrap();
+        let mut events = signer
+            .sign_event_stream("us-east-1", &mut request)
+            .await
+            .unwrap();
         assert!(!request.headers().contains_key("x-amz-content-sha256"));
         let now = SystemTime::now();
         let head = SignedHead::check_for(request.headers(), now, Payload::EventStream).unwrap();

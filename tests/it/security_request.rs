@@ -643,6 +643,7 @@ async fn upstream_url_credentials_are_refused_and_never_shown() {
         Err(e) => e.to_string(),
         Ok(upstream) => upstream
             .send(
+                "us-east-1",
                 http::Method::POST,
                 "/model/m/converse",
                 &http::HeaderMap::new(),
