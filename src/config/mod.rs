@@ -20,6 +20,7 @@ pub mod raw;
 pub mod routes;
 pub mod server;
 pub mod simulator;
+pub mod spill;
 pub mod upstream;
 
 use std::path::Path;
@@ -150,6 +151,7 @@ impl PolicyConfig {
             pools.push(pools::validate(i, pool, &process.upstream.region)?);
         }
         pools::check_disjoint(&pools)?;
+        spill::check_chains(&pools)?;
         admission::check_profiles(&admission, &pools)?;
         let mode = raw.auth.mode.unwrap_or(AuthMode::None);
         auth::check_plaintext_bearer(
@@ -164,6 +166,7 @@ impl PolicyConfig {
             &admission.application_profiles,
             env,
         )?;
+        spill::check_route_regions(&routes, &pools, &admission.application_profiles)?;
         let default_route = auth::default_route(mode, raw.auth.default_route, &routes)?;
         if routes.is_empty() {
             routes.push(RouteConfig::implicit(&default_route));

@@ -33,6 +33,8 @@ pub struct RawPool {
     pub max_queue: Option<usize>,
     pub retry_reserve: Option<f64>,
     pub shadow: Option<bool>,
+    pub spill_to: Option<Vec<String>>,
+    pub spill_cached: Option<bool>,
 }
 
 /// `pools[].input_estimate`.
@@ -70,12 +72,22 @@ pub struct PoolConfig {
     pub retry_reserve: f64,
     /// Decide and count, but forward everything.
     pub shadow: bool,
+    /// Pools a request may run in when this one cannot admit it now, in order
+    /// ([`super::spill`]).
+    pub spill_to: Vec<String>,
+    /// Whether a request with a prompt-cache point may spill (its cache is in this Region).
+    pub spill_cached: bool,
 }
 
 impl PoolConfig {
     /// Tokens per minute after headroom: the capacity admission works with.
     pub fn usable_tokens_per_minute(&self) -> u64 {
         ((self.tokens_per_minute as f64) * (1.0 - self.headroom)).floor() as u64
+    }
+
+    /// The model id a request spilled into this pool is sent with: its first configured model.
+    pub fn model_id(&self) -> &str {
+        self.models.first().map_or("", String::as_str)
     }
 
     /// Whether a reservation of `tokens` fits the bucket at all (else it could never be admitted).
@@ -155,6 +167,8 @@ pub(super) fn validate(
         max_queue,
         retry_reserve,
         shadow: raw.shadow.unwrap_or(false),
+        spill_to: raw.spill_to.unwrap_or_default(),
+        spill_cached: raw.spill_cached.unwrap_or(true),
     };
     reservations_fit(&pool, &key)?;
     Ok(pool)
