@@ -16,6 +16,7 @@
 pub mod advice;
 mod allow;
 pub mod body;
+pub mod candidates;
 mod ceiling;
 pub mod decision;
 pub mod estimate;
@@ -26,6 +27,7 @@ pub mod queue;
 mod reserve;
 pub mod retries;
 pub mod routes;
+pub mod spill;
 mod waiting;
 
 use std::sync::Arc;
@@ -193,7 +195,8 @@ impl Admission {
         let granted = if shadow {
             self.reserve_shadow(pool, estimate, facts.caller).await
         } else {
-            self.reserve(pool, estimate, facts.caller).await
+            let spill = self.spill_candidates(pool, facts, estimate.reservation());
+            self.reserve(pool, estimate, facts.caller, &spill).await
         };
         let prepared = reserve::Prepared {
             estimate,

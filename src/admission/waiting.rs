@@ -51,6 +51,7 @@ impl Admission {
         let waited = started.elapsed();
         match result {
             Ok(reservation) => Ok(Granted {
+                pool: pool.clone(),
                 reservation,
                 queued_for: Some(waited),
             }),
