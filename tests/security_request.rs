@@ -645,6 +645,7 @@ async fn upstream_url_credentials_are_refused_and_never_shown() {
         Err(e) => e.to_string(),
         Ok(upstream) => upstream
             .send(
+                tokengate::bedrock::Operation::Converse,
                 http::Method::POST,
                 "/model/m/converse",
                 &http::HeaderMap::new(),

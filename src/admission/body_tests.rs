@@ -49,6 +49,7 @@ fn check_agrees(text: &str) {
                 requested_max_tokens(operation, provider, &parsed).map(|max_tokens| BodyFacts {
                     max_tokens,
                     input_tokens,
+                    api: None,
                 });
             match (raw, expected) {
                 (Ok(raw), Ok(expected)) => {
@@ -83,6 +84,7 @@ fn members_in_the_order_clients_write_them() {
         Some(BodyFacts {
             max_tokens: Some(100),
             input_tokens: 16 + 4 + IMAGE_TOKENS + 4,
+            api: None,
         })
     );
     for source in [
@@ -205,6 +207,7 @@ fn escaped_member_names_are_read_as_unescaped() {
         Some(BodyFacts {
             max_tokens: Some(9),
             input_tokens: 16 + 4 + 1,
+            api: None,
         })
     );
 }
@@ -301,6 +304,7 @@ fn count_tokens_bodies_are_estimated_on_their_document() {
         Some(BodyFacts {
             max_tokens: None,
             input_tokens: 16 + 4 + 30,
+            api: None,
         })
     );
     check_agrees(r#"{"input": {"invokeModel": {"body": "bm90IGpzb24="}}}"#);

@@ -4,13 +4,17 @@
 //! request and response bytes, encoding and decoding event-stream frames, and shaping errors the
 //! way Bedrock (restJson1) shapes them. No I/O, no quota arithmetic.
 
+pub mod api;
 pub mod error;
 pub mod eventstream;
 pub mod max_tokens;
 pub mod model_id;
 pub mod operation;
+pub mod sse;
 pub mod usage;
+mod usage_api;
 
+pub use api::{Api, Dialect};
 pub use error::{BedrockError, ErrorCode};
 pub use model_id::{InferenceRoute, ModelRef};
 pub use operation::{Operation, Target, TargetError};

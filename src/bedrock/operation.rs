@@ -13,6 +13,8 @@
 use http::Method;
 use percent_encoding::percent_decode_str;
 
+use super::api::{self, Api};
+
 /// A `bedrock-runtime` operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
@@ -27,10 +29,16 @@ pub enum Operation {
     StartAsyncInvoke,
     GetAsyncInvoke,
     ListAsyncInvokes,
+    /// OpenAI Chat Completions (`/openai/v1/chat/completions`, `/v1/chat/completions`).
+    OpenAIChatCompletions,
+    /// OpenAI Responses (`/openai/v1/responses`).
+    OpenAIResponses,
+    /// Anthropic Messages (`/anthropic/v1/messages`).
+    AnthropicMessages,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 11] = [
+    pub const ALL: [Operation; 14] = [
         Operation::Converse,
         Operation::ConverseStream,
         Operation::InvokeModel,
@@ -42,6 +50,9 @@ impl Operation {
         Operation::StartAsyncInvoke,
         Operation::GetAsyncInvoke,
         Operation::ListAsyncInvokes,
+        Operation::OpenAIChatCompletions,
+        Operation::OpenAIResponses,
+        Operation::AnthropicMessages,
     ];
 
     /// The position of this operation in [`Operation::ALL`].
@@ -63,7 +74,26 @@ impl Operation {
             Operation::StartAsyncInvoke => "StartAsyncInvoke",
             Operation::GetAsyncInvoke => "GetAsyncInvoke",
             Operation::ListAsyncInvokes => "ListAsyncInvokes",
+            Operation::OpenAIChatCompletions => "OpenAIChatCompletions",
+            Operation::OpenAIResponses => "OpenAIResponses",
+            Operation::AnthropicMessages => "AnthropicMessages",
         }
+    }
+
+    /// The API family the operation belongs to.
+    pub fn api(self) -> Api {
+        match self {
+            Operation::OpenAIChatCompletions => Api::OpenAIChat,
+            Operation::OpenAIResponses => Api::OpenAIResponses,
+            Operation::AnthropicMessages => Api::AnthropicMessages,
+            _ => Api::Bedrock,
+        }
+    }
+
+    /// Whether the body's `model` names the model (the OpenAI and Anthropic APIs): whether it
+    /// streams is the body's `stream` too.
+    pub fn model_in_body(self) -> bool {
+        self.api() != Api::Bedrock
     }
 
     /// The trailing path segment of a `/model/{modelId}/{segment}` operation.
@@ -91,10 +121,13 @@ impl Operation {
                 | Operation::InvokeModel
                 | Operation::InvokeModelWithResponseStream
                 | Operation::InvokeModelWithBidirectionalStream
+                | Operation::OpenAIChatCompletions
+                | Operation::OpenAIResponses
+                | Operation::AnthropicMessages
         )
     }
 
-    /// Whether the response is an `application/vnd.amazon.eventstream`.
+    /// Whether the response is always an `application/vnd.amazon.eventstream`.
     pub fn is_streaming(self) -> bool {
         matches!(
             self,
@@ -102,6 +135,12 @@ impl Operation {
                 | Operation::InvokeModelWithResponseStream
                 | Operation::InvokeModelWithBidirectionalStream
         )
+    }
+
+    /// Whether bedrock-runtime accepts a Bedrock API key (`Authorization: Bearer`) for it: every
+    /// operation but the bidirectional stream, which takes SigV4 only (V, BEDROCK-APIS.md).
+    pub fn accepts_api_key(self) -> bool {
+        self != Operation::InvokeModelWithBidirectionalStream
     }
 
     /// Whether tokengate forwards the operation upstream. Bidirectional streams need HTTP/2
@@ -115,12 +154,19 @@ impl Operation {
     /// `bedrock:InvokeModelWithResponseStream`); the Service Authorization Reference for Amazon
     /// Bedrock lists the others under their own names. `None` where AWS documents no action
     /// (InvokeGuardrailChecks, as of the 2026-06 launch) or the call is not forwarded. The
-    /// README's IAM policy is checked against this table (`tests/deploy.rs`).
+    /// README's IAM policy is checked against this table (`tests/iam_policy.rs`).
+    ///
+    /// The OpenAI and Anthropic APIs run model inference: AWS's pages for them name no action of
+    /// their own, so this reads them as `bedrock:InvokeModel` (and their streamed calls as
+    /// `bedrock:InvokeModelWithResponseStream`, which the README's policy grants too) (U).
     pub fn iam_action(self) -> Option<&'static str> {
         match self {
-            Operation::Converse | Operation::InvokeModel | Operation::StartAsyncInvoke => {
-                Some("bedrock:InvokeModel")
-            }
+            Operation::Converse
+            | Operation::InvokeModel
+            | Operation::StartAsyncInvoke
+            | Operation::OpenAIChatCompletions
+            | Operation::OpenAIResponses
+            | Operation::AnthropicMessages => Some("bedrock:InvokeModel"),
             Operation::ConverseStream | Operation::InvokeModelWithResponseStream => {
                 Some("bedrock:InvokeModelWithResponseStream")
             }
@@ -147,7 +193,8 @@ impl std::fmt::Display for Operation {
     }
 }
 
-/// What a request addresses: the operation and, for model operations, the decoded modelId.
+/// What a request addresses: the operation and, for model operations, the decoded modelId (the
+/// OpenAI and Anthropic APIs name theirs in the body: `None` here).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub operation: Operation,
@@ -195,6 +242,12 @@ impl Target {
             return Ok(Target {
                 operation,
                 model_id: Some(model_id),
+            });
+        }
+        if let (&Method::POST, Some(operation)) = (method, api::body_model_operation(raw_path)) {
+            return Ok(Target {
+                operation,
+                model_id: None,
             });
         }
         let operation = match (method, raw_path) {
@@ -355,6 +408,41 @@ mod tests {
             get("/async-invoke/arn%3Aaws%3Ax").unwrap().operation,
             Operation::GetAsyncInvoke
         );
+    }
+
+    #[test]
+    fn the_openai_and_anthropic_apis_route_with_the_model_in_the_body() {
+        for (path, op) in [
+            (
+                "/openai/v1/chat/completions",
+                Operation::OpenAIChatCompletions,
+            ),
+            ("/v1/chat/completions", Operation::OpenAIChatCompletions),
+            ("/openai/v1/responses", Operation::OpenAIResponses),
+            ("/anthropic/v1/messages", Operation::AnthropicMessages),
+        ] {
+            let t = post(path).unwrap();
+            assert_eq!((t.operation, t.model_id), (op, None), "{path}");
+            assert!(op.model_in_body() && op.consumes_quota(), "{path}");
+            assert!(Target::parse(&Method::GET, path).is_err(), "{path}");
+        }
+        for path in [
+            "/openai/v1/models",
+            "/openai/v1/chat/completions/x",
+            "/anthropic/v1/messages/count_tokens",
+            "/v1/responses",
+        ] {
+            assert!(
+                matches!(post(path), Err(TargetError::UnknownOperation { .. })),
+                "{path}"
+            );
+        }
+        assert!(matches!(
+            post("/openai/v1/../v1/chat/completions"),
+            Err(TargetError::UnsafePath { .. })
+        ));
+        assert_eq!(Operation::Converse.api(), Api::Bedrock);
+        assert!(!Operation::InvokeModel.model_in_body());
     }
 
     #[test]

@@ -14,6 +14,10 @@
 //!   `inputTextTokenCount` plus `results[].tokenCount`.
 //! - **InvokeModelWithResponseStream**: the `chunk` whose decoded JSON carries
 //!   `amazon-bedrock-invocationMetrics`.
+//! - **OpenAI Chat Completions, OpenAI Responses, Anthropic Messages**: their JSON body's `usage`
+//!   at `on_end`, or their SSE stream's usage event (see `usage_api.rs`). These also report the
+//!   stop reason ([`UsageObserver::stop_reason`]; [`UsageObserver::truncated`] when the output
+//!   hit its cap: `length`, `max_output_tokens`, `max_tokens`).
 //!
 //! # Output seen
 //! [`UsageObserver::output_tokens_seen`] is the settlement basis for a stream cut before its
@@ -36,6 +40,8 @@ use serde_json::Value;
 
 use super::Operation;
 use super::eventstream::{Frame, FrameReader};
+use super::sse::{self, SseReader};
+use super::usage_api::{self, ApiKind, MessagesStream, Reading};
 
 /// The most body bytes kept to read usage from at the end (Converse, InvokeModel without headers).
 pub const BODY_CAP: usize = 8 * 1024 * 1024;
@@ -79,32 +85,93 @@ pub enum ResponseKind {
     /// InvokeModelWithResponseStream: `chunk` events; the last carries
     /// `amazon-bedrock-invocationMetrics`.
     InvokeModelStream,
+    /// OpenAI Chat Completions: a JSON body with `usage`.
+    ChatJson,
+    /// Chat Completions streamed (SSE `data:` chunks): the usage chunk.
+    ChatStream,
+    /// OpenAI Responses: a JSON `response` with `usage`.
+    ResponsesJson,
+    /// Responses streamed (SSE events): `response.completed` and its kin.
+    ResponsesStream,
+    /// Anthropic Messages: a JSON `message` with `usage`.
+    MessagesJson,
+    /// Messages streamed (SSE events): `message_start`, `message_delta`, `message_stop`.
+    MessagesStream,
 }
 
 impl ResponseKind {
+    /// The kind of an operation's successful responses (the OpenAI and Anthropic APIs: their
+    /// JSON body; [`ResponseKind::for_response`] tells a stream).
     pub fn for_operation(op: Operation) -> Option<ResponseKind> {
         match op {
             Operation::Converse => Some(ResponseKind::ConverseJson),
             Operation::ConverseStream => Some(ResponseKind::ConverseStream),
             Operation::InvokeModel => Some(ResponseKind::InvokeModel),
             Operation::InvokeModelWithResponseStream => Some(ResponseKind::InvokeModelStream),
+            Operation::OpenAIChatCompletions => Some(ResponseKind::ChatJson),
+            Operation::OpenAIResponses => Some(ResponseKind::ResponsesJson),
+            Operation::AnthropicMessages => Some(ResponseKind::MessagesJson),
             _ => None,
         }
     }
 
+    /// The kind of a successful response to `op` with these headers: the OpenAI and Anthropic
+    /// APIs stream (SSE) when the client asked, which the `content-type` says.
+    pub fn for_response(op: Operation, headers: &HeaderMap) -> Option<ResponseKind> {
+        let sse = headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(sse::CONTENT_TYPE.as_bytes()));
+        let kind = Self::for_operation(op)?;
+        Some(match (kind, sse) {
+            (ResponseKind::ChatJson, true) => ResponseKind::ChatStream,
+            (ResponseKind::ResponsesJson, true) => ResponseKind::ResponsesStream,
+            (ResponseKind::MessagesJson, true) => ResponseKind::MessagesStream,
+            (kind, _) => kind,
+        })
+    }
+
+    /// Output is counted from the deltas of a stream (else from the body's size).
     fn is_stream(self) -> bool {
+        self.is_event_stream() || self.is_sse()
+    }
+
+    fn is_event_stream(self) -> bool {
         matches!(
             self,
             ResponseKind::ConverseStream | ResponseKind::InvokeModelStream
         )
     }
+
+    fn is_sse(self) -> bool {
+        matches!(
+            self,
+            ResponseKind::ChatStream | ResponseKind::ResponsesStream | ResponseKind::MessagesStream
+        )
+    }
+
+    /// The OpenAI or Anthropic API a response belongs to.
+    fn api(self) -> Option<ApiKind> {
+        match self {
+            ResponseKind::ChatJson | ResponseKind::ChatStream => Some(ApiKind::Chat),
+            ResponseKind::ResponsesJson | ResponseKind::ResponsesStream => Some(ApiKind::Responses),
+            ResponseKind::MessagesJson | ResponseKind::MessagesStream => Some(ApiKind::Messages),
+            _ => None,
+        }
+    }
 }
+
+/// The stop reasons that say the output hit its cap: Chat Completions `length`, Responses
+/// `max_output_tokens`, Messages (and Anthropic InvokeModel bodies) `max_tokens`.
+pub const TRUNCATED_STOP_REASONS: [&str; 3] = ["length", "max_output_tokens", "max_tokens"];
 
 /// Watches one successful (2xx) response go by and reports its usage the moment it is known.
 #[derive(Debug)]
 pub struct UsageObserver {
     kind: ResponseKind,
     frames: FrameReader,
+    events: SseReader,
+    messages: MessagesStream,
+    stop_reason: Option<String>,
     body: BoundedBody,
     usage: Option<Usage>,
     body_bytes: u64,
@@ -118,6 +185,9 @@ impl UsageObserver {
         UsageObserver {
             kind,
             frames: FrameReader::new(),
+            events: SseReader::new(),
+            messages: MessagesStream::default(),
+            stop_reason: None,
             body: BoundedBody::default(),
             usage: None,
             body_bytes: 0,
@@ -142,7 +212,10 @@ impl UsageObserver {
     /// Feeds one body chunk. Returns `Some` exactly once: when usage first becomes known.
     pub fn on_data(&mut self, chunk: &[u8]) -> Option<Usage> {
         self.body_bytes = self.body_bytes.saturating_add(chunk.len() as u64);
-        if self.kind.is_stream() {
+        if self.kind.is_sse() {
+            return self.on_sse_data(chunk);
+        }
+        if self.kind.is_event_stream() {
             return self.on_stream_data(chunk);
         }
         if self.usage.is_none() {
@@ -154,14 +227,25 @@ impl UsageObserver {
     /// The body ended. Returns the usage if it becomes known only now (Converse JSON, InvokeModel
     /// body usage) and was not returned before.
     pub fn on_end(&mut self) -> Option<Usage> {
-        if self.kind.is_stream() || self.usage.is_some() || self.corrupt {
+        if self.usage.is_some() || self.corrupt {
+            return None;
+        }
+        if self.kind == ResponseKind::MessagesStream {
+            // A stream that gave its output but no `message_stop`.
+            return self.messages.finished().and_then(|u| self.report(u));
+        }
+        if self.kind.is_stream() {
             return None;
         }
         let body = self.body.take()?;
-        let found = match self.kind {
-            ResponseKind::ConverseJson => serde_json::from_slice::<ConverseBody>(&body)
+        let found = match (self.kind, self.kind.api()) {
+            (_, Some(api)) => usage_api::body(api, &body).map(|reading| {
+                self.stop_reason = reading.stop_reason;
+                reading.usage
+            }),
+            (ResponseKind::ConverseJson, None) => serde_json::from_slice::<ConverseBody>(&body)
                 .map(|b| b.usage.as_ref().and_then(|u| usage_in(u, &CONVERSE_KEYS))),
-            _ => serde_json::from_slice::<NativeBody>(&body).map(|b| b.usage()),
+            (_, None) => serde_json::from_slice::<NativeBody>(&body).map(|b| b.usage()),
         };
         match found {
             Ok(usage) => usage.and_then(|u| self.report(u)),
@@ -196,6 +280,18 @@ impl UsageObserver {
     /// The usage, once known (whether or not it has been returned already).
     pub fn usage(&self) -> Option<Usage> {
         self.usage
+    }
+
+    /// Why the output stopped, as the OpenAI and Anthropic APIs say it (`stop`, `length`,
+    /// `end_turn`, `max_tokens`, `completed`, `max_output_tokens`, ...), once seen.
+    pub fn stop_reason(&self) -> Option<&str> {
+        self.stop_reason.as_deref()
+    }
+
+    /// Whether the output hit its cap ([`TRUNCATED_STOP_REASONS`]).
+    pub fn truncated(&self) -> bool {
+        self.stop_reason()
+            .is_some_and(|r| TRUNCATED_STOP_REASONS.contains(&r))
     }
 
     /// Records usage and returns it, unless usage was already reported.
@@ -233,6 +329,52 @@ impl UsageObserver {
                 }
             }
         }
+    }
+
+    /// SSE (the OpenAI and Anthropic APIs): each whole event read as its API says.
+    fn on_sse_data(&mut self, chunk: &[u8]) -> Option<Usage> {
+        if self.corrupt {
+            return None;
+        }
+        self.events.push(chunk);
+        let mut found = None;
+        loop {
+            let event = match self.events.next_event() {
+                Ok(Some(event)) => event,
+                Ok(None) => return found,
+                Err(_) => {
+                    self.mark_corrupt();
+                    return found;
+                }
+            };
+            // `[DONE]`, pings and comments carry nothing to read.
+            let Ok(v) = serde_json::from_str::<Value>(&event.data) else {
+                continue;
+            };
+            let reading = match self.kind.api() {
+                Some(ApiKind::Chat) => usage_api::chat_chunk(&v),
+                Some(ApiKind::Responses) => usage_api::responses_event(&v),
+                Some(ApiKind::Messages) => self.messages.event(&v),
+                None => Reading::default(),
+            };
+            if let Some(usage) = self.read(reading) {
+                found = found.or(self.report(usage));
+            }
+        }
+    }
+
+    /// Takes in what an API event said; returns its usage.
+    fn read(&mut self, reading: Reading) -> Option<Usage> {
+        for bytes in reading.deltas {
+            self.add_output(bytes);
+        }
+        if reading.stop_reason.is_some() {
+            self.stop_reason = reading.stop_reason;
+        }
+        if let Some(e) = reading.exception {
+            self.exception.get_or_insert(e);
+        }
+        reading.usage
     }
 
     fn on_frame(&mut self, frame: &Frame) -> Option<Usage> {
@@ -299,6 +441,7 @@ impl UsageObserver {
     fn mark_corrupt(&mut self) {
         self.corrupt = true;
         self.frames = FrameReader::new();
+        self.events = SseReader::new();
         self.body = BoundedBody::default();
     }
 }
@@ -463,7 +606,7 @@ struct ChunkPayload {
 // === Output text ===
 
 /// Text bytes in a Converse `delta` (or an Anthropic / Nova model-native delta).
-fn delta_text_len(delta: Option<&Value>) -> u64 {
+pub(super) fn delta_text_len(delta: Option<&Value>) -> u64 {
     let Some(delta) = delta else { return 0 };
     text_len_at(
         delta,
@@ -527,7 +670,7 @@ fn native_delta_len(event: &Value) -> u64 {
 }
 
 /// OpenAI-style `choices[]`: streamed `delta.content` (and reasoning), or whole `text`/`message`.
-fn choice_text_len(choice: &Value) -> u64 {
+pub(super) fn choice_text_len(choice: &Value) -> u64 {
     text_len_at(
         choice,
         &[

@@ -5,6 +5,7 @@
 
 pub mod raw;
 pub mod routes;
+pub mod upstream;
 
 use std::{
     collections::BTreeMap,
@@ -13,11 +14,10 @@ use std::{
     time::Duration,
 };
 
-use http::Uri;
-
 use crate::simulator::SimulatorConfig;
 use raw::{RawConfig, RawPool};
 pub use routes::{AuthConfig, AuthMode, MaxTokensPolicy, RouteConfig, Secret, ShareConfig};
+pub use upstream::{Endpoint, UpstreamConfig};
 
 /// A configuration error: the key at fault and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,28 +75,6 @@ pub struct ServerConfig {
 pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
-}
-
-/// Where requests go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `https://bedrock-runtime.{region}.amazonaws.com`
-    Aws,
-    /// The built-in simulator, started in the same process.
-    Simulated,
-    /// An explicit base URL (`http://127.0.0.1:9000`, a VPC endpoint, ...).
-    Url(Uri),
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct UpstreamConfig {
-    pub region: String,
-    pub endpoint: Endpoint,
-    pub connect_timeout: Duration,
-    /// Longest wait for the response head. Non-streaming generations answer only when done.
-    pub response_timeout: Duration,
-    /// Longest silence between two body chunks of a response.
-    pub idle_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -308,7 +286,7 @@ impl Config {
                 raw.server.body_read_timeout_secs.unwrap_or(60),
             )?),
         };
-        let upstream = validate_upstream(raw.upstream)?;
+        let upstream = upstream::validate(raw.upstream, env)?;
         let ledger = validate_ledger(raw.ledger, env)?;
         let admission = AdmissionConfig {
             unknown_models: match raw.admission.unknown_models.as_deref().unwrap_or("reject") {
@@ -383,6 +361,14 @@ impl Config {
             routes,
             simulator: raw.simulator.unwrap_or_default(),
         })
+    }
+}
+
+impl Config {
+    /// Remarks on a valid config for `tokengate check-config` to print: settings that work but
+    /// depend on something outside the file.
+    pub fn notes(&self) -> Vec<String> {
+        upstream::notes(&self.upstream, &self.pools)
     }
 }
 
@@ -520,69 +506,6 @@ fn positive(key: &str, v: u64) -> Result<u64, ConfigError> {
     } else {
         Ok(v)
     }
-}
-
-fn validate_upstream(raw: raw::RawUpstream) -> Result<UpstreamConfig, ConfigError> {
-    if raw.region.is_empty()
-        || !raw
-            .region
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-    {
-        return Err(invalid(
-            "upstream.region",
-            format!("{:?} is not a Region name like \"us-east-1\"", raw.region),
-        ));
-    }
-    let endpoint = match raw.endpoint.as_deref() {
-        None => Endpoint::Aws,
-        Some("simulated") => Endpoint::Simulated,
-        Some(url) => {
-            // Never echo what may be a password.
-            let shown = crate::upstream::redact_userinfo(url);
-            let uri: Uri = url
-                .parse()
-                .map_err(|_| invalid("upstream.endpoint", format!("{shown:?} is not a URL")))?;
-            match (uri.scheme_str(), uri.authority()) {
-                (_, Some(authority)) if authority.as_str().contains('@') => {
-                    return Err(invalid(
-                        "upstream.endpoint",
-                        format!(
-                            "{shown:?} carries credentials (user:password@): tokengate signs upstream requests \
-                             with its own AWS credentials (SigV4) and never sends these; write the URL without them"
-                        ),
-                    ));
-                }
-                (Some("http" | "https"), Some(_)) if uri.path() == "/" || uri.path().is_empty() => {
-                    Endpoint::Url(uri)
-                }
-                _ => {
-                    return Err(invalid(
-                        "upstream.endpoint",
-                        format!(
-                            "{shown:?}: write \"simulated\" or a base URL such as \"http://127.0.0.1:9000\" (no path)"
-                        ),
-                    ));
-                }
-            }
-        }
-    };
-    Ok(UpstreamConfig {
-        region: raw.region,
-        endpoint,
-        connect_timeout: Duration::from_secs(positive(
-            "upstream.connect_timeout_secs",
-            raw.connect_timeout_secs.unwrap_or(5),
-        )?),
-        response_timeout: Duration::from_secs(positive(
-            "upstream.response_timeout_secs",
-            raw.response_timeout_secs.unwrap_or(3600),
-        )?),
-        idle_timeout: Duration::from_secs(positive(
-            "upstream.idle_timeout_secs",
-            raw.idle_timeout_secs.unwrap_or(300),
-        )?),
-    })
 }
 
 fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolConfig, ConfigError> {

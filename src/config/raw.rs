@@ -51,6 +51,8 @@ pub struct RawUpstream {
     pub connect_timeout_secs: Option<u64>,
     pub response_timeout_secs: Option<u64>,
     pub idle_timeout_secs: Option<u64>,
+    /// The name of an environment variable holding a Bedrock API key for upstream requests.
+    pub api_key_env: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,8 +1,11 @@
 //! Step 4: forward an admitted (or passed) request upstream, and turn upstream's answer into the
 //! client's: the response head passed on (hop-by-hop headers removed, those its `Connection`
 //! names too), an upstream throttle
-//! passed on with a hint and fed back to the pool, no answer turned into a retryable 503; the
-//! reservation settled by the rule that applies ([`crate::admission::hold`]).
+//! passed on with a hint and fed back to the pool, no answer turned into a retryable 503 (in the
+//! error shape of the request's API); the reservation settled by the rule that applies
+//! ([`crate::admission::hold`]). A streamed Chat Completions call whose usage the proxy asked
+//! for on the client's behalf has the usage chunk taken out of its stream
+//! ([`UsageChunkFilter`]).
 
 use std::sync::Arc;
 
@@ -13,7 +16,10 @@ use super::meter::{InFlight, Meter, MeteredBody};
 use crate::{
     admission::{Admitted, hint},
     answer,
-    bedrock::{ErrorCode, Operation, UsageObserver, eventstream, usage::ResponseKind},
+    bedrock::{
+        Dialect, ErrorCode, Operation, UsageObserver, eventstream, sse::UsageChunkFilter,
+        usage::ResponseKind,
+    },
     observe::Observation,
     state::{AppState, Policy},
     upstream::{UpstreamError, headers::strip_hop_by_hop},
@@ -39,12 +45,15 @@ pub async fn forward(
     obs: &mut Option<Observation>,
 ) -> Response {
     let mut body = request.body;
+    let mut strip_usage_chunk = false;
     let mut in_flight = admitted.map(|admitted| {
         if let Some(rewritten) = admitted.body {
             body = rewritten;
         }
+        strip_usage_chunk = admitted.strip_usage_chunk;
         InFlight::new(admitted.hold, obs.take(), policy.observer.clone())
     });
+    let dialect = request.operation.api().dialect();
     let parts = request.parts;
     let path_and_query = parts
         .uri
@@ -52,12 +61,18 @@ pub async fn forward(
         .map_or(parts.uri.path(), |p| p.as_str());
     let sent = state
         .upstream
-        .send(parts.method.clone(), path_and_query, &request.headers, body)
+        .send(
+            request.operation,
+            parts.method.clone(),
+            path_and_query,
+            &request.headers,
+            body,
+        )
         .await;
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     let response = match sent {
         Ok(response) => response,
-        Err(e) => return unreachable(policy, in_flight, &e),
+        Err(e) => return unreachable(policy, in_flight, &e, dialect),
     };
     let status = response.status();
     policy.observer.upstream_response(pool.as_deref(), status);
@@ -67,17 +82,22 @@ pub async fn forward(
         v.as_bytes()
             .starts_with(eventstream::CONTENT_TYPE.as_bytes())
     });
-    if event_stream {
+    let kind = ResponseKind::for_response(request.operation, &head.headers);
+    // The usage chunk asked for on the client's behalf comes out of a successful stream.
+    let filter =
+        (strip_usage_chunk && status.is_success() && kind == Some(ResponseKind::ChatStream))
+            .then(UsageChunkFilter::new);
+    if event_stream || filter.is_some() {
         head.headers.remove(header::CONTENT_LENGTH);
     }
     let meter = match in_flight.take() {
         Some(mut f) if !status.is_success() => {
-            refused(policy, &mut f, &mut head.headers, status);
+            refused(policy, &mut f, &mut head.headers, status, request.operation);
             None
         }
         Some(mut f) => {
             f.answered(status, &head.headers);
-            ResponseKind::for_operation(request.operation).map(|kind| {
+            kind.map(|kind| {
                 let mut usage = UsageObserver::new(kind);
                 if let Some(u) = usage.on_headers(&head.headers) {
                     f.settle_usage(&u);
@@ -94,7 +114,8 @@ pub async fn forward(
         pool,
         &state.upstream,
         event_stream,
-    );
+    )
+    .with_filter(filter);
     Response::from_parts(head, Body::new(body))
 }
 
@@ -105,13 +126,18 @@ fn refused(
     in_flight: &mut InFlight,
     headers: &mut http::HeaderMap,
     status: StatusCode,
+    operation: Operation,
 ) {
+    let error_type = headers
+        .get(crate::bedrock::error::X_AMZN_ERROR_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(ErrorCode::from_name);
+    // The OpenAI and Anthropic paths' 429s may not name their type (U): a 429 there is a throttle.
     let throttled = status == StatusCode::TOO_MANY_REQUESTS
-        && headers
-            .get(crate::bedrock::error::X_AMZN_ERROR_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(ErrorCode::from_name)
-            .is_some_and(|c| c == ErrorCode::Throttling);
+        && match error_type {
+            Some(code) => code == Some(ErrorCode::Throttling),
+            None => operation.model_in_body(),
+        };
     if throttled {
         let pool = in_flight.hold().pool().clone();
         let hint = policy.admission.upstream_throttled(&pool);
@@ -123,16 +149,22 @@ fn refused(
 }
 
 /// No response from upstream: a retryable 503, settled by the rule for the failure.
-fn unreachable(policy: &Policy, in_flight: Option<InFlight>, error: &UpstreamError) -> Response {
+fn unreachable(
+    policy: &Policy,
+    in_flight: Option<InFlight>,
+    error: &UpstreamError,
+    dialect: Dialect,
+) -> Response {
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     policy
         .observer
         .upstream_error(pool.as_deref(), error.kind(), error);
     let Some(mut in_flight) = in_flight else {
-        return answer::upstream_unreachable(error, None, hint::UNAVAILABLE_WAIT);
+        return answer::upstream_unreachable(error, None, hint::UNAVAILABLE_WAIT, dialect);
     };
     let hint = policy.admission.hint(hint::UNAVAILABLE_WAIT);
-    let response = answer::upstream_unreachable(error, pool.as_deref().map(|p| &*p.name), hint);
+    let pool_name = pool.as_deref().map(|p| &*p.name);
+    let response = answer::upstream_unreachable(error, pool_name, hint, dialect);
     in_flight.answered(response.status(), response.headers());
     match error {
         // No answer yet, but the request may be running upstream: charge the reservation.

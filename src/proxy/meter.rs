@@ -4,6 +4,10 @@
 //! it, and the request's reservation is settled the moment usage is known, not when the
 //! connection closes. The body also enforces the idle timeout between chunks.
 //!
+//! One exception to "as is": a streamed Chat Completions call whose usage the proxy asked for
+//! on the client's behalf passes through a [`UsageChunkFilter`], which takes that usage chunk
+//! out (and holds at most one partial SSE event back until its end arrives).
+//!
 //! When the upstream fails mid-body (connection reset, stream cut, idle timeout), an event stream
 //! ends with a `modelStreamErrorException` frame, the only way a stream that answered 200 can
 //! report an error; a plain body ends with an error, which aborts the response so the client sees
@@ -35,7 +39,9 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::{
     admission::{Hold, Pool, Settled},
-    bedrock::{ErrorCode, Usage, UsageObserver, eventstream::exception_frame},
+    bedrock::{
+        ErrorCode, Usage, UsageObserver, eventstream::exception_frame, sse::UsageChunkFilter,
+    },
     observe::{Observation, Observer},
     upstream::Upstream,
 };
@@ -191,6 +197,8 @@ pin_project! {
         #[pin]
         deadline_passed: WaitForCancellationFutureOwned,
         event_stream: bool,
+        // Takes out of a Chat Completions stream the usage chunk the client did not ask for.
+        filter: Option<UsageChunkFilter>,
         finished: bool,
     }
 }
@@ -227,9 +235,38 @@ impl MeteredBody {
             deadline_passed: deadline.clone().cancelled_owned(),
             deadline,
             event_stream,
+            filter: None,
             finished: false,
         }
     }
+
+    /// Passes the body through `filter` on its way to the client (the meter still reads what
+    /// upstream sent).
+    pub fn with_filter(mut self, filter: Option<UsageChunkFilter>) -> MeteredBody {
+        self.filter = filter;
+        self
+    }
+}
+
+/// What the client gets of one upstream frame: the frame, or what the filter lets through of its
+/// data (with the filter's rest at the `end`); `None` when that is nothing yet.
+fn pass_on(
+    filter: &mut Option<UsageChunkFilter>,
+    frame: Frame<Bytes>,
+    end: bool,
+) -> Option<Frame<Bytes>> {
+    let Some(filter) = filter else {
+        return Some(frame);
+    };
+    let data = match frame.into_data() {
+        Ok(data) => data,
+        Err(frame) => return Some(frame),
+    };
+    let mut out = bytes::BytesMut::from(filter.push(&data));
+    if end {
+        out.extend_from_slice(&filter.finish());
+    }
+    (!out.is_empty()).then(|| Frame::data(out.freeze()))
 }
 
 /// Why a response ended before upstream finished it.
@@ -277,20 +314,20 @@ impl Body for MeteredBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
-        if *this.finished {
-            return Poll::Ready(None);
-        }
-        let failure = if this.deadline.is_cancelled() {
-            Failure::Deadline
-        } else {
+        let failure = loop {
+            if *this.finished {
+                return Poll::Ready(None);
+            }
+            if this.deadline.is_cancelled() {
+                break Failure::Deadline;
+            }
             match this.inner.as_mut().poll_frame(cx) {
                 Poll::Pending => {
                     if this.deadline_passed.as_mut().poll(cx).is_ready() {
-                        Failure::Deadline
-                    } else {
-                        ready!(this.idle.as_mut().poll(cx));
-                        Failure::Idle
+                        break Failure::Deadline;
                     }
+                    ready!(this.idle.as_mut().poll(cx));
+                    break Failure::Idle;
                 }
                 Poll::Ready(Some(Ok(frame))) => {
                     this.idle
@@ -301,22 +338,27 @@ impl Body for MeteredBody {
                     }
                     // A body of known length is complete with its last byte, and the server may
                     // drop it without polling for the end: settle now.
-                    if this.inner.is_end_stream() {
+                    let end = this.inner.is_end_stream();
+                    if end {
                         *this.finished = true;
                         if let Some(meter) = this.meter.as_mut() {
                             meter.end();
                         }
                     }
-                    return Poll::Ready(Some(Ok(frame)));
+                    // A filtered stream may hold all of a frame back (part of an event): read on.
+                    if let Some(frame) = pass_on(this.filter, frame, end) {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
                 }
                 Poll::Ready(None) => {
                     *this.finished = true;
                     if let Some(meter) = this.meter.as_mut() {
                         meter.end();
                     }
-                    return Poll::Ready(None);
+                    let rest = this.filter.as_mut().map(UsageChunkFilter::finish);
+                    return Poll::Ready(rest.filter(|r| !r.is_empty()).map(|r| Ok(Frame::data(r))));
                 }
-                Poll::Ready(Some(Err(e))) => Failure::Upstream(e.to_string()),
+                Poll::Ready(Some(Err(e))) => break Failure::Upstream(e.to_string()),
             }
         };
         // The response ends early: upstream failed, went quiet, or the drain deadline passed.
@@ -343,7 +385,7 @@ impl Body for MeteredBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.event_stream {
+        if self.event_stream || self.filter.is_some() {
             SizeHint::default()
         } else {
             self.inner.size_hint()

@@ -25,18 +25,18 @@ use std::sync::Arc;
 use axum::{
     body::Body,
     extract::{Request, State},
-    response::{IntoResponse, Response},
+    response::Response,
 };
 use bytes::Bytes;
 use http::StatusCode;
 
 use crate::{
-    admission::{Decision, Facts},
+    admission::{self, Caller, Decision, Facts},
     answer::{self, BodyReadError},
-    bedrock::Target,
+    bedrock::{Dialect, Operation, Target},
     observe::{Observation, Verdict},
     state::{AppState, Policy},
-    upstream::headers::BEDROCK_RUNTIME,
+    upstream::headers,
 };
 
 /// Handles every `bedrock-runtime` call.
@@ -76,42 +76,38 @@ async fn proxy(
     let (parts, body) = request.into_parts();
     let record = obs.get_or_insert_with(Observation::start);
     // Until admission decides, an answer refuses the request itself (its path, its
-    // credentials, its body).
+    // credentials, its body), in the error shape of the path's clients.
     record.refused(Verdict::Invalid);
+    let dialect = Dialect::of_path(parts.uri.path());
     let target = match Target::parse(&parts.method, parts.uri.path()) {
         Ok(t) => t,
-        Err(e) => return answer::target_error(e),
+        Err(e) => return answer::target_error(e, dialect),
     };
-    record.target(target.operation, target.model_id.as_deref());
-    if !target.operation.forwarded() {
-        return answer::not_forwarded(target.operation);
+    let operation = target.operation;
+    record.target(operation, target.model_id.as_deref());
+    if !operation.forwarded() {
+        return answer::not_forwarded(operation);
     }
     // Who is calling, from the head alone: an unknown caller never gets a body buffered.
-    let identity = match caller::identify_head(policy, &parts) {
+    let identity = match caller::identify_head(policy, &parts, operation) {
         Ok(identity) => identity,
-        Err(refusal) => return refusal.into_response(),
+        Err(refusal) => return refusal.into_response_in(dialect),
     };
+    if let Some(refusal) = declared_not_json(operation, &parts.headers) {
+        return refusal;
+    }
     let body = match read_body(state, body).await {
         Ok(body) => body,
-        Err(e) => return answer::body_error(&e),
+        Err(e) => return answer::body_error(&e, dialect),
     };
     let caller = match caller::identify(policy, &identity, &parts, &body, &state.rejections) {
         Ok(caller) => caller,
-        Err(refusal) => return refusal.into_response(),
+        Err(refusal) => return refusal.into_response_in(dialect),
     };
     *route = Some(caller.route.name.clone());
     record.route(&caller.route.name);
-    let decision = policy
-        .admission
-        .decide(&Facts {
-            operation: target.operation,
-            model_id: target.model_id.as_deref(),
-            body: &body,
-            caller: &caller,
-        })
-        .await;
-    policy.observer.decided(record, &decision);
-    if let Some(refusal) = answer::refusal(&decision) {
+    let decision = decide(policy, &target, &body, &caller, record).await;
+    if let Some(refusal) = answer::refusal(&decision, operation) {
         return refusal;
     }
     let admitted = match decision {
@@ -120,11 +116,59 @@ async fn proxy(
     };
     let request = forward::Outgoing {
         parts: &parts,
-        headers: BEDROCK_RUNTIME.forwarded(&parts.headers, identity.signed_headers()),
-        operation: target.operation,
+        headers: headers::table(operation.api())
+            .forwarded(&parts.headers, identity.signed_headers()),
+        operation,
         body,
     };
     forward::forward(state, policy, request, admitted, obs).await
+}
+
+/// Step 3: admission decides, and the observer counts it. The OpenAI and Anthropic APIs name
+/// their model in the body: admission's one pass reads it, and the record takes it.
+async fn decide(
+    policy: &Policy,
+    target: &Target,
+    body: &Bytes,
+    caller: &Caller,
+    record: &mut Observation,
+) -> Decision {
+    let operation = target.operation;
+    let read = operation
+        .model_in_body()
+        .then(|| admission::read_body(operation, body));
+    let in_body = read
+        .as_ref()
+        .and_then(|r| r.as_ref().ok())
+        .and_then(|facts| facts.api.as_ref())
+        .map(|api| api.model.as_str());
+    if let Some(model) = in_body {
+        record.target(operation, Some(model));
+    }
+    let decision = policy
+        .admission
+        .decide(&Facts {
+            operation,
+            model_id: target.model_id.as_deref(),
+            body,
+            read: read.as_ref(),
+            caller,
+        })
+        .await;
+    policy.observer.decided(record, &decision);
+    decision
+}
+
+/// An OpenAI or Anthropic API request whose `Content-Type` says its body is not JSON.
+fn declared_not_json(operation: Operation, headers: &http::HeaderMap) -> Option<Response> {
+    if !operation.model_in_body() {
+        return None;
+    }
+    let declared = headers.get(http::header::CONTENT_TYPE)?;
+    let text = String::from_utf8_lossy(declared.as_bytes());
+    let essence = text.split(';').next().unwrap_or("").trim();
+    let json = essence.eq_ignore_ascii_case("application/json");
+    (!json).then(|| answer::not_json(operation, &text))
 }
 
 /// Reads the whole request body, within `server.max_body_bytes` and

@@ -1,0 +1,163 @@
+//! `[upstream]`: where requests go, how long to wait, and the proxy's own upstream credential.
+//!
+//! The proxy signs upstream requests with SigV4 (service `bedrock`), with the AWS credentials of
+//! the default chain. With `api_key_env`, it sends the Bedrock API key held in that environment
+//! variable as `Authorization: Bearer` instead, on every operation that accepts one: all but
+//! InvokeModelWithBidirectionalStream, which takes SigV4 only (V, BEDROCK-APIS.md), and stays
+//! signed with the default chain's credentials ([`Config::notes`](super::Config::notes) says so
+//! when a pool serves such a model).
+
+use std::time::Duration;
+
+use http::Uri;
+
+use super::{ConfigError, Env, Secret, invalid, positive, raw::RawUpstream};
+
+/// Where requests go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `https://bedrock-runtime.{region}.amazonaws.com`
+    Aws,
+    /// The built-in simulator, started in the same process.
+    Simulated,
+    /// An explicit base URL (`http://127.0.0.1:9000`, a VPC endpoint, ...).
+    Url(Uri),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamConfig {
+    pub region: String,
+    pub endpoint: Endpoint,
+    pub connect_timeout: Duration,
+    /// Longest wait for the response head. Non-streaming generations answer only when done.
+    pub response_timeout: Duration,
+    /// Longest silence between two body chunks of a response.
+    pub idle_timeout: Duration,
+    /// A Bedrock API key (`upstream.api_key_env`), sent as `Authorization: Bearer` by every
+    /// operation that accepts one; `None`: SigV4 everywhere.
+    pub api_key: Option<UpstreamApiKey>,
+}
+
+/// The upstream Bedrock API key and the variable it came from (for messages; the key itself is
+/// never printed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamApiKey {
+    pub env: String,
+    pub key: Secret,
+}
+
+/// The API key in the environment variable `name`, if one is named.
+fn api_key(name: Option<&str>, env: &Env) -> Result<Option<UpstreamApiKey>, ConfigError> {
+    let Some(name) = name else { return Ok(None) };
+    if name.is_empty() {
+        return Err(invalid(
+            "upstream.api_key_env",
+            "name the environment variable that holds the Bedrock API key (e.g. \"AWS_BEARER_TOKEN_BEDROCK\")",
+        ));
+    }
+    let key = env(name)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty());
+    let key = key.ok_or_else(|| {
+        invalid(
+            "upstream.api_key_env",
+            format!("the environment variable {name} is not set (or is empty); set it to a Bedrock API key, or remove upstream.api_key_env to sign with SigV4"),
+        )
+    })?;
+    if key.chars().any(|c| c.is_ascii_control()) {
+        return Err(invalid(
+            "upstream.api_key_env",
+            format!("the value of {name} holds control characters; it cannot be sent as a header"),
+        ));
+    }
+    Ok(Some(UpstreamApiKey {
+        env: name.to_string(),
+        key: Secret(key),
+    }))
+}
+
+pub(super) fn validate(raw: RawUpstream, env: &Env) -> Result<UpstreamConfig, ConfigError> {
+    if raw.region.is_empty()
+        || !raw
+            .region
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err(invalid(
+            "upstream.region",
+            format!("{:?} is not a Region name like \"us-east-1\"", raw.region),
+        ));
+    }
+    let endpoint = match raw.endpoint.as_deref() {
+        None => Endpoint::Aws,
+        Some("simulated") => Endpoint::Simulated,
+        Some(url) => {
+            // Never echo what may be a password.
+            let shown = crate::upstream::redact_userinfo(url);
+            let uri: Uri = url
+                .parse()
+                .map_err(|_| invalid("upstream.endpoint", format!("{shown:?} is not a URL")))?;
+            match (uri.scheme_str(), uri.authority()) {
+                (_, Some(authority)) if authority.as_str().contains('@') => {
+                    return Err(invalid(
+                        "upstream.endpoint",
+                        format!(
+                            "{shown:?} carries credentials (user:password@): tokengate signs upstream requests \
+                             with its own AWS credentials (SigV4) and never sends these; write the URL without them"
+                        ),
+                    ));
+                }
+                (Some("http" | "https"), Some(_)) if uri.path() == "/" || uri.path().is_empty() => {
+                    Endpoint::Url(uri)
+                }
+                _ => {
+                    return Err(invalid(
+                        "upstream.endpoint",
+                        format!(
+                            "{shown:?}: write \"simulated\" or a base URL such as \"http://127.0.0.1:9000\" (no path)"
+                        ),
+                    ));
+                }
+            }
+        }
+    };
+    Ok(UpstreamConfig {
+        api_key: api_key(raw.api_key_env.as_deref(), env)?,
+        region: raw.region,
+        endpoint,
+        connect_timeout: Duration::from_secs(positive(
+            "upstream.connect_timeout_secs",
+            raw.connect_timeout_secs.unwrap_or(5),
+        )?),
+        response_timeout: Duration::from_secs(positive(
+            "upstream.response_timeout_secs",
+            raw.response_timeout_secs.unwrap_or(3600),
+        )?),
+        idle_timeout: Duration::from_secs(positive(
+            "upstream.idle_timeout_secs",
+            raw.idle_timeout_secs.unwrap_or(300),
+        )?),
+    })
+}
+
+/// What `check-config` says about a valid config's upstream credentials: with an API key,
+/// InvokeModelWithBidirectionalStream (SigV4 only) still needs the default chain's credentials
+/// for every pool whose models serve it (Nova Sonic: an id naming `sonic`).
+pub(super) fn notes(upstream: &UpstreamConfig, pools: &[super::PoolConfig]) -> Vec<String> {
+    let Some(key) = &upstream.api_key else {
+        return Vec::new();
+    };
+    pools
+        .iter()
+        .flat_map(|pool| pool.models.iter().map(move |m| (pool, m)))
+        .filter(|(_, model)| model.contains("sonic"))
+        .map(|(pool, model)| {
+            format!(
+                "upstream.api_key_env ({}): pool {:?} lists {model:?}, whose InvokeModelWithBidirectionalStream \
+                 accepts only SigV4: those calls are signed with the AWS credentials of the default chain, and \
+                 fail without them",
+                key.env, pool.name
+            )
+        })
+        .collect()
+}
