@@ -285,3 +285,7 @@ fn error_kind(error: &Value) -> String {
 fn string_len(v: Option<&Value>) -> u64 {
     v.and_then(Value::as_str).map_or(0, |s| s.len() as u64)
 }
+
+#[cfg(test)]
+#[path = "usage_api_tests.rs"]
+mod tests;
