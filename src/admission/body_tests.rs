@@ -698,7 +698,8 @@ mod reference {
 
 #[test]
 fn the_openai_and_anthropic_apis_name_their_model_and_stream_in_the_body() {
-    let chat = br#"{"model": "openai.gpt-oss-120b-1:0", "messages": [{"role": "user", "content": "hi"}],
+    let chat =
+        br#"{"model": "openai.gpt-oss-120b-1:0", "messages": [{"role": "user", "content": "hi"}],
         "max_completion_tokens": 64, "stream": true, "stream_options": {"include_usage": false}}"#;
     let facts = read(Operation::OpenAIChatCompletions, None, chat).unwrap();
     assert_eq!(facts.max_tokens, Some(64));
@@ -759,7 +760,10 @@ fn api_fields_missing_repeated_or_mistyped_are_refused() {
         "stream_options must be an object"
     );
     assert_eq!(
-        field(chat, r#"{"model": "a", "stream_options": {"include_usage": 1}}"#),
+        field(
+            chat,
+            r#"{"model": "a", "stream_options": {"include_usage": 1}}"#
+        ),
         "stream_options.include_usage must be true or false"
     );
     assert_eq!(
@@ -777,5 +781,12 @@ fn api_fields_missing_repeated_or_mistyped_are_refused() {
         "max_tokens must be a positive integer, got 0"
     );
     // The Responses and Messages APIs do not read stream_options.
-    assert!(read(Operation::AnthropicMessages, None, br#"{"model": "a", "stream_options": 1}"#).is_ok());
+    assert!(
+        read(
+            Operation::AnthropicMessages,
+            None,
+            br#"{"model": "a", "stream_options": 1}"#
+        )
+        .is_ok()
+    );
 }

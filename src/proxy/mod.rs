@@ -159,16 +159,21 @@ async fn decide(
     decision
 }
 
-/// An OpenAI or Anthropic API request whose `Content-Type` says its body is not JSON.
+/// An OpenAI or Anthropic API request with a `Content-Type` that says its body is not JSON
+/// (absent, it is read as JSON; every one sent must say JSON).
 fn declared_not_json(operation: Operation, headers: &http::HeaderMap) -> Option<Response> {
     if !operation.model_in_body() {
         return None;
     }
-    let declared = headers.get(http::header::CONTENT_TYPE)?;
-    let text = String::from_utf8_lossy(declared.as_bytes());
-    let essence = text.split(';').next().unwrap_or("").trim();
-    let json = essence.eq_ignore_ascii_case("application/json");
-    (!json).then(|| answer::not_json(operation, &text))
+    headers
+        .get_all(http::header::CONTENT_TYPE)
+        .iter()
+        .map(|declared| String::from_utf8_lossy(declared.as_bytes()).into_owned())
+        .find(|text| {
+            let essence = text.split(';').next().unwrap_or("").trim();
+            !essence.eq_ignore_ascii_case("application/json")
+        })
+        .map(|text| answer::not_json(operation, &text))
 }
 
 /// Reads the whole request body, within `server.max_body_bytes` and
