@@ -88,7 +88,7 @@ fn cases() -> Vec<Case> {
     let mut cases = vec![
         // Operations and paths.
         case("unknown operation", "/model/x/chat", "{}", UNKNOWN_OP, "no bedrock-runtime operation", Proxy),
-        case("unknown path", "/v1/chat/completions", "{}", UNKNOWN_OP, "POST /model/{modelId}/converse", Proxy),
+        case("unknown path", "/runtime/converse", "{}", UNKNOWN_OP, "POST /model/{modelId}/converse", Proxy),
         case("root", "/", "{}", UNKNOWN_OP, "no bedrock-runtime operation", Proxy),
         case("bidirectional stream", &bidirectional, "{}", VALIDATION, "call bedrock-runtime directly", Proxy),
         // modelId encoding.

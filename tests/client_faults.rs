@@ -78,7 +78,7 @@ async fn a_client_that_hangs_up_mid_body_reaches_nothing_and_holds_nothing() {
     let m = &stack.proxy.state.metrics;
     let admitted = m
         .requests
-        .with_label_values(&[POOL, "Converse", "admitted"]);
+        .with_label_values(&[POOL, "bedrock", "Converse", "admitted"]);
     assert_eq!(admitted.get(), 1, "only the whole request was admitted");
     let calls = stack
         .sim

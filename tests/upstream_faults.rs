@@ -35,7 +35,7 @@ fn upstream_errors(proxy: &Gateway, kind: &str) -> u64 {
 fn admitted(proxy: &Gateway, operation: &str) -> u64 {
     let m = &proxy.state.metrics;
     m.requests
-        .with_label_values(&[POOL, operation, "admitted"])
+        .with_label_values(&[POOL, "bedrock", operation, "admitted"])
         .get()
 }
 
