@@ -1,11 +1,13 @@
 //! Admission control: from a request's facts to a [`Decision`].
 //!
-//! For every operation that names a model (in its path, or in its body for StartAsyncInvoke):
-//! the caller's route may call it ([`allow`]), before anything is passed through. Then, for a
-//! model call: resolve the pool from the modelId; read `maxTokens` (the pool's `default_max_tokens` when absent) and estimate input tokens
-//! (conservative, calibrated online from reported usage); apply the route's `max_tokens_ceiling`;
-//! reserve `input + maxTokens` in the ledger, every limit at once, waiting in the pool's queue
-//! when the wait is worth it ([`queue`]).
+//! For every operation that names a model (in its path, or in its body for StartAsyncInvoke and
+//! the OpenAI and Anthropic APIs): the caller's route may call it ([`allow`]), before anything is
+//! passed through. Then, for a model call: resolve the pool from the modelId; read `maxTokens`
+//! (the pool's `default_max_tokens` when absent) and estimate input tokens (conservative,
+//! calibrated online from reported usage), in one pass over the body ([`body`]); apply the
+//! route's `max_tokens_ceiling`; write what the forwarded body must say ([`rewrite`]); reserve
+//! `input + maxTokens` in the ledger, every limit at once, waiting in the pool's queue when the
+//! wait is worth it ([`queue`]). Each pool counts what it admitted and throttled by API family.
 //!
 //! [`Admission::decide`] returns pure data ([`decision`]): an admitted request carries a [`Hold`]
 //! that settles it ([`hold`] has the rules); a refusal says why and, when retrying can help, when

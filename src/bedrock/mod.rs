@@ -1,8 +1,10 @@
 //! The `bedrock-runtime` wire format, shared by the proxy and the simulator.
 //!
 //! Everything here is pure: parsing paths and model ids, reading `maxTokens` and usage out of
-//! request and response bytes, encoding and decoding event-stream frames, and shaping errors the
-//! way Bedrock (restJson1) shapes them. No I/O, no quota arithmetic.
+//! request and response bytes (the native operations', and the OpenAI and Anthropic APIs' that
+//! bedrock-runtime serves too: [`api`]), encoding and decoding event-stream frames, reading
+//! server-sent events ([`sse`]), and shaping errors the way Bedrock (restJson1), OpenAI and
+//! Anthropic shape them. No I/O, no quota arithmetic.
 
 pub mod api;
 pub mod error;

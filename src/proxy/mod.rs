@@ -14,6 +14,11 @@
 //! ([`crate::admission::retries`]), so that the SDK's retry of that call may use the retry reserve.
 //! Only the headers the API defines (and a SigV4 caller signed) go upstream
 //! ([`crate::upstream::headers`]).
+//!
+//! Every answer of tokengate's own is in the error shape of the path's clients
+//! ([`crate::bedrock::Dialect`]): Bedrock's for the native operations, OpenAI's under `/openai/`
+//! and `/v1/`, Anthropic's under `/anthropic/`. The OpenAI and Anthropic APIs take JSON only: a
+//! `Content-Type` that says otherwise is refused before the body is read.
 
 pub mod caller;
 pub mod count_tokens;

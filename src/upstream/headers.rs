@@ -2,7 +2,8 @@
 //! response headers come back.
 //!
 //! Upstream receives only the headers the API defines ([`Api::request_headers`], one table per
-//! API), never the client's credentials, cookies, SDK bookkeeping or anything else: whatever goes
+//! API: bedrock-runtime's own, OpenAI's, Anthropic's; [`table`]), never the client's credentials
+//! (`Authorization`, `x-api-key`), cookies, SDK bookkeeping or anything else: whatever goes
 //! upstream is signed with the proxy's own credentials, so a header let through would be vouched
 //! for by the proxy. A SigV4 caller's headers must also be among those it signed, so nobody
 //! between the caller and the proxy can add one.
