@@ -437,7 +437,7 @@ async fn connect_upstream(
     .map_err(|e| StartError::Upstream(e.to_string()))?;
     if let Some(key) = &up.api_key {
         upstream = upstream
-            .with_api_key(&key.key)
+            .with_api_key(&key.key.0)
             .map_err(|e| StartError::Upstream(e.to_string()))?;
     }
     Ok((upstream, simulator))

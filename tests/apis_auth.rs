@@ -58,7 +58,7 @@ fn assert_only_the_proxys_credential(seen: &[tap::Seen]) {
     for request in seen {
         let h = &request.headers;
         assert!(h.get("x-api-key").is_none(), "{h:?}");
-        let authorization = h["authorization"].to_str().unwrap();
+        let authorization = h["authorization"].to_str().expect("an ASCII authorization");
         assert!(
             authorization.starts_with(&format!("AWS4-HMAC-SHA256 Credential={PROXY_KEY_ID}/")),
             "{authorization}"

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use signer::Signer;
 
-use crate::{bedrock::Operation, config::Secret};
+use crate::bedrock::Operation;
 
 /// Why a request got no response from upstream.
 #[derive(Debug, thiserror::Error)]
@@ -149,8 +149,8 @@ impl Upstream {
 
     /// Sends `key` (a Bedrock API key) as `Authorization: Bearer` on every operation that accepts
     /// one, instead of signing.
-    pub fn with_api_key(mut self, key: &Secret) -> Result<Upstream, UpstreamError> {
-        let mut value = HeaderValue::from_str(&format!("Bearer {}", key.0)).map_err(|_| {
+    pub fn with_api_key(mut self, key: &str) -> Result<Upstream, UpstreamError> {
+        let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
             UpstreamError::Signing("the upstream API key is not valid header text".into())
         })?;
         value.set_sensitive(true);
