@@ -389,7 +389,7 @@ async fn an_upstream_that_does_not_answer_in_time_is_a_retryable_error() {
     let sim = "time_to_first_token_ms = 3000\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";
     let sim = start_simulator(sim).await;
     let mut config = proxy_config(sim.addr, &sonnet_pool(1_000_000, 8), "");
-    config.upstream.response_timeout = Duration::from_millis(300);
+    config.process.upstream.response_timeout = Duration::from_millis(300);
     let proxy = start_proxy(config).await;
     let r = raw_request(
         proxy.addr,
@@ -412,7 +412,7 @@ async fn a_stream_that_goes_quiet_ends_with_an_exception_frame() {
     let sim = "time_to_first_token_ms = 0\ntokens_per_second = 1000\ndefault_tokens_per_minute = 10000000\nstall_ms = 3000\n";
     let sim = start_simulator(sim).await;
     let mut config = proxy_config(sim.addr, &sonnet_pool(1_000_000, 8), "");
-    config.upstream.idle_timeout = Duration::from_millis(300);
+    config.process.upstream.idle_timeout = Duration::from_millis(300);
     let proxy = start_proxy(config).await;
     let mut s = sdk_client(proxy.addr, 1)
         .converse_stream()

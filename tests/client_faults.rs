@@ -321,8 +321,8 @@ async fn idle_and_half_sent_connections_do_not_stop_requests_and_are_closed_afte
     let mut config = proxy_config(sim.addr, &sonnet_pool(1_000_000, 8), "");
     // Silent and half-sent connections close at the header timeout, the kept-alive one at the
     // idle timeout.
-    config.server.header_read_timeout = HEADER_TIMEOUT;
-    config.server.idle_timeout = HEADER_TIMEOUT;
+    config.process.server.header_read_timeout = HEADER_TIMEOUT;
+    config.process.server.idle_timeout = HEADER_TIMEOUT;
     let proxy = start_proxy(config).await;
     let addr = proxy.addr;
     let opened = Instant::now();

@@ -306,7 +306,7 @@ async fn queued_calls_are_answered_at_once_and_shutdown_reports_nothing_left() {
     // One slot; a second call waits in the admission queue (up to 20 s).
     let pools = format!("{}max_wait_ms = 20000\n", sonnet_pool(10_000_000, 1));
     let mut config = proxy_config(sim.addr, &pools, "");
-    config.server.drain = Duration::from_secs(10);
+    config.process.server.drain = Duration::from_secs(10);
     let proxy = start_proxy(config).await;
     let (addr, state) = (proxy.addr, proxy.state.clone());
     let metrics = state.metrics.clone();

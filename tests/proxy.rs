@@ -376,7 +376,7 @@ async fn oversized_bodies_and_unreachable_upstreams_get_clear_errors() {
     let dead = closed.local_addr().expect("addr");
     drop(closed);
     let mut config = proxy_config(dead, &sonnet_pool(100_000, 4), "");
-    config.server.max_body_bytes = 1024;
+    config.process.server.max_body_bytes = 1024;
     let proxy = start_proxy(config).await;
     let path = model_path(SONNET_US, "converse");
 

@@ -26,9 +26,9 @@ fn admission(pool: &str) -> Arc<Admission> {
     let config = Config::parse(&text).expect("config");
     let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
     Arc::new(Admission::new(
-        &config.pools,
-        &config.routes,
-        config.admission,
+        &config.policy.pools,
+        &config.policy.routes,
+        config.policy.admission,
         ledger,
     ))
 }

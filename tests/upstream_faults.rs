@@ -284,9 +284,9 @@ async fn a_slow_stream_trickles_through_without_timing_out() {
     let sim = "time_to_first_token_ms = 0\ntokens_per_second = 40\ndefault_tokens_per_minute = 10000000\n";
     let sim = start_simulator(sim).await;
     let mut config = proxy_config(sim.addr, &sonnet_pool(1_000_000, 8), "");
-    config.upstream.idle_timeout = Duration::from_millis(500);
-    config.upstream.response_timeout = Duration::from_millis(500);
-    config.server.header_read_timeout = Duration::from_secs(1);
+    config.process.upstream.idle_timeout = Duration::from_millis(500);
+    config.process.upstream.response_timeout = Duration::from_millis(500);
+    config.process.server.header_read_timeout = Duration::from_secs(1);
     let proxy = start_proxy(config).await;
     let started = Instant::now();
     let mut out = sdk_client(proxy.addr, 1)

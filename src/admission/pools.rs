@@ -459,9 +459,9 @@ mod tests {
         .expect("config");
         Pool::new(
             0,
-            config.pools[0].clone(),
-            &config.routes,
-            &config.admission,
+            config.policy.pools[0].clone(),
+            &config.policy.routes,
+            &config.policy.admission,
         )
     }
 

@@ -1,17 +1,31 @@
-//! `[upstream]`: where requests go, how long to wait, and the proxy's own upstream credential.
+//! `[upstream]`: where requests go (AWS, the built-in simulator, or a base URL), how long to
+//! wait for it, and the proxy's own upstream credential.
 //!
 //! The proxy signs upstream requests with SigV4 (service `bedrock`), with the AWS credentials of
 //! the default chain. With `api_key_env`, it sends the Bedrock API key held in that environment
 //! variable as `Authorization: Bearer` instead, on every operation that accepts one: all but
 //! InvokeModelWithBidirectionalStream, which takes SigV4 only (V, BEDROCK-APIS.md), and stays
-//! signed with the default chain's credentials ([`Config::notes`](super::Config::notes) says so
-//! when a pool serves such a model).
+//! signed with the default chain's credentials ([`notes`] says so when a pool serves such a
+//! model).
 
 use std::time::Duration;
 
 use http::Uri;
+use serde::Deserialize;
 
-use super::{ConfigError, Env, Secret, invalid, positive, raw::RawUpstream};
+use super::{ConfigError, Env, PoolConfig, Secret, invalid, positive};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub region: String,
+    pub endpoint: Option<String>,
+    pub connect_timeout_secs: Option<u64>,
+    pub response_timeout_secs: Option<u64>,
+    pub idle_timeout_secs: Option<u64>,
+    /// The name of an environment variable holding a Bedrock API key for upstream requests.
+    pub api_key_env: Option<String>,
+}
 
 /// Where requests go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,36 +60,6 @@ pub struct UpstreamApiKey {
     pub key: Secret,
 }
 
-/// The API key in the environment variable `name`, if one is named.
-fn api_key(name: Option<&str>, env: &Env) -> Result<Option<UpstreamApiKey>, ConfigError> {
-    let Some(name) = name else { return Ok(None) };
-    if name.is_empty() {
-        return Err(invalid(
-            "upstream.api_key_env",
-            "name the environment variable that holds the Bedrock API key (e.g. \"AWS_BEARER_TOKEN_BEDROCK\")",
-        ));
-    }
-    let key = env(name)
-        .map(|v| v.trim().to_string())
-        .filter(|v| !v.is_empty());
-    let key = key.ok_or_else(|| {
-        invalid(
-            "upstream.api_key_env",
-            format!("the environment variable {name} is not set (or is empty); set it to a Bedrock API key, or remove upstream.api_key_env to sign with SigV4"),
-        )
-    })?;
-    if key.chars().any(|c| c.is_ascii_control()) {
-        return Err(invalid(
-            "upstream.api_key_env",
-            format!("the value of {name} holds control characters; it cannot be sent as a header"),
-        ));
-    }
-    Ok(Some(UpstreamApiKey {
-        env: name.to_string(),
-        key: Secret(key),
-    }))
-}
-
 pub(super) fn validate(raw: RawUpstream, env: &Env) -> Result<UpstreamConfig, ConfigError> {
     if raw.region.is_empty()
         || !raw
@@ -93,7 +77,7 @@ pub(super) fn validate(raw: RawUpstream, env: &Env) -> Result<UpstreamConfig, Co
         Some("simulated") => Endpoint::Simulated,
         Some(url) => {
             // Never echo what may be a password.
-            let shown = crate::upstream::redact_userinfo(url);
+            let shown = redact_userinfo(url);
             let uri: Uri = url
                 .parse()
                 .map_err(|_| invalid("upstream.endpoint", format!("{shown:?} is not a URL")))?;
@@ -140,10 +124,43 @@ pub(super) fn validate(raw: RawUpstream, env: &Env) -> Result<UpstreamConfig, Co
     })
 }
 
+/// The API key in the environment variable `name`, if one is named.
+fn api_key(name: Option<&str>, env: &Env) -> Result<Option<UpstreamApiKey>, ConfigError> {
+    let Some(name) = name else { return Ok(None) };
+    if name.is_empty() {
+        return Err(invalid(
+            "upstream.api_key_env",
+            "name the environment variable that holds the Bedrock API key (e.g. \"AWS_BEARER_TOKEN_BEDROCK\")",
+        ));
+    }
+    let key = env(name)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty());
+    let key = key.ok_or_else(|| {
+        invalid(
+            "upstream.api_key_env",
+            format!(
+                "the environment variable {name} is not set (or is empty); set it to a Bedrock API key, \
+                 or remove upstream.api_key_env to sign with SigV4"
+            ),
+        )
+    })?;
+    if key.chars().any(|c| c.is_ascii_control()) {
+        return Err(invalid(
+            "upstream.api_key_env",
+            format!("the value of {name} holds control characters; it cannot be sent as a header"),
+        ));
+    }
+    Ok(Some(UpstreamApiKey {
+        env: name.to_string(),
+        key: Secret(key),
+    }))
+}
+
 /// What `check-config` says about a valid config's upstream credentials: with an API key,
 /// InvokeModelWithBidirectionalStream (SigV4 only) still needs the default chain's credentials
 /// for every pool whose models serve it (Nova Sonic: an id naming `sonic`).
-pub(super) fn notes(upstream: &UpstreamConfig, pools: &[super::PoolConfig]) -> Vec<String> {
+pub fn notes(upstream: &UpstreamConfig, pools: &[PoolConfig]) -> Vec<String> {
     let Some(key) = &upstream.api_key else {
         return Vec::new();
     };
@@ -160,4 +177,18 @@ pub(super) fn notes(upstream: &UpstreamConfig, pools: &[super::PoolConfig]) -> V
             )
         })
         .collect()
+}
+
+/// `url` with any userinfo (`user:password@`) replaced by `***`, for messages and logs.
+pub fn redact_userinfo(url: &str) -> std::borrow::Cow<'_, str> {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    match url[after_scheme..].rfind('@') {
+        Some(at) => format!(
+            "{}***@{}",
+            &url[..after_scheme],
+            &url[after_scheme + at + 1..]
+        )
+        .into(),
+        None => url.into(),
+    }
 }
