@@ -7,22 +7,8 @@
 mod common;
 
 use bytes::Bytes;
-use common::*;
+use common::{apis::*, *};
 use serde_json::{Value, json};
-
-const GPT: &str = "openai.gpt-oss-120b-1:0";
-const CHAT: &str = "/openai/v1/chat/completions";
-const RESPONSES: &str = "/openai/v1/responses";
-const MESSAGES: &str = "/anthropic/v1/messages";
-const FAST_SIM: &str =
-    "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";
-
-fn gpt_pool(tokens_per_minute: u64, extra: &str) -> String {
-    format!(
-        "[[pools]]\nname = \"gpt\"\nmodels = [\"{GPT}\"]\ntokens_per_minute = {tokens_per_minute}\n\
-         max_concurrency = 16\noutput_burndown = 1\ndefault_max_tokens = 1000\n{extra}\n"
-    )
-}
 
 fn pools() -> String {
     format!(

@@ -5,23 +5,30 @@
 
 mod common;
 
-use common::*;
+use common::{apis::*, *};
 use serde_json::{Value, json};
 use tokengate::config::Config;
 
-const GPT: &str = "openai.gpt-oss-120b-1:0";
-const CHAT: &str = "/openai/v1/chat/completions";
-const RESPONSES: &str = "/openai/v1/responses";
-const MESSAGES: &str = "/anthropic/v1/messages";
-const FAST_SIM: &str =
-    "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";
-
 fn pools() -> String {
     format!(
-        "[[pools]]\nname = \"gpt\"\nmodels = [\"{GPT}\"]\ntokens_per_minute = 1000000\n\
-         max_concurrency = 16\noutput_burndown = 1\ndefault_max_tokens = 1000\n\n{}",
+        "{}\n{}",
+        gpt_pool(1_000_000, ""),
         sonnet_pool(1_000_000, 16)
     )
+}
+
+/// A simulator, a tap in front of it, and a proxy in front of the tap with `extra` tables.
+async fn tapped(
+    extra: &str,
+) -> (
+    tokengate::simulator::SimulatorHandle,
+    tap::Tap,
+    tokengate::gateway::Gateway,
+) {
+    let sim = start_simulator(FAST_SIM).await;
+    let tap = tap::Tap::start(sim.addr, &[]).await;
+    let proxy = start_proxy(proxy_config(tap.addr, &pools(), extra)).await;
+    (sim, tap, proxy)
 }
 
 fn chat_body() -> String {
@@ -68,14 +75,12 @@ fn assert_only_the_proxys_credential(seen: &[tap::Seen]) {
 
 #[tokio::test]
 async fn in_bearer_mode_the_key_comes_as_authorization_or_x_api_key_and_stays_here() {
-    let sim = start_simulator(FAST_SIM).await;
-    let tap = tap::Tap::start(sim.addr, &[]).await;
     let extra = format!(
         "[auth]\nmode = \"bearer\"\nallow_plaintext_bearer = true\n\n\
          [[routes]]\nname = \"app\"\nbearer_token_sha256 = \"{}\"\n",
         sha256_hex("k-app")
     );
-    let proxy = start_proxy(proxy_config(tap.addr, &pools(), &extra)).await;
+    let (_sim, tap, proxy) = tapped(&extra).await;
     let addr = proxy.addr;
     let r = call(
         addr,
@@ -134,14 +139,12 @@ async fn in_bearer_mode_the_key_comes_as_authorization_or_x_api_key_and_stays_he
 
 #[tokio::test]
 async fn in_sigv4_mode_these_apis_take_a_routes_signature_or_its_bearer_key() {
-    let sim = start_simulator(FAST_SIM).await;
-    let tap = tap::Tap::start(sim.addr, &[]).await;
     let extra = format!(
         "[auth]\nmode = \"sigv4\"\n\n[[routes]]\nname = \"app\"\naccess_key_id = \"AKIAAPPROUTE00000001\"\n\
          secret_access_key = \"app-secret\"\nbearer_token_sha256 = \"{}\"\n",
         sha256_hex("k-app")
     );
-    let proxy = start_proxy(proxy_config(tap.addr, &pools(), &extra)).await;
+    let (_sim, tap, proxy) = tapped(&extra).await;
     let addr = proxy.addr;
     let r = call(
         addr,
@@ -188,11 +191,9 @@ async fn in_sigv4_mode_these_apis_take_a_routes_signature_or_its_bearer_key() {
 
 #[tokio::test]
 async fn a_routes_ceiling_is_written_into_each_apis_own_field() {
-    let sim = start_simulator(FAST_SIM).await;
-    let tap = tap::Tap::start(sim.addr, &[]).await;
     let extra = "[auth]\nmode = \"none\"\ndefault_route = \"app\"\n\n\
         [[routes]]\nname = \"app\"\nmax_tokens_ceiling = 50\n";
-    let proxy = start_proxy(proxy_config(tap.addr, &pools(), extra)).await;
+    let (_sim, tap, proxy) = tapped(extra).await;
     let addr = proxy.addr;
     let m = json!([{"role": "user", "content": "x"}]);
     let cases = [

@@ -809,3 +809,42 @@ fn api_fields_missing_repeated_or_mistyped_are_refused() {
         .is_ok()
     );
 }
+
+#[test]
+fn api_caps_agree_with_the_reference() {
+    let caps = [
+        json!({}),
+        json!({"max_completion_tokens": 80}),
+        json!({"max_tokens": 70}),
+        json!({"max_completion_tokens": 80, "max_tokens": 900}),
+        json!({"max_completion_tokens": null, "max_tokens": 12}),
+        json!({"max_completion_tokens": 8, "max_tokens": -1}),
+        json!({"max_completion_tokens": "8", "max_tokens": 5}),
+        json!({"max_output_tokens": 64.0}),
+        json!({"max_output_tokens": 0}),
+        json!({"max_tokens": 2147483648u64}),
+    ];
+    for op in [
+        Operation::OpenAIChatCompletions,
+        Operation::OpenAIResponses,
+        Operation::AnthropicMessages,
+    ] {
+        for cap in &caps {
+            let mut body = cap.clone();
+            body["model"] = json!("m");
+            body["messages"] = json!([{"role": "user", "content": "hi"}]);
+            let oracle = max_tokens_reference::max_tokens(op, None, &body);
+            let read = read(op, None, body.to_string().as_bytes());
+            match (read, &oracle) {
+                (Ok(facts), Expected::Absent) => assert_eq!(facts.max_tokens, None, "{op} {body}"),
+                (Ok(facts), Expected::Value(n)) => {
+                    assert_eq!(facts.max_tokens, Some(*n), "{op} {body}")
+                }
+                (Err(BodyError::MaxTokens(e)), Expected::Unusable(field)) => {
+                    assert_eq!(&e.field, field, "{op} {body}")
+                }
+                (read, oracle) => panic!("{op} {body}: {read:?}, the reference says {oracle:?}"),
+            }
+        }
+    }
+}

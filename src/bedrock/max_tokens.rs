@@ -52,17 +52,8 @@ const FIELDS: [&str; 9] = [
     "max_tokens_to_sample",
     "max_output_tokens",
 ];
-/// The order tried when the provider is unknown.
-pub const UNKNOWN_FIELDS: &[&str] = &[
-    "max_tokens",
-    "max_completion_tokens",
-    "inferenceConfig.maxTokens",
-    "inferenceConfig.max_new_tokens",
-    "textGenerationConfig.maxTokenCount",
-    "max_gen_len",
-    "maxTokens",
-    "max_tokens_to_sample",
-];
+/// The order tried when the provider is unknown: every field a native family reads.
+pub const UNKNOWN_FIELDS: &[&str] = FIELDS.as_slice().split_at(8).0;
 /// The names of the fields inside config objects (after the dot in the paths above).
 #[cfg(test)]
 const CONFIG_MEMBERS: [&str; 3] = ["maxTokens", "max_new_tokens", "maxTokenCount"];

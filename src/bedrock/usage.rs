@@ -73,6 +73,19 @@ impl Usage {
     }
 }
 
+#[cfg(test)]
+impl Usage {
+    /// The four counts, in the order the tests write them.
+    pub(crate) fn counts(input: u64, output: u64, cache_read: u64, cache_write: u64) -> Usage {
+        Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cache_read_input_tokens: cache_read,
+            cache_write_input_tokens: cache_write,
+        }
+    }
+}
+
 /// How a response carries its usage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResponseKind {

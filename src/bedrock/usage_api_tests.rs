@@ -10,12 +10,7 @@ use crate::bedrock::{
 };
 
 fn usage(input: u64, output: u64, cache_read: u64, cache_write: u64) -> Usage {
-    Usage {
-        input_tokens: input,
-        output_tokens: output,
-        cache_read_input_tokens: cache_read,
-        cache_write_input_tokens: cache_write,
-    }
+    Usage::counts(input, output, cache_read, cache_write)
 }
 
 /// Feeds `stream` one byte at a time (every boundary); the usage and when it was reported.

@@ -2,6 +2,7 @@
 //! ledger-returns-to-zero check every test ends with.
 #![allow(dead_code)]
 
+pub mod apis;
 pub mod fleet;
 pub mod h2raw;
 pub mod log_capture;

@@ -1,0 +1,18 @@
+//! The OpenAI and Anthropic APIs' paths, a model each serves, and the simulator the tests of
+//! them run against (`tests/apis.rs`, `tests/apis_auth.rs`).
+
+pub const GPT: &str = "openai.gpt-oss-120b-1:0";
+pub const CHAT: &str = "/openai/v1/chat/completions";
+pub const RESPONSES: &str = "/openai/v1/responses";
+pub const MESSAGES: &str = "/anthropic/v1/messages";
+/// Instant answers, a quota far above anything the tests send.
+pub const FAST_SIM: &str =
+    "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";
+
+/// A pool `gpt` for [`GPT`] (burndown 1), with `extra` TOML lines.
+pub fn gpt_pool(tokens_per_minute: u64, extra: &str) -> String {
+    format!(
+        "[[pools]]\nname = \"gpt\"\nmodels = [\"{GPT}\"]\ntokens_per_minute = {tokens_per_minute}\n\
+         max_concurrency = 16\noutput_burndown = 1\ndefault_max_tokens = 1000\n{extra}\n"
+    )
+}
