@@ -59,6 +59,17 @@ fn without_content_type(headers: &[(String, String)]) -> Vec<(&str, &str)> {
         .collect()
 }
 
+/// The route's key `k-app` identifies it on both APIs: as the OpenAI SDK sends it
+/// (`Authorization: Bearer`) and as the Anthropic SDK does (`x-api-key`, with its version).
+async fn the_key_identifies_the_route(addr: std::net::SocketAddr) {
+    let openai = [("authorization", "Bearer k-app")];
+    let r = call(addr, CHAT, chat_body(), &openai).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let anthropic = [("x-api-key", "k-app"), ("anthropic-version", "2023-06-01")];
+    let r = call(addr, MESSAGES, messages_body(), &anthropic).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+}
+
 /// What the proxy sent upstream carries only the proxy's credential.
 fn assert_only_the_proxys_credential(seen: &[tap::Seen]) {
     assert!(!seen.is_empty());
@@ -82,22 +93,7 @@ async fn in_bearer_mode_the_key_comes_as_authorization_or_x_api_key_and_stays_he
     );
     let (_sim, tap, proxy) = tapped(&extra).await;
     let addr = proxy.addr;
-    let r = call(
-        addr,
-        CHAT,
-        chat_body(),
-        &[("authorization", "Bearer k-app")],
-    )
-    .await;
-    assert_eq!(r.status, 200, "{:?}", r.body);
-    let r = call(
-        addr,
-        MESSAGES,
-        messages_body(),
-        &[("x-api-key", "k-app"), ("anthropic-version", "2023-06-01")],
-    )
-    .await;
-    assert_eq!(r.status, 200, "{:?}", r.body);
+    the_key_identifies_the_route(addr).await;
     // The same key in both headers is one key; two different keys are refused.
     let both = [("authorization", "Bearer k-app"), ("x-api-key", "k-app")];
     assert_eq!(
@@ -146,16 +142,7 @@ async fn in_sigv4_mode_these_apis_take_a_routes_signature_or_its_bearer_key() {
     );
     let (_sim, tap, proxy) = tapped(&extra).await;
     let addr = proxy.addr;
-    let r = call(
-        addr,
-        CHAT,
-        chat_body(),
-        &[("authorization", "Bearer k-app")],
-    )
-    .await;
-    assert_eq!(r.status, 200, "{:?}", r.body);
-    let r = call(addr, MESSAGES, messages_body(), &[("x-api-key", "k-app")]).await;
-    assert_eq!(r.status, 200, "{:?}", r.body);
+    the_key_identifies_the_route(addr).await;
     let body = chat_body();
     let signing = signing::Signing::new("AKIAAPPROUTE00000001", "app-secret");
     let signed = signing::signed_headers(signing, &addr.to_string(), CHAT, body.as_bytes(), &[]);
