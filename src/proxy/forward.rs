@@ -90,23 +90,15 @@ pub async fn forward(
     if event_stream || filter.is_some() {
         head.headers.remove(header::CONTENT_LENGTH);
     }
-    let meter = match in_flight.take() {
-        Some(mut f) if !status.is_success() => {
-            refused(policy, &mut f, &mut head.headers, status, request.operation);
-            None
-        }
-        Some(mut f) => {
-            f.answered(status, &head.headers);
-            kind.map(|kind| {
-                let mut usage = UsageObserver::new(kind);
-                if let Some(u) = usage.on_headers(&head.headers) {
-                    f.settle_usage(&u);
-                }
-                Meter::new(usage, f)
-            })
-        }
-        None => None,
-    };
+    let meter = in_flight.take().and_then(|f| {
+        let response = Answered {
+            status,
+            headers: &mut head.headers,
+            operation: request.operation,
+            kind,
+        };
+        meter(policy, f, response)
+    });
     let body = MeteredBody::new(
         incoming,
         meter,
@@ -117,6 +109,35 @@ pub async fn forward(
     )
     .with_filter(filter);
     Response::from_parts(head, Body::new(body))
+}
+
+/// Upstream's answer to an admitted request, as the meter needs it.
+struct Answered<'a> {
+    status: StatusCode,
+    headers: &'a mut http::HeaderMap,
+    operation: Operation,
+    kind: Option<ResponseKind>,
+}
+
+/// The meter of an admitted request's response: none for an error status (settled as refused
+/// here) or a response that carries no usage; usage in the headers settles at once.
+fn meter(policy: &Policy, mut in_flight: InFlight, response: Answered<'_>) -> Option<Meter> {
+    let Answered {
+        status,
+        headers,
+        operation,
+        kind,
+    } = response;
+    if !status.is_success() {
+        refused(policy, &mut in_flight, headers, status, operation);
+        return None;
+    }
+    in_flight.answered(status, headers);
+    let mut usage = UsageObserver::new(kind?);
+    if let Some(u) = usage.on_headers(headers) {
+        in_flight.settle_usage(&u);
+    }
+    Some(Meter::new(usage, in_flight))
 }
 
 /// Upstream answered an admitted request with an error status: nothing is charged; a throttle
