@@ -377,3 +377,29 @@ async fn bad_input_gets_each_apis_own_error_saying_what_to_change() {
     assert!(openai(&r).contains("stream must be true or false"));
     stack.assert_ledger_zero().await;
 }
+
+#[tokio::test]
+async fn a_call_that_soon_fits_waits_in_the_queue_as_native_calls_do() {
+    // 6,000 tokens a minute (100 a second), a 3 s queue: after a call charged about 5,860, a
+    // 210-token one fits in about a second, and waits for it instead of being turned away.
+    let pool = format!(
+        "[[pools]]\nname = \"sonnet4-us\"\nmodels = [\"{SONNET_US}\"]\ntokens_per_minute = 6000\n\
+         max_concurrency = 8\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 3000\n"
+    );
+    let stack = Stack::start(FAST_SIM, &pool, "").await;
+    let addr = stack.proxy.addr;
+    let drain = json!({"model": SONNET_US, "max_tokens": 5900,
+        "messages": [{"role": "user", "content": "drain [sim:output=5850]"}]});
+    assert_eq!(post(addr, MESSAGES, &drain).await.status, 200);
+    let mut small = chat(SONNET_US, "then me [sim:output=5]");
+    small["max_completion_tokens"] = json!(200);
+    let r = post(addr, CHAT, &small).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let m = &stack.proxy.state.metrics;
+    let queued = m
+        .queue_outcomes
+        .with_label_values(&["sonnet4-us", "admitted"])
+        .get();
+    assert_eq!(queued, 1, "admitted from the queue");
+    stack.assert_ledger_zero().await;
+}

@@ -210,8 +210,13 @@ async fn a_routes_ceiling_is_written_into_each_apis_own_field() {
             json!({"max_tokens": 50}),
         ),
     ];
+    // The SDKs' keys come along, and stay here.
+    let keys = [
+        ("authorization", "Bearer sk-caller"),
+        ("x-api-key", "sk-caller"),
+    ];
     for (i, (path, body, written)) in cases.iter().enumerate() {
-        let r = call(addr, path, body.to_string(), &[]).await;
+        let r = call(addr, path, body.to_string(), &keys).await;
         assert_eq!(r.status, 200, "{path} {body}: {:?}", r.body);
         let forwarded: Value = serde_json::from_slice(&tap.seen()[i].body).unwrap();
         for (field, value) in written.as_object().unwrap() {
@@ -223,6 +228,7 @@ async fn a_routes_ceiling_is_written_into_each_apis_own_field() {
             }
         }
     }
+    assert_only_the_proxys_credential(&tap.seen());
     let clamped = proxy
         .state
         .metrics
