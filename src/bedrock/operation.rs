@@ -154,7 +154,7 @@ impl Operation {
     /// `bedrock:InvokeModelWithResponseStream`); the Service Authorization Reference for Amazon
     /// Bedrock lists the others under their own names. `None` where AWS documents no action
     /// (InvokeGuardrailChecks, as of the 2026-06 launch) or the call is not forwarded. The
-    /// README's IAM policy is checked against this table (`tests/iam_policy.rs`).
+    /// README's IAM policy is checked against this table (`tests/it/iam_policy.rs`).
     ///
     /// The OpenAI and Anthropic APIs run model inference: AWS's pages for them name no action of
     /// their own, so this reads them as `bedrock:InvokeModel` (and their streamed calls as

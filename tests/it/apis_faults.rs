@@ -3,9 +3,7 @@
 //! answered in the API's own shape; and their access-log lines, which name the API and the model
 //! the body gave.
 
-mod common;
-
-use common::{apis::*, log_capture::Capture, wire::try_request, *};
+use crate::common::{apis::*, log_capture::Capture, wire::try_request, *};
 use serde_json::{Value, json};
 
 fn chat_stream(text: &str) -> String {

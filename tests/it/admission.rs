@@ -2,12 +2,10 @@
 //! settlement path, burndown hold-back, and reservations that cover upstream's input count.
 //! (Over 500 lines: admission's end-to-end cases share one stack harness; tests/it/ will split it.)
 
-mod common;
-
 use std::{collections::BTreeSet, time::Duration};
 
+use crate::common::*;
 use aws_sdk_bedrockruntime::types::ConverseStreamOutput;
-use common::*;
 use tokengate::gateway::Gateway;
 
 const FAST_SIM: &str =

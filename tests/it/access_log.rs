@@ -2,10 +2,8 @@
 //! request id the client received and the admission and settlement facts; no bodies, no
 //! credentials.
 
-mod common;
-
+use crate::common::{log_capture::Capture, *};
 use aws_sdk_bedrockruntime::operation::RequestId;
-use common::{log_capture::Capture, *};
 use serde_json::Value;
 
 /// The first token comes after `FIRST_TOKEN_MS`: a floor under every admitted line's `ttft_ms`.

@@ -2,13 +2,11 @@
 //! the same call made directly to the simulator; the upstream sees only the proxy's signature;
 //! streams are not buffered; the proxy's own errors are Bedrock-shaped.
 
-mod common;
-
+use crate::common::*;
 use aws_sdk_bedrockruntime::{
     primitives::Blob,
     types::{ConverseStreamOutput, ConverseTokensRequest, CountTokensInput, ResponseStream},
 };
-use common::*;
 
 const FAST_SIM: &str =
     "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";

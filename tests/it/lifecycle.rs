@@ -8,8 +8,6 @@
 
 #![cfg(unix)]
 
-mod common;
-
 use std::{
     net::SocketAddr,
     process::Stdio,
@@ -17,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{scrape::Scrape, wire::*, *};
+use crate::common::{scrape::Scrape, wire::*, *};
 use serde_json::Value;
 use tokio::{
     io::{AsyncBufReadExt, BufReader},

@@ -3,11 +3,8 @@
 use aws_sdk_bedrockruntime::error::ProvideErrorMetadata;
 use tokengate::simulator::SimulatorHandle;
 
-use super::{
-    SONNET, client, instant_config, post, post_with,
-    signing::{Signing, signed_headers},
-    start, user, verifying,
-};
+use super::{SONNET, client, instant_config, post, post_with, start, user, verifying};
+use crate::common::signing::{Signing, signed_headers};
 
 #[tokio::test]
 async fn sigv4_verification() {

@@ -1,4 +1,3 @@
-#![allow(dead_code)]
 //! A private `redis-server` per test: on a unix socket in a temporary directory (no port to race
 //! for), no persistence, killed when the handle drops (also when the test panics).
 //!

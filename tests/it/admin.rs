@@ -1,11 +1,9 @@
 //! The operator's surface: `/v1/pools`, `/metrics`, health endpoints, `check-config`, and pool
 //! resolution options (unknown models passed through, application inference profiles).
 
-mod common;
-
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 const FAST_SIM: &str =
     "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";

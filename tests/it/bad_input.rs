@@ -6,9 +6,7 @@
 //! Heads too large are refused by hyper with a bare 431 before the proxy sees them: not
 //! Bedrock-shaped, but the right status, and SDKs do not retry it.
 
-mod common;
-
-use common::{wire::*, *};
+use crate::common::{wire::*, *};
 use tokengate::gateway::Gateway;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -7,15 +7,13 @@
 //! SDK, and a stall past the idle timeout (`tests/admission.rs`); a response head later than the
 //! response timeout (`tests/admission.rs`).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
+use crate::common::{wire::*, *};
 use aws_sdk_bedrockruntime::{
     error::{ProvideErrorMetadata, SdkError},
     types::ConverseStreamOutput,
 };
-use common::{wire::*, *};
 use tokengate::gateway::Gateway;
 
 const FAST_SIM: &str =

@@ -1,6 +1,5 @@
 //! Shared test harness: a simulator and a proxy on `127.0.0.1:0`, real SDK clients, and the
 //! ledger-returns-to-zero check every test ends with.
-#![allow(dead_code)]
 
 pub mod apis;
 pub mod fleet;
@@ -29,7 +28,6 @@ use tokio::net::TcpListener;
 
 pub const SONNET_US: &str = "us.anthropic.claude-sonnet-4-20250514-v1:0";
 pub const SONNET_GLOBAL: &str = "global.anthropic.claude-sonnet-4-20250514-v1:0";
-pub const SONNET_BASE: &str = "anthropic.claude-sonnet-4-20250514-v1:0";
 pub const SONNET_US_ARN: &str = "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-sonnet-4-20250514-v1:0";
 pub const HAIKU: &str = "anthropic.claude-3-haiku-20240307-v1:0";
 

@@ -6,14 +6,13 @@
 //! Already covered elsewhere: an SDK client that drops a stream mid-way (`tests/admission.rs`),
 //! the queue's own bookkeeping when a waiter goes (`tests/queue.rs`, in process).
 
-mod common;
-
+use crate::common;
 use std::{
     net::SocketAddr,
     time::{Duration, Instant},
 };
 
-use common::{wire::*, *};
+use crate::common::{wire::*, *};
 use tokengate::gateway::Gateway;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},

@@ -25,8 +25,6 @@ use hyper_util::{
 /// One request as the tap received it.
 #[derive(Debug, Clone)]
 pub struct Seen {
-    pub method: http::Method,
-    pub path_and_query: String,
     pub headers: HeaderMap,
     pub body: Bytes,
 }
@@ -87,8 +85,6 @@ async fn relay(State(tap): State<Arc<Inner>>, request: Request) -> Response {
         .map_or("/", |p| p.as_str())
         .to_string();
     tap.seen.lock().expect("lock").push(Seen {
-        method: parts.method.clone(),
-        path_and_query: path_and_query.clone(),
         headers: parts.headers.clone(),
         body: body.clone(),
     });

@@ -3,20 +3,18 @@
 //! as the SDKs sign them, and checked where it matters: the answer, what reached upstream
 //! (through a wire tap in front of the simulator), and the ledger back at zero.
 
-mod common;
-
 use std::{
     net::SocketAddr,
     time::{Duration, SystemTime},
 };
 
-use aws_sigv4::http_request::SigningSettings;
-use common::{
+use crate::common::{
     signing::{Signing, signed_headers},
     tap::Tap,
     wire::read_head,
     *,
 };
+use aws_sigv4::http_request::SigningSettings;
 use tokio::{io::AsyncWriteExt, net::TcpStream};
 
 const FAST_SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\n";

@@ -4,11 +4,9 @@
 //! `cargo nextest run --test queue_fleet --run-ignored all --no-capture`) adds the same run
 //! without the queue and straight at the simulator, for loadtest/RESULTS.md.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{fleet::Mix, *};
+use crate::common::{fleet::Mix, *};
 
 const QUOTA: u64 = 60_000;
 const CLIENTS: u64 = 24;

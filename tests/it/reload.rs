@@ -4,10 +4,8 @@
 //! keeps what it learned (input calibration, throttle feedback); an invalid config is refused and
 //! counted, and the old one stays.
 
-mod common;
-
+use crate::common::*;
 use aws_sdk_bedrockruntime::types::ConverseStreamOutput;
-use common::*;
 use tokengate::config::Config;
 
 /// A slow simulator: streams take about a second.

@@ -3,8 +3,6 @@
 //! without one they are named, counted skips locally and failures under CI (`common/skip.rs`).
 //! (Over 500 lines: every Redis scenario shares the private-server harness in one binary.)
 
-mod common;
-
 use std::{
     io::{BufRead, BufReader},
     net::SocketAddr,
@@ -16,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use common::{redis_server::RedisServer, *};
+use crate::common::{redis_server::RedisServer, *};
 use tokengate::{
     gateway::Gateway,
     ledger::{Ledger, Limits, PoolSnapshot, RedisLedger, RedisOptions},

@@ -50,9 +50,7 @@ use tokio::sync::Barrier;
 const TPM: u64 = 600;
 const TOKENS_PER_SEC: f64 = TPM as f64 / 60.0;
 
-mod common;
-
-use common::redis_server;
+use crate::common::redis_server;
 
 /// A ledger under test, and whatever must live as long as it (a private Redis).
 struct Backend {

@@ -22,23 +22,13 @@ use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor};
 use serde_json::{Value, json};
 use tokengate::simulator::{SigV4Key, SimulatorConfig, SimulatorHandle, spawn};
 
-#[path = "simulator/api_errors.rs"]
 mod api_errors;
-#[path = "simulator/apis.rs"]
 mod apis;
-#[path = "simulator/bidi.rs"]
 mod bidi;
-#[path = "simulator/credentials.rs"]
 mod credentials;
-#[path = "simulator/daily.rs"]
 mod daily;
-#[path = "simulator/faults.rs"]
 mod faults;
-#[path = "simulator/model_ids.rs"]
 mod model_ids;
-#[path = "common/signing.rs"]
-mod signing;
-#[path = "simulator/tiers.rs"]
 mod tiers;
 
 const SONNET: &str = "anthropic.claude-sonnet-4-20250514-v1:0";

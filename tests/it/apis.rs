@@ -4,10 +4,8 @@
 //! for; refusals come in each API's own error shape with the retry headers its SDK reads; bad
 //! input says what to change. Credentials and ceilings: `apis_auth.rs`.
 
-mod common;
-
+use crate::common::{apis::*, *};
 use bytes::Bytes;
-use common::{apis::*, *};
 use serde_json::{Value, json};
 
 fn pools() -> String {

@@ -3,12 +3,11 @@
 //! counts, queue outcomes), every exported metric is present, and `/v1/pools` shows the maxTokens
 //! advice.
 
-mod common;
-
+use crate::common;
 use std::time::Duration;
 
+use crate::common::{scrape::Scrape, *};
 use aws_sdk_bedrockruntime::types::ConverseStreamOutput;
-use common::{scrape::Scrape, *};
 use serde_json::Value;
 
 const NOVA: &str = "us.amazon.nova-lite-v1:0";

@@ -3,9 +3,7 @@
 //! the proxy; a route's `max_tokens_ceiling` is written into each API's own field; with
 //! `upstream.api_key_env` the proxy's own upstream credential is a Bedrock API key.
 
-mod common;
-
-use common::{apis::*, *};
+use crate::common::{apis::*, *};
 use serde_json::{Value, json};
 use tokengate::config::Config;
 
@@ -303,11 +301,7 @@ async fn an_upstream_api_key_goes_as_bearer_on_every_operation_that_takes_one() 
     );
     for request in tap.seen() {
         let h = &request.headers;
-        assert_eq!(
-            h["authorization"], "Bearer up-key",
-            "{}",
-            request.path_and_query
-        );
+        assert_eq!(h["authorization"], "Bearer up-key", "{h:?}");
         assert!(h.get("x-amz-date").is_none(), "not signed");
     }
     let stats = sim.simulator.stats();

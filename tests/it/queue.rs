@@ -5,8 +5,6 @@
 //! shutdown with calls queued (`tests/lifecycle.rs`), a saturating SDK fleet
 //! (`tests/queue_fleet.rs`).
 
-mod common;
-
 use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;

@@ -7,11 +7,9 @@
 //! charged several times its reservation, so the bucket runs into debt that later refill repays;
 //! a window shorter than that cycle would measure the cycle, not the proxy.)
 
-mod common;
-
 use std::{sync::Arc, time::Duration};
 
-use common::*;
+use crate::common::*;
 use tokio::time::Instant;
 
 const QUOTA: u64 = 300_000;

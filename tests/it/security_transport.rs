@@ -6,11 +6,9 @@
 //! Timeouts are set to a second or two; every wait on the proxy is bounded far above them, only
 //! against hangs.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{h2raw, wire::*, *};
+use crate::common::{h2raw, wire::*, *};
 use tokengate::{config::Config, gateway::Gateway, simulator::SimulatorHandle};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},

@@ -4,8 +4,6 @@
 //! high-priority route keeps its guaranteed share of a saturated pool while lending it when idle.
 //! (Over 500 lines: the route cases share one harness; the move to tests/it/ will split them.)
 
-mod common;
-
 use std::{
     sync::{
         Arc,
@@ -14,8 +12,8 @@ use std::{
     time::Duration,
 };
 
+use crate::common::*;
 use aws_sdk_bedrockruntime::Client;
-use common::*;
 use tokio::time::Instant;
 
 const TRIAGE_KEY: &str = "tg-triage-0123456789";

@@ -2,12 +2,11 @@
 //! the global budget of buffered bytes, and event streams that upstream cuts in the middle of a
 //! frame. Each test ends with the ledger at zero and no request body held.
 
-mod common;
-
+use crate::common;
 use std::{net::SocketAddr, time::Duration};
 
+use crate::common::{wire::*, *};
 use aws_sdk_bedrockruntime::types::{ConverseStreamOutput, error::ConverseStreamOutputError};
-use common::{wire::*, *};
 use tokengate::bedrock::{ErrorCode, eventstream::event_frame};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
