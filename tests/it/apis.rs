@@ -25,26 +25,6 @@ fn json_of(r: &RawResponse) -> Value {
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&r.body)))
 }
 
-/// `(event name, data)` of every SSE event; `[DONE]` and other non-JSON data as a string.
-fn events(body: &Bytes) -> Vec<(String, Value)> {
-    let text = std::str::from_utf8(body).expect("utf-8");
-    text.split("\n\n")
-        .filter(|e| !e.trim().is_empty())
-        .map(|event| {
-            let mut name = String::new();
-            let mut data = Value::Null;
-            for line in event.lines() {
-                if let Some(n) = line.strip_prefix("event: ") {
-                    name = n.to_string();
-                } else if let Some(d) = line.strip_prefix("data: ") {
-                    data = serde_json::from_str(d).unwrap_or_else(|_| Value::String(d.into()));
-                }
-            }
-            (name, data)
-        })
-        .collect()
-}
-
 fn charged(stack: &Stack, pool: &str) -> u64 {
     let m = &stack.proxy.state.metrics;
     m.charged_tokens.with_label_values(&[pool]).get()
@@ -131,7 +111,7 @@ fn messages_body(text: &str) -> String {
 
 /// The data of every chunk, `[DONE]` apart.
 fn chunks(body: &Bytes) -> Vec<Value> {
-    events(body)
+    sse_events(body)
         .into_iter()
         .map(|(_, data)| data)
         .filter(Value::is_object)
