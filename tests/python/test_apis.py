@@ -8,6 +8,7 @@ its retry hints.
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 import urllib.request
 
@@ -15,7 +16,7 @@ import anthropic
 import openai
 import pytest
 
-from conftest import SONNET_US, pool
+from conftest import SONNET_US, pool, process_env, tokengate_bin, write_config
 
 GPT = "openai.gpt-oss-120b-1:0"
 TOLERANCE_S = 0.05  # clock granularity between the hook's timestamps
@@ -221,3 +222,27 @@ def test_the_sdks_retry_a_throttle_after_the_hinted_delay(start_proxy):
         call(200, "then this [sim:output=10]")
         assert attempts.assert_retried_after_each_hint() >= 1, f"{sdk}: the pool was not drained"
         proxy.assert_ledger_zero()
+
+
+def test_check_config_says_a_sonic_pool_still_needs_sigv4_with_an_api_key(tmp_path):
+    """`tokengate check-config` accepts `upstream.api_key_env` naming a set variable, notes on
+    stderr that a pool's Nova Sonic model (bidirectional streams: SigV4 only) still needs AWS
+    credentials, and names the key when the variable is unset."""
+    pools = (pool("gpt", GPT, tokens_per_minute=100_000, burndown=1)
+             + pool("sonic", "amazon.nova-sonic-v1:0", tokens_per_minute=100_000, burndown=1))
+    path = write_config(tmp_path, "keyed", endpoint="simulated", pools=pools)
+    path.write_text(path.read_text().replace(
+        'endpoint = "simulated"', 'endpoint = "simulated"\napi_key_env = "TG_TEST_BEDROCK_KEY"'))
+    env = process_env()
+    run = subprocess.run([str(tokengate_bin()), "check-config", str(path)], capture_output=True,
+                         text=True, timeout=30, env={**env, "TG_TEST_BEDROCK_KEY": "a-key"})
+    assert run.returncode == 0, run.stderr
+    assert "ok (2 pools)" in run.stdout
+    assert 'note: upstream.api_key_env (TG_TEST_BEDROCK_KEY): pool "sonic"' in run.stderr, run.stderr
+    assert "accepts only SigV4" in run.stderr
+    assert "a-key" not in run.stdout + run.stderr, "the key is never printed"
+    env.pop("TG_TEST_BEDROCK_KEY", None)
+    run = subprocess.run([str(tokengate_bin()), "check-config", str(path)], capture_output=True,
+                         text=True, timeout=30, env=env)
+    assert run.returncode != 0
+    assert "upstream.api_key_env: the environment variable TG_TEST_BEDROCK_KEY is not set" in run.stderr
