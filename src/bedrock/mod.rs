@@ -14,7 +14,6 @@ pub mod model_id;
 pub mod operation;
 pub mod sse;
 pub mod usage;
-mod usage_api;
 
 pub use api::{Api, Dialect};
 pub use error::{BedrockError, ErrorCode};

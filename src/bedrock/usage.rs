@@ -44,7 +44,10 @@ use serde_json::Value;
 use super::Operation;
 use super::eventstream::{Frame, FrameReader};
 use super::sse::{self, SseReader};
-use super::usage_api::{self, ApiKind, MessagesStream, Reading};
+
+#[path = "usage_api.rs"]
+mod api;
+use api::{ApiKind, MessagesStream};
 
 /// The most body bytes kept to read usage from at the end (Converse, InvokeModel without headers).
 pub const BODY_CAP: usize = 8 * 1024 * 1024;
@@ -255,7 +258,7 @@ impl UsageObserver {
         }
         let body = self.body.take()?;
         let found = match (self.kind, self.kind.api()) {
-            (_, Some(api)) => usage_api::body(api, &body).map(|reading| {
+            (_, Some(api)) => api::body(api, &body).map(|reading| {
                 self.stop_reason = reading.stop_reason;
                 reading.usage
             }),
@@ -345,52 +348,6 @@ impl UsageObserver {
                 }
             }
         }
-    }
-
-    /// SSE (the OpenAI and Anthropic APIs): each whole event read as its API says.
-    fn on_sse_data(&mut self, chunk: &[u8]) -> Option<Usage> {
-        if self.corrupt {
-            return None;
-        }
-        self.events.push(chunk);
-        let mut found = None;
-        loop {
-            let event = match self.events.next_event() {
-                Ok(Some(event)) => event,
-                Ok(None) => return found,
-                Err(_) => {
-                    self.mark_corrupt();
-                    return found;
-                }
-            };
-            // `[DONE]`, pings and comments carry nothing to read.
-            let Ok(v) = serde_json::from_str::<Value>(&event.data) else {
-                continue;
-            };
-            let reading = match self.kind.api() {
-                Some(ApiKind::Chat) => usage_api::chat_chunk(&v),
-                Some(ApiKind::Responses) => usage_api::responses_event(&v),
-                Some(ApiKind::Messages) => self.messages.event(&v),
-                None => Reading::default(),
-            };
-            if let Some(usage) = self.read(reading) {
-                found = found.or(self.report(usage));
-            }
-        }
-    }
-
-    /// Takes in what an API event said; returns its usage.
-    fn read(&mut self, reading: Reading) -> Option<Usage> {
-        for bytes in reading.deltas {
-            self.add_output(bytes);
-        }
-        if reading.stop_reason.is_some() {
-            self.stop_reason = reading.stop_reason;
-        }
-        if let Some(e) = reading.exception {
-            self.exception.get_or_insert(e);
-        }
-        reading.usage
     }
 
     fn on_frame(&mut self, frame: &Frame) -> Option<Usage> {

@@ -1,5 +1,5 @@
 //! Usage, output and stop reasons of the OpenAI and Anthropic APIs' responses, for
-//! [`super::UsageObserver`]: their JSON bodies and their SSE events ([`super::sse`]).
+//! [`super::UsageObserver`]: their JSON bodies and their SSE events ([`crate::bedrock::sse`]).
 //!
 //! - **Chat Completions**: `usage` {`prompt_tokens`, `completion_tokens`,
 //!   `prompt_tokens_details.cached_tokens`}; streamed, in the chunk whose `choices` is empty (sent
@@ -23,7 +23,7 @@
 
 use serde_json::Value;
 
-use super::Usage;
+use super::{Usage, UsageObserver};
 
 /// Which API a response belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,9 +147,7 @@ impl MessagesStream {
                 self.usage = v.pointer("/message/usage").and_then(anthropic_usage);
             }
             "content_block_delta" => {
-                reading
-                    .deltas
-                    .push(super::usage::delta_text_len(v.get("delta")));
+                reading.deltas.push(super::delta_text_len(v.get("delta")));
             }
             "message_delta" => {
                 self.delta(v.get("usage"));
@@ -242,7 +240,7 @@ fn anthropic_usage(u: &Value) -> Option<Usage> {
 
 /// Bytes of output in one streamed choice.
 fn chat_delta_len(choice: &Value) -> u64 {
-    let text = super::usage::choice_text_len(choice) + string_len(choice.pointer("/delta/refusal"));
+    let text = super::choice_text_len(choice) + string_len(choice.pointer("/delta/refusal"));
     let tools: u64 = choice
         .pointer("/delta/tool_calls")
         .and_then(Value::as_array)
@@ -284,6 +282,56 @@ fn error_kind(error: &Value) -> String {
 
 fn string_len(v: Option<&Value>) -> u64 {
     v.and_then(Value::as_str).map_or(0, |s| s.len() as u64)
+}
+
+// === The observer's SSE side ===
+
+impl UsageObserver {
+    /// SSE (the OpenAI and Anthropic APIs): each whole event read as its API says.
+    pub(super) fn on_sse_data(&mut self, chunk: &[u8]) -> Option<Usage> {
+        if self.corrupt {
+            return None;
+        }
+        self.events.push(chunk);
+        let mut found = None;
+        loop {
+            let event = match self.events.next_event() {
+                Ok(Some(event)) => event,
+                Ok(None) => return found,
+                Err(_) => {
+                    self.mark_corrupt();
+                    return found;
+                }
+            };
+            // `[DONE]`, pings and comments carry nothing to read.
+            let Ok(v) = serde_json::from_str::<Value>(&event.data) else {
+                continue;
+            };
+            let reading = match self.kind.api() {
+                Some(ApiKind::Chat) => chat_chunk(&v),
+                Some(ApiKind::Responses) => responses_event(&v),
+                Some(ApiKind::Messages) => self.messages.event(&v),
+                None => Reading::default(),
+            };
+            if let Some(usage) = self.read(reading) {
+                found = found.or(self.report(usage));
+            }
+        }
+    }
+
+    /// Takes in what an API event said; returns its usage.
+    fn read(&mut self, reading: Reading) -> Option<Usage> {
+        for bytes in reading.deltas {
+            self.add_output(bytes);
+        }
+        if reading.stop_reason.is_some() {
+            self.stop_reason = reading.stop_reason;
+        }
+        if let Some(e) = reading.exception {
+            self.exception.get_or_insert(e);
+        }
+        reading.usage
+    }
 }
 
 #[cfg(test)]
