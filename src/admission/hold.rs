@@ -17,13 +17,7 @@
 //! observe; the guard itself only settles: it updates the ledger and what its pool learns
 //! (calibration, typical duration, maxTokens advice, the load it carries), nothing else.
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use futures_util::FutureExt;
 use tokio::time::Instant;
@@ -295,16 +289,10 @@ fn settle_in_background(
     });
 }
 
-/// Settlements running on a task, not finished yet (shutdown waits for them).
-static PENDING: AtomicUsize = AtomicUsize::new(0);
-
-/// Settlements handed to a task (a ledger that waits, like Redis) and not finished yet.
-pub fn pending_settlements() -> usize {
-    PENDING.load(Ordering::Acquire)
-}
-
 /// Runs `work` to completion now if it never waits (the memory ledger), else on a task.
-/// Settlement happens from `Drop` and `poll_frame`, which cannot wait.
+/// Settlement happens from `Drop` and `poll_frame`, which cannot wait. A settlement on its way
+/// counts in its ledger's `LedgerStats::settlements_in_flight` from its first poll (here) on,
+/// and shutdown waits for them.
 fn now_or_spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
     let mut work = Box::pin(work);
     if (&mut work).now_or_never().is_some() {
@@ -312,11 +300,7 @@ fn now_or_spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
     }
     match tokio::runtime::Handle::try_current() {
         Ok(handle) => {
-            PENDING.fetch_add(1, Ordering::AcqRel);
-            handle.spawn(async move {
-                work.await;
-                PENDING.fetch_sub(1, Ordering::AcqRel);
-            });
+            handle.spawn(work);
         }
         Err(_) => tracing::error!("settlement outside a runtime could not complete"),
     }

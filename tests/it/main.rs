@@ -10,7 +10,7 @@
 //! | `queue`, `queue_fleet` | the admission queue (paused clock), and a closed-loop SDK fleet against it |
 //! | `routes` | application routes and caller identity: keys, allow-lists, shares, recovery |
 //! | `saturation` | the product's promise under saturating load: no upstream throttle, the quota busy |
-//! | `ledger_contract`, `redis` | what every ledger backend must do; the shared ledger end to end |
+//! | `ledger_contract`, `ledger_differential`, `redis` | what every ledger backend must do; the memory and Redis ledgers giving the same answers to the same random operations; the shared ledger end to end |
 //! | `reload`, `lifecycle` | config reload; shutdown through the real binary |
 //! | `access_log`, `observability`, `dashboards`, `admin` | what operators see: the log line, metrics, the dashboard and alerts, the admin endpoints |
 //! | `bad_input`, `client_faults`, `upstream_faults` | bad requests, misbehaving clients, misbehaving upstreams |
@@ -31,6 +31,7 @@ mod client_faults;
 mod dashboards;
 mod iam_policy;
 mod ledger_contract;
+mod ledger_differential;
 mod lifecycle;
 mod observability;
 mod proxy;

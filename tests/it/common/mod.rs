@@ -208,7 +208,7 @@ pub async fn assert_ledger_zero(proxy: &Gateway) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(
-        tokengate::ledger::unsettled_drops(),
+        proxy.admission().ledger().stats().unsettled_drops(),
         0,
         "a reservation was dropped unsettled"
     );
