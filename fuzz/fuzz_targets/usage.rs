@@ -62,7 +62,8 @@ fuzz_target!(|input: Input| {
         Operation::OpenAIChatCompletions,
         Operation::OpenAIResponses,
         Operation::AnthropicMessages,
-    ][usize::from(input.operation % 7)];
+        Operation::InvokeModelWithBidirectionalStream,
+    ][usize::from(input.operation % 8)];
     // The OpenAI and Anthropic APIs stream when the response says SSE.
     let mut response_headers = HeaderMap::new();
     if input.operation & 0x80 != 0 {
@@ -80,7 +81,9 @@ fuzz_target!(|input: Input| {
     );
     let stream = matches!(
         kind,
-        ResponseKind::ConverseStream | ResponseKind::InvokeModelStream
+        ResponseKind::ConverseStream
+            | ResponseKind::InvokeModelStream
+            | ResponseKind::BidirectionalStream
     );
     let mut body = Vec::new();
     for (event, payload) in &input.events {
@@ -137,5 +140,6 @@ fuzz_target!(|input: Input| {
         observer.usage(),
         observer.stop_reason(),
         observer.truncated(),
+        observer.running_usage(),
     );
 });

@@ -8,6 +8,8 @@
 //! route's `max_tokens_ceiling`; write what the forwarded body must say ([`rewrite`]); reserve
 //! `input + maxTokens` in the ledger, every limit at once, waiting in the pool's queue when the
 //! wait is worth it ([`queue`]). Each pool counts what it admitted and throttled by API family.
+//! An InvokeModelWithBidirectionalStream session, decided from its head before any event
+//! arrives, reserves the pool's `bidirectional_reservation`.
 //!
 //! [`Admission::decide`] returns pure data ([`decision`]): an admitted request carries a [`Hold`]
 //! that settles it ([`hold`] has the rules); a refusal says why and, when retrying can help, when
@@ -233,6 +235,21 @@ impl Admission {
         read: Option<&BodyRead>,
     ) -> Result<Estimated, Problem> {
         let operation = facts.operation;
+        if operation == Operation::InvokeModelWithBidirectionalStream {
+            // Its events have not arrived yet (they stream for up to 8 minutes): the session
+            // reserves what its pool says one holds, and settles to its usage at the end.
+            let estimate = Estimate {
+                raw_input: 0,
+                input: 0,
+                max_tokens: pool.config.bidirectional_reservation,
+            };
+            return Ok(Estimated {
+                estimate,
+                requested: None,
+                api: None,
+                count_failed: None,
+            });
+        }
         let read_here;
         let read = match read {
             Some(read) => read,
@@ -377,7 +394,7 @@ fn prepare<'p>(
         api,
         count_failed,
     } = estimated;
-    let ceiling = ceiling::apply(route, requested, &mut estimate)?;
+    let ceiling = ceiling::apply(route, facts.operation, requested, &mut estimate)?;
     let ask_usage = facts.operation == Operation::OpenAIChatCompletions
         && api.is_some_and(|api| api.stream && api.include_usage != Some(true));
     let edits = rewrite::Edits { ceiling, ask_usage };

@@ -143,18 +143,13 @@ impl Operation {
         self != Operation::InvokeModelWithBidirectionalStream
     }
 
-    /// Whether tokengate forwards the operation upstream. Bidirectional streams need HTTP/2
-    /// full-duplex forwarding, which is not built: they are answered with a `ValidationException`.
-    pub fn forwarded(self) -> bool {
-        self != Operation::InvokeModelWithBidirectionalStream
-    }
-
     /// The IAM action that authorizes the call, as AWS documents it: the API reference says
-    /// which action Converse, ConverseStream and StartAsyncInvoke need (`bedrock:InvokeModel` or
+    /// which action Converse, ConverseStream, StartAsyncInvoke and
+    /// InvokeModelWithBidirectionalStream need (`bedrock:InvokeModel` or
     /// `bedrock:InvokeModelWithResponseStream`); the Service Authorization Reference for Amazon
     /// Bedrock lists the others under their own names. `None` where AWS documents no action
-    /// (InvokeGuardrailChecks, as of the 2026-06 launch) or the call is not forwarded. The
-    /// README's IAM policy is checked against this table (`tests/it/iam_policy.rs`).
+    /// (InvokeGuardrailChecks, as of the 2026-06 launch). The README's IAM policy is checked
+    /// against this table (`tests/it/iam_policy.rs`).
     ///
     /// The OpenAI and Anthropic APIs run model inference: AWS's pages for them name no action of
     /// their own, so this reads them as `bedrock:InvokeModel` (and their streamed calls as
@@ -164,6 +159,7 @@ impl Operation {
             Operation::Converse
             | Operation::InvokeModel
             | Operation::StartAsyncInvoke
+            | Operation::InvokeModelWithBidirectionalStream
             | Operation::OpenAIChatCompletions
             | Operation::OpenAIResponses
             | Operation::AnthropicMessages => Some("bedrock:InvokeModel"),
@@ -174,9 +170,7 @@ impl Operation {
             Operation::ApplyGuardrail => Some("bedrock:ApplyGuardrail"),
             Operation::GetAsyncInvoke => Some("bedrock:GetAsyncInvoke"),
             Operation::ListAsyncInvokes => Some("bedrock:ListAsyncInvokes"),
-            Operation::InvokeGuardrailChecks | Operation::InvokeModelWithBidirectionalStream => {
-                None
-            }
+            Operation::InvokeGuardrailChecks => None,
         }
     }
 
@@ -265,6 +259,11 @@ impl Target {
             model_id: None,
         })
     }
+}
+
+/// The path and query of `uri` exactly as received (what is forwarded and signed).
+pub fn raw_path_and_query(uri: &http::Uri) -> &str {
+    uri.path_and_query().map_or(uri.path(), |p| p.as_str())
 }
 
 /// Refuses paths whose segments, raw or decoded once, are empty, `.` or `..`, or that hold a

@@ -112,12 +112,11 @@ fn the_openai_and_anthropic_apis_route_with_the_model_in_the_body() {
 }
 
 #[test]
-fn every_forwarded_operation_but_guardrail_checks_has_an_iam_action() {
+fn every_operation_but_guardrail_checks_has_an_iam_action() {
     for op in Operation::ALL {
-        let expected = op.forwarded() && op != Operation::InvokeGuardrailChecks;
+        let expected = op != Operation::InvokeGuardrailChecks;
         assert_eq!(op.iam_action().is_some(), expected, "{op}");
     }
-    assert!(!Operation::InvokeModelWithBidirectionalStream.forwarded());
     // The Converse API is authorized by the InvokeModel actions, not by actions of its own.
     assert_eq!(
         Operation::Converse.iam_action(),

@@ -11,14 +11,15 @@ use std::sync::Arc;
 
 use axum::{body::Body, response::Response};
 use http::{StatusCode, header, request::Parts};
+use hyper::body::Incoming;
 
 use super::meter::{InFlight, Meter, MeteredBody};
 use crate::{
     admission::{Admitted, hint},
     answer,
     bedrock::{
-        Dialect, ErrorCode, Operation, UsageObserver, eventstream, sse::UsageChunkFilter,
-        usage::ResponseKind,
+        Dialect, ErrorCode, Operation, UsageObserver, eventstream, operation::raw_path_and_query,
+        sse::UsageChunkFilter, usage::ResponseKind,
     },
     observe::Observation,
     state::{AppState, Policy},
@@ -46,34 +47,51 @@ pub async fn forward(
 ) -> Response {
     let mut body = request.body;
     let mut strip_usage_chunk = false;
-    let mut in_flight = admitted.map(|admitted| {
+    let in_flight = admitted.map(|admitted| {
         if let Some(rewritten) = admitted.body {
             body = rewritten;
         }
         strip_usage_chunk = admitted.strip_usage_chunk;
         InFlight::new(admitted.hold, obs.take(), policy.observer.clone())
     });
-    let dialect = request.operation.api().dialect();
+    let operation = request.operation;
     let parts = request.parts;
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or(parts.uri.path(), |p| p.as_str());
+    let path_and_query = raw_path_and_query(&parts.uri);
     let sent = state
         .upstream
         .send(
-            request.operation,
+            operation,
             parts.method.clone(),
             path_and_query,
             &request.headers,
             body,
         )
         .await;
+    match sent {
+        Ok(response) => respond(
+            state,
+            policy,
+            operation,
+            in_flight,
+            response,
+            strip_usage_chunk,
+        ),
+        Err(e) => unreachable(policy, in_flight, &e, operation.api().dialect()),
+    }
+}
+
+/// Upstream's answer, on its way to the client: an error status settled and passed on, a
+/// success passed through a body that meters it (and takes out the usage chunk asked for on the
+/// client's behalf, when `strip_usage_chunk`).
+pub fn respond(
+    state: &AppState,
+    policy: &Arc<Policy>,
+    operation: Operation,
+    mut in_flight: Option<InFlight>,
+    response: http::Response<Incoming>,
+    strip_usage_chunk: bool,
+) -> Response {
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
-    let response = match sent {
-        Ok(response) => response,
-        Err(e) => return unreachable(policy, in_flight, &e, dialect),
-    };
     let status = response.status();
     policy.observer.upstream_response(pool.as_deref(), status);
     let (mut head, incoming) = response.into_parts();
@@ -82,7 +100,7 @@ pub async fn forward(
         v.as_bytes()
             .starts_with(eventstream::CONTENT_TYPE.as_bytes())
     });
-    let kind = ResponseKind::for_response(request.operation, &head.headers);
+    let kind = ResponseKind::for_response(operation, &head.headers);
     // The usage chunk asked for on the client's behalf comes out of a successful stream.
     let filter =
         (strip_usage_chunk && status.is_success() && kind == Some(ResponseKind::ChatStream))
@@ -94,7 +112,7 @@ pub async fn forward(
         let response = Answered {
             status,
             headers: &mut head.headers,
-            operation: request.operation,
+            operation,
             kind,
         };
         meter(policy, f, response)
@@ -162,7 +180,7 @@ fn refused(
     if throttled {
         let pool = in_flight.hold().pool().clone();
         let hint = policy.admission.upstream_throttled(&pool);
-        policy.observer.upstream_throttled(&pool, hint);
+        policy.observer.upstream_throttled(&pool, Some(hint));
         answer::upstream_throttled(headers, hint);
     }
     in_flight.answered(status, headers);
@@ -170,7 +188,7 @@ fn refused(
 }
 
 /// No response from upstream: a retryable 503, settled by the rule for the failure.
-fn unreachable(
+pub fn unreachable(
     policy: &Policy,
     in_flight: Option<InFlight>,
     error: &UpstreamError,

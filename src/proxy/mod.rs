@@ -19,11 +19,16 @@
 //! ([`crate::bedrock::Dialect`]): Bedrock's for the native operations, OpenAI's under `/openai/`
 //! and `/v1/`, Anthropic's under `/anthropic/`. The OpenAI and Anthropic APIs take JSON only: a
 //! `Content-Type` that says otherwise is refused before the body is read.
+//!
+//! InvokeModelWithBidirectionalStream takes the same steps from its head alone, its body being
+//! the session's events, which stream upstream as they come ([`duplex`], [`relay`]).
 
 pub mod caller;
 pub mod count_tokens;
+pub mod duplex;
 pub mod forward;
 pub mod meter;
+pub mod relay;
 
 use std::sync::Arc;
 
@@ -90,8 +95,9 @@ async fn proxy(
     };
     let operation = target.operation;
     record.target(operation, target.model_id.as_deref());
-    if !operation.forwarded() {
-        return answer::not_forwarded(operation);
+    if operation == Operation::InvokeModelWithBidirectionalStream {
+        let model_id = target.model_id.as_deref();
+        return duplex::proxy(state, policy, parts, body, model_id, obs, route).await;
     }
     // Who is calling, from the head alone: an unknown caller never gets a body buffered.
     let identity = match caller::identify_head(policy, &parts, operation) {

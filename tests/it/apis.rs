@@ -26,13 +26,15 @@ fn json_of(r: &RawResponse) -> Value {
 }
 
 fn charged(stack: &Stack, pool: &str) -> u64 {
-    let m = &stack.proxy.state.metrics;
-    m.charged_tokens.with_label_values(&[pool]).get()
+    metric(
+        &stack.proxy,
+        "tokengate_charged_tokens_total",
+        &[("pool", pool)],
+    ) as u64
 }
 
 fn settled(stack: &Stack, pool: &str, rule: &str) -> u64 {
-    let m = &stack.proxy.state.metrics;
-    m.settlements.with_label_values(&[pool, rule]).get()
+    settlements(&stack.proxy, pool, rule)
 }
 
 fn chat(model: &str, text: &str) -> Value {
@@ -170,8 +172,7 @@ async fn a_streamed_chat_gets_exactly_the_stream_it_asked_for() {
 }
 
 fn proxy_usage_settlements(proxy: &tokengate::gateway::Gateway) -> u64 {
-    let m = &proxy.state.metrics;
-    m.settlements.with_label_values(&["gpt", "usage"]).get()
+    settlements(proxy, "gpt", "usage")
 }
 
 #[tokio::test]
@@ -373,11 +374,11 @@ async fn a_call_that_soon_fits_waits_in_the_queue_as_native_calls_do() {
     small["max_completion_tokens"] = json!(200);
     let r = post(addr, CHAT, &small).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
-    let m = &stack.proxy.state.metrics;
-    let queued = m
-        .queue_outcomes
-        .with_label_values(&["sonnet4-us", "admitted"])
-        .get();
-    assert_eq!(queued, 1, "admitted from the queue");
+    let queued = metric(
+        &stack.proxy,
+        "tokengate_queue_outcomes_total",
+        &[("pool", "sonnet4-us"), ("outcome", "admitted")],
+    );
+    assert_eq!(queued, 1.0, "admitted from the queue");
     stack.assert_ledger_zero().await;
 }

@@ -53,11 +53,7 @@ async fn an_upstream_that_does_not_answer_is_a_retryable_503_in_the_apis_shape()
     assert_eq!(v["error"]["type"], "overloaded_error", "{v}");
     assert!(r.header("retry-after-ms").is_some() && r.header("retry-after").is_some());
     assert_eq!(r.header("x-should-retry"), Some("true"));
-    let m = &proxy.state.metrics;
-    let not_charged = m
-        .settlements
-        .with_label_values(&["sonnet4-us", "not_charged"]);
-    assert_eq!(not_charged.get(), 1);
+    assert_eq!(settlements(&proxy, "sonnet4-us", "not_charged"), 1);
     assert_ledger_zero(&proxy).await;
 }
 
@@ -71,13 +67,13 @@ async fn a_stream_cut_by_upstream_is_cut_for_the_client_and_settled() {
     assert_eq!(r.status, 200);
     assert!(r.body.is_err(), "the client sees the stream end early");
     stack.assert_ledger_zero().await;
-    let m = &stack.proxy.state.metrics;
-    assert_eq!(
-        m.settlements.with_label_values(&["gpt", "no_usage"]).get(),
-        1
+    assert_eq!(settlements(&stack.proxy, "gpt", "no_usage"), 1);
+    let cut = metric(
+        &stack.proxy,
+        "tokengate_upstream_errors_total",
+        &[("pool", "gpt"), ("kind", "stream_cut")],
     );
-    let cut = m.upstream_errors.with_label_values(&["gpt", "stream_cut"]);
-    assert_eq!(cut.get(), 1);
+    assert_eq!(cut, 1.0);
 }
 
 #[tokio::test]
@@ -91,11 +87,7 @@ async fn a_client_that_leaves_mid_stream_releases_its_reservation() {
     assert_eq!(in_flight(&stack.proxy, "gpt"), 1);
     drop(stream);
     stack.assert_ledger_zero().await;
-    let m = &stack.proxy.state.metrics;
-    assert_eq!(
-        m.settlements.with_label_values(&["gpt", "no_usage"]).get(),
-        1
-    );
+    assert_eq!(settlements(&stack.proxy, "gpt", "no_usage"), 1);
 }
 
 // A current-thread runtime: the proxy's tasks run on this thread, under the thread's subscriber.
