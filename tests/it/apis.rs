@@ -70,20 +70,25 @@ async fn every_api_settles_what_the_simulator_charged() {
         let r = post(addr, path, body).await;
         assert_eq!(r.status, 200, "{path} {body}: {:?}", r.body);
     }
-    // Over HTTP/2 (prior knowledge) too.
+    // Over HTTP/2 (prior knowledge) too, streaming and not.
     let r = raw_request(addr, "POST", MESSAGES, messages_body(text), true).await;
     assert_eq!(r.status, 200, "{:?}", r.body);
+    let body = stream(chat(GPT, text)).to_string();
+    let r = raw_request(addr, "POST", CHAT, body, true).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let streamed = chunks(&r.body);
+    assert!(!streamed.is_empty() && streamed.iter().all(|c| c["usage"].is_null()));
     stack.assert_ledger_zero().await;
     let (gpt, sonnet) = (
         settled(&stack, "gpt", "usage"),
         settled(&stack, "sonnet4-us", "usage"),
     );
-    assert_eq!((gpt, sonnet), (6, 3), "every call settled on its usage");
+    assert_eq!((gpt, sonnet), (7, 3), "every call settled on its usage");
     let sim = stack.sim.simulator.stats().tokens_charged();
     assert_eq!(charged(&stack, "gpt") + charged(&stack, "sonnet4-us"), sim);
     let pools: Value = json_of(&raw_request(addr, "GET", "/v1/pools", "", false).await);
     let apis = &pools["pools"][0]["apis"];
-    assert_eq!(apis["openai_chat"]["admitted"], 4, "{apis}");
+    assert_eq!(apis["openai_chat"]["admitted"], 5, "{apis}");
     assert_eq!(apis["openai_responses"]["admitted"], 2, "{apis}");
     assert_eq!(
         pools["pools"][1]["apis"]["anthropic_messages"]["admitted"],
@@ -102,7 +107,7 @@ async fn every_api_settles_what_the_simulator_charged() {
             ],
         )
     };
-    assert_eq!(admitted("openai_chat", "OpenAIChatCompletions"), 4.0);
+    assert_eq!(admitted("openai_chat", "OpenAIChatCompletions"), 5.0);
     assert_eq!(admitted("openai_responses", "OpenAIResponses"), 2.0);
 }
 
