@@ -1,4 +1,5 @@
 //! Step 5: the response body on its way back to the client, metered as it passes.
+//! (Over 500 lines: the guards, the body and its end-of-stream paths settle one hold, side by side.)
 //!
 //! Each frame from upstream is handed to the client as is. On the way, a [`UsageObserver`] reads
 //! it, and the request's reservation is settled the moment usage is known, not when the
