@@ -18,7 +18,10 @@
 
 use std::sync::Arc;
 
-use super::{Admission, Decision, Facts, Pool, Throttle, candidates::Refusal, hint};
+use super::{
+    Admission, Admitted, Decision, Facts, Invalid, Pool, Throttle, candidates::Refusal, hint,
+    rewrite,
+};
 use crate::bedrock::Operation;
 use crate::ledger::Rejection;
 
@@ -96,11 +99,38 @@ impl Admission {
     }
 }
 
-/// Whether `operation` may spill: it names its model in the path (which is rewritten), and is
-/// not a bidirectional session (admitted from its head, it stays home).
+/// Whether `operation` may spill: it names its model in the path (rewritten on the way out) or,
+/// for the OpenAI and Anthropic APIs, in the body's `model` (rewritten here); a bidirectional
+/// session (admitted from its head) and StartAsyncInvoke (a job, not a call) stay home.
 fn spills(operation: Operation) -> bool {
-    operation.model_segment().is_some()
-        && operation != Operation::InvokeModelWithBidirectionalStream
+    operation.model_in_body()
+        || (operation.model_segment().is_some()
+            && operation != Operation::InvokeModelWithBidirectionalStream)
+}
+
+/// The decision for `admitted`: a spilled call of an API that names its model in the body is
+/// sent with the body's `model` set to its pool's (the path of a native call is rewritten by
+/// the forwarder). A body that cannot be rewritten (it was read as a JSON object already, so
+/// this does not happen) is refused, its reservation given back.
+pub(super) fn sent_as_its_pool(mut admitted: Admitted, facts: &Facts<'_>) -> Decision {
+    if admitted.spilled_from.is_none() || !facts.operation.model_in_body() {
+        return Decision::Admit(admitted);
+    }
+    let body = admitted.body.as_ref().unwrap_or(facts.body);
+    let model = admitted.hold.pool().config.model_id();
+    match rewrite::with_model(facts.operation, body, model) {
+        Ok(body) => {
+            admitted.body = Some(body);
+            Decision::Admit(admitted)
+        }
+        Err(problem) => {
+            admitted.hold.settle_not_charged();
+            Decision::Invalid(Invalid {
+                pool: admitted.spilled_from.clone(),
+                problem,
+            })
+        }
+    }
 }
 
 /// The home pool's own refusal among `refused`, if it was tried.

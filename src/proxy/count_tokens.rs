@@ -61,7 +61,14 @@ impl InputCounter for UpstreamCounter {
         );
         let request = Bytes::from(count_tokens_body(operation, body)?.to_string());
         let response = upstream
-            .send(region, Method::POST, &path, &headers, request)
+            .send(
+                Operation::CountTokens,
+                region,
+                Method::POST,
+                &path,
+                &headers,
+                request,
+            )
             .await
             .map_err(|e| e.to_string())?;
         let status = response.status();
