@@ -257,3 +257,21 @@ async fn spill_cached_false_keeps_cached_prompts_home() {
     release(proxy, held).await;
     stack.assert_ledger_zero().await;
 }
+
+#[tokio::test]
+async fn a_spilled_anthropic_messages_call_names_its_pool_s_model_in_the_body() {
+    let stack = Stack::start(SIM, &chain_pools(""), "").await;
+    let proxy = &stack.proxy;
+    let held = vec![occupy(proxy, "sonnet-us").await];
+    let body = serde_json::json!({"model": SONNET_US, "max_tokens": 100,
+        "messages": [{"role": "user", "content": "hello"}]});
+    let r = raw_request(proxy.addr, "POST", "/anthropic/v1/messages", body.to_string(), false).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(r.header("x-tokengate-pool"), Some("sonnet-global"));
+    let stats = stack.sim.simulator.stats();
+    assert_eq!(stats.apis["AnthropicMessages"].requests, 1);
+    assert_eq!(requests_in(&stack, &format!("{SONNET}@global")), 1, "{:?}", stats.buckets);
+    assert_eq!(requests_in(&stack, &format!("{SONNET}@geo:us")), 0);
+    release(proxy, held).await;
+    stack.assert_ledger_zero().await;
+}
