@@ -319,6 +319,14 @@ impl Admission {
                 name: pool.name.to_string(),
                 models: pool.config.models.clone(),
                 region: pool.config.region.clone(),
+                spill_chain: self
+                    .table
+                    .chain(pool.id)
+                    .iter()
+                    .filter_map(|&i| self.pools().get(i))
+                    .map(|p| p.name.to_string())
+                    .collect(),
+                spill_cached: pool.config.spill_cached,
                 tokens_per_minute: pool.config.tokens_per_minute,
                 usable_tokens_per_minute: pool.config.usable_tokens_per_minute(),
                 effective_tokens_per_minute: limits.tokens_per_minute,
@@ -444,6 +452,11 @@ pub struct PoolView {
     pub name: String,
     pub models: Vec<String>,
     pub region: String,
+    /// Where a request of this pool runs when the pool cannot admit it now, in the order tried
+    /// (its `spill_to`, then theirs: [`crate::config::spill`]), for routes with `spill = true`.
+    pub spill_chain: Vec<String>,
+    /// Whether a request with a prompt-cache point may spill.
+    pub spill_cached: bool,
     pub tokens_per_minute: u64,
     pub usable_tokens_per_minute: u64,
     pub effective_tokens_per_minute: u64,

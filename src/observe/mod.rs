@@ -36,6 +36,8 @@ pub struct Observation {
     model: Option<String>,
     route: Option<Arc<str>>,
     pool: Option<Arc<Pool>>,
+    /// The home pool of a request that spilled to `pool`.
+    spilled_from: Option<Arc<str>>,
     /// The route's slot in the pool, once admitted.
     route_slot: Option<usize>,
     verdict: Option<Verdict>,
@@ -55,6 +57,7 @@ impl Observation {
             model: None,
             route: None,
             pool: None,
+            spilled_from: None,
             route_slot: None,
             verdict: None,
             status: None,
@@ -210,6 +213,14 @@ impl Observer {
             None => Verdict::Admitted,
         });
         let pool = hold.pool();
+        if let Some(from) = &admitted.spilled_from {
+            let route = obs.route.as_deref().unwrap_or("");
+            self.metrics
+                .spillover
+                .with_label_values(&[&from.name, &pool.name, route])
+                .inc();
+            obs.spilled_from = Some(from.name.clone());
+        }
         if let Some(e) = &admitted.count_tokens_failed {
             self.metrics
                 .upstream_errors

@@ -6,7 +6,7 @@
 //! Other traffic filling a pool is stood for by a reservation taken in the proxy's own ledger
 //! ([`occupy`]): the pool then cannot admit now, exactly as when its own calls fill it.
 
-use crate::common::*;
+use crate::common::{log_capture::Capture, *};
 use tokengate::{
     gateway::Gateway,
     ledger::{Reservation, ReserveRequest, Verdict},
@@ -136,8 +136,12 @@ fn requests_in(stack: &Stack, bucket: &str) -> u64 {
     stats.buckets.get(bucket).map_or(0, |b| b.requests)
 }
 
+// A current-thread runtime: the proxy's tasks run on this thread, under the thread's subscriber
+// (the access log is read back).
 #[tokio::test]
 async fn a_request_spills_only_when_its_home_pool_cannot_admit_now() {
+    let capture = Capture::default();
+    let _guard = tracing::subscriber::set_default(capture.subscriber());
     let stack = Stack::start(SIM, &chain_pools(""), "").await;
     let proxy = &stack.proxy;
     let (geo_us, global, west) = (
@@ -189,6 +193,45 @@ async fn a_request_spills_only_when_its_home_pool_cannot_admit_now() {
 
     release(proxy, held).await;
     stack.assert_ledger_zero().await;
+
+    // Seen everywhere: the metric, the access log, the chain in /v1/pools.
+    let spilled = |to: &str| {
+        metric(
+            proxy,
+            "tokengate_spillover_total",
+            &[("from", "sonnet-us"), ("to", to), ("route", "default")],
+        )
+    };
+    assert_eq!(
+        (spilled("sonnet-global"), spilled("sonnet-west")),
+        (1.0, 1.0)
+    );
+    let lines = capture.access_lines();
+    let ran: Vec<(String, String)> = lines
+        .iter()
+        .filter(|l| l["decision"] == "admitted")
+        .map(|l| {
+            let field = |k: &str| l[k].as_str().unwrap_or("-").to_string();
+            (field("pool"), field("spilled_from"))
+        })
+        .collect();
+    let expected = [
+        ("sonnet-us", "-"),
+        ("sonnet-global", "sonnet-us"),
+        ("sonnet-west", "sonnet-us"),
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(ran, expected, "{lines:?}");
+    let pools = raw_request(proxy.addr, "GET", "/v1/pools", "", false).await;
+    let pools: serde_json::Value = serde_json::from_slice(&pools.body).expect("json");
+    assert_eq!(
+        pools["pools"][0]["spill_chain"],
+        serde_json::json!(["sonnet-global", "sonnet-west"])
+    );
+    assert_eq!(pools["pools"][1]["spill_chain"], serde_json::json!([]));
 }
 
 #[tokio::test]
@@ -265,12 +308,24 @@ async fn a_spilled_anthropic_messages_call_names_its_pool_s_model_in_the_body() 
     let held = vec![occupy(proxy, "sonnet-us").await];
     let body = serde_json::json!({"model": SONNET_US, "max_tokens": 100,
         "messages": [{"role": "user", "content": "hello"}]});
-    let r = raw_request(proxy.addr, "POST", "/anthropic/v1/messages", body.to_string(), false).await;
+    let r = raw_request(
+        proxy.addr,
+        "POST",
+        "/anthropic/v1/messages",
+        body.to_string(),
+        false,
+    )
+    .await;
     assert_eq!(r.status, 200, "{:?}", r.body);
     assert_eq!(r.header("x-tokengate-pool"), Some("sonnet-global"));
     let stats = stack.sim.simulator.stats();
     assert_eq!(stats.apis["AnthropicMessages"].requests, 1);
-    assert_eq!(requests_in(&stack, &format!("{SONNET}@global")), 1, "{:?}", stats.buckets);
+    assert_eq!(
+        requests_in(&stack, &format!("{SONNET}@global")),
+        1,
+        "{:?}",
+        stats.buckets
+    );
     assert_eq!(requests_in(&stack, &format!("{SONNET}@geo:us")), 0);
     release(proxy, held).await;
     stack.assert_ledger_zero().await;
