@@ -17,7 +17,7 @@
 //! | `security_request`, `security_transport`, `security_bodies` | the attacks of issue #14, one test each |
 //! | `iam_policy` | the README's IAM policy against the forwarded operations |
 //! | `simulator` | the simulator on its own: Bedrock's arithmetic and wire shapes, with real clients |
-//! | `spillover` | pools in several Regions, each signed for its own; spill chains between pools |
+//! | `spillover`, `spillover_property` | pools in several Regions, each signed for its own; spill chains between pools, and all or nothing across a chain under concurrency on both ledgers |
 //! | `bidi`, `bidi_raw` | InvokeModelWithBidirectionalStream through the proxy: the Rust SDK's sessions, and raw HTTP/2 where the SDK cannot say it |
 
 mod common;
@@ -51,4 +51,5 @@ mod security_request;
 mod security_transport;
 mod simulator;
 mod spillover;
+mod spillover_property;
 mod upstream_faults;
