@@ -330,3 +330,78 @@ async fn a_spilled_anthropic_messages_call_names_its_pool_s_model_in_the_body() 
     release(proxy, held).await;
     stack.assert_ledger_zero().await;
 }
+
+/// `sonnet-us` (one permit) spilling to `spill_to`; the global and us-west-2 pools with room for
+/// many.
+fn reload_config(stack_sim: std::net::SocketAddr, spill_to: &str) -> tokengate::config::Config {
+    let pool = |name: &str, model: &str, concurrency: u32, extra: &str| {
+        format!(
+            "[[pools]]\nname = \"{name}\"\nmodels = [\"{model}\"]\ntokens_per_minute = 1000000\n\
+             max_concurrency = {concurrency}\noutput_burndown = 5\ndefault_max_tokens = 1000\nmax_wait_ms = 0\n{extra}\n"
+        )
+    };
+    let pools = [
+        pool(
+            "sonnet-us",
+            SONNET_US,
+            1,
+            &format!("spill_to = [\"{spill_to}\"]\n"),
+        ),
+        pool("sonnet-global", SONNET_GLOBAL, 64, ""),
+        pool("sonnet-west", SONNET_WEST, 64, "region = \"us-west-2\"\n"),
+    ]
+    .join("\n");
+    proxy_config(stack_sim, &pools, "")
+}
+
+#[tokio::test]
+async fn a_reload_changes_chains_atomically() {
+    let sim = start_simulator(SIM).await;
+    let proxy = start_proxy(reload_config(sim.addr, "sonnet-global")).await;
+    let held = vec![occupy(&proxy, "sonnet-us").await];
+    assert_eq!(
+        call(&proxy, None).await.header("x-tokengate-pool"),
+        Some("sonnet-global")
+    );
+    proxy
+        .reload(reload_config(sim.addr, "sonnet-west"))
+        .expect("reload");
+    assert_eq!(
+        call(&proxy, None).await.header("x-tokengate-pool"),
+        Some("sonnet-west"),
+        "the next request takes the new chain"
+    );
+
+    // Calls while the chain flips back and forth: each is decided by one generation, so each
+    // runs in one of the two chains' pools, and none is refused (both have room).
+    let proxy = std::sync::Arc::new(proxy);
+    let calls: Vec<_> = (0..40)
+        .map(|_| {
+            let proxy = proxy.clone();
+            tokio::spawn(async move { call(&proxy, None).await })
+        })
+        .collect();
+    for i in 0..20 {
+        let to = if i % 2 == 0 {
+            "sonnet-global"
+        } else {
+            "sonnet-west"
+        };
+        proxy.reload(reload_config(sim.addr, to)).expect("reload");
+        tokio::task::yield_now().await;
+    }
+    for call in calls {
+        let r = call.await.expect("task");
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        let pool = r.header("x-tokengate-pool");
+        assert!(
+            matches!(pool, Some("sonnet-global" | "sonnet-west")),
+            "{pool:?}"
+        );
+    }
+    let stats = sim.simulator.stats();
+    assert_eq!(stats.calls(), 42);
+    assert_eq!(stats.throttled(), 0);
+    release(&proxy, held).await;
+    assert_ledger_zero(&proxy).await;
+}

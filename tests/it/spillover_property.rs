@@ -60,7 +60,9 @@ fn case() -> impl Strategy<Value = Case> {
 
 /// The policy of `case`, pool names prefixed with `prefix` (unique per case on a shared Redis).
 fn config(case: &Case, prefix: &str, reservation: u64) -> Config {
-    let names: Vec<String> = (0..case.pools.len()).map(|i| format!("{prefix}-{i}")).collect();
+    let names: Vec<String> = (0..case.pools.len())
+        .map(|i| format!("{prefix}-{i}"))
+        .collect();
     let mut text = String::from(
         "[server]\nlisten = \"127.0.0.1:0\"\n[upstream]\nregion = \"us-east-1\"\nendpoint = \"simulated\"\n",
     );
@@ -204,7 +206,11 @@ async fn run(
             if s.in_flight_requests == 0 && s.reserved_tokens == 0 {
                 break;
             }
-            prop_assert!(tokio::time::Instant::now() < deadline, "{} never settled", pool.name);
+            prop_assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} never settled",
+                pool.name
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
