@@ -214,14 +214,10 @@ impl Admission {
             self.reserve_shadow(pool, prepared.estimate, facts.caller)
                 .await
         } else {
-            let spill = self.spill_candidates(pool, facts, prepared.estimate.reservation());
-            self.reserve(pool, prepared.estimate, facts.caller, &spill)
-                .await
+            self.reserve(pool, prepared.estimate, facts).await
         };
         let decision = match granted {
-            Ok(granted) => {
-                spill::sent_as_its_pool(self.admitted(pool, granted, prepared, facts.caller), facts)
-            }
+            Ok(g) => spill::sent_as_its_pool(self.admitted(pool, g, prepared, facts.caller), facts),
             Err(refusal) => refusal,
         };
         if let Decision::Admit(_) | Decision::Throttle(_) = decision {

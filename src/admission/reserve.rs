@@ -7,8 +7,8 @@ use bytes::Bytes;
 use rand::{SeedableRng, rngs::SmallRng};
 
 use super::{
-    Admission, Admitted, Caller, Decision, Estimate, Hold, NeverFits, Pool, ShadowReason, Throttle,
-    ThrottleWhy, Unavailability, Unavailable,
+    Admission, Admitted, Caller, Decision, Estimate, Facts, Hold, NeverFits, Pool, ShadowReason,
+    Throttle, ThrottleWhy, Unavailability, Unavailable,
     candidates::{FirstAdmitting, Refusal, first_admitting},
     hint, spill,
 };
@@ -40,19 +40,20 @@ pub(super) struct Granted {
 }
 
 impl Admission {
-    /// Reserves `estimate` in `pool` or, when it cannot admit now, in the first of `spill`
-    /// that can ([`super::spill`]); else after waiting in `pool`'s queue.
+    /// Reserves `estimate` in `pool` or, when it cannot admit now, in the first pool of its
+    /// spill chain that can ([`super::spill`]); else after waiting in `pool`'s queue.
     pub(super) async fn reserve(
         &self,
         pool: &Arc<Pool>,
         estimate: Estimate,
-        caller: &Caller,
-        spill: &[&Arc<Pool>],
+        facts: &Facts<'_>,
     ) -> Result<Granted, Decision> {
+        let caller = facts.caller;
         let tokens = estimate.reservation();
         if !pool.config.can_ever_hold(tokens) {
             return Err(self.never_fits(pool, &estimate));
         }
+        let spill = self.spill_candidates(pool, facts, tokens);
         // While requests wait in this pool, newcomers queue behind them instead of taking the
         // capacity freed for them.
         let queue_busy = pool.queue.enabled() && !pool.queue.is_empty();
