@@ -21,6 +21,11 @@ pub struct Scenario {
     pub burndown: u64,
     /// Tokens per minute, the same for the simulator's bucket and the proxy's pool.
     pub quota_tpm: u64,
+    /// 1: the proxy's pool spills to a second pool of the same quota, the model's `global.`
+    /// profile (the simulator gives every bucket `quota_tpm`); the callers still call `model`,
+    /// so the direct side has one bucket. 0 (the default): one pool.
+    #[serde(default)]
+    pub spill_pools: u32,
     pub duration_secs: f64,
     /// Goodput counts completions after this point (the bucket starts full).
     #[serde(default)]
@@ -315,6 +320,37 @@ impl Scenario {
         Ok(c)
     }
 
+    /// The quota the proxy side may use: its pool's, plus the pools of its spill chain.
+    pub fn proxy_quota_tpm(&self) -> u64 {
+        self.quota_tpm * (1 + u64::from(self.spill_pools.min(1)))
+    }
+
+    /// The spill pool's `[[pools]]` entry and the home pool's `spill_to`, with `spill_pools = 1`:
+    /// the `global.` profile of `model`'s base model.
+    fn spill_pool(&self) -> (String, String) {
+        if self.spill_pools == 0 {
+            return (String::new(), String::new());
+        }
+        let base = self
+            .model
+            .split_once('.')
+            .filter(|(prefix, rest)| prefix.len() <= 6 && rest.contains('.'))
+            .map_or(self.model.as_str(), |(_, base)| base);
+        let p = &self.pool;
+        let pool = format!(
+            "\n[[pools]]\nname = \"spill\"\nmodels = [\"global.{base}\"]\ntokens_per_minute = {}\n\
+             max_concurrency = {}\noutput_burndown = {}\ndefault_max_tokens = {}\nheadroom = {}\n{}",
+            self.quota_tpm,
+            p.max_concurrency,
+            self.burndown,
+            p.default_max_tokens,
+            p.headroom,
+            p.max_wait_ms
+                .map_or(String::new(), |ms| format!("max_wait_ms = {ms}\n")),
+        );
+        (pool, "spill_to = [\"spill\"]\n".into())
+    }
+
     /// The proxy's configuration file, in front of `upstream`. A soak sets the idle timeout and
     /// logs tokengate's own info lines (the last one reports the ledger at shutdown), not the
     /// access log.
@@ -328,12 +364,13 @@ impl Scenario {
             ),
             None => (String::new(), "warn"),
         };
+        let (spill_pool, spill_to) = self.spill_pool();
         format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
              endpoint = \"http://{upstream}\"\n{idle}\n[ledger]\nbackend = \"memory\"\n\n\
              [log]\nlevel = \"{level}\"\n\n[[pools]]\nname = \"pool\"\nmodels = [\"{}\"]\n\
              tokens_per_minute = {}\nmax_concurrency = {}\noutput_burndown = {}\n\
-             default_max_tokens = {}\nheadroom = {}\n{}",
+             default_max_tokens = {}\nheadroom = {}\n{}{spill_to}{spill_pool}",
             self.model,
             self.quota_tpm,
             p.max_concurrency,

@@ -354,9 +354,7 @@ impl Authenticator {
             .keys
             .get(auth.access_key_id)
             .ok_or_else(|| self.sigv4_failed(&SigV4Error::UnknownKey(auth.access_key_id.into())))?;
-        if auth.service != crate::upstream::signer::SIGNING_NAME
-            || !self.regions.iter().any(|r| r == auth.region)
-        {
+        if auth.service != sigv4::SIGNING_NAME || !self.regions.iter().any(|r| r == auth.region) {
             tracing::debug!(
                 region = auth.region,
                 service = auth.service,

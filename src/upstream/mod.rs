@@ -26,6 +26,7 @@
 //! show the upstream URL's userinfo (config refuses it; [`redact_userinfo`] guards the messages anyway).
 
 pub mod headers;
+pub mod sign;
 pub mod signer;
 
 use std::{sync::Arc, time::Duration};
