@@ -325,53 +325,12 @@ impl Scenario {
         self.quota_tpm * (1 + u64::from(self.spill_pools.min(1)))
     }
 
-    /// The spill pool's `[[pools]]` entry and the home pool's `spill_to`, with `spill_pools = 1`:
-    /// the `global.` profile of `model`'s base model.
-    fn spill_pool(&self) -> (String, String) {
-        if self.spill_pools == 0 {
-            return (String::new(), String::new());
-        }
-        let base = self
-            .model
-            .split_once('.')
-            .filter(|(prefix, rest)| prefix.len() <= 6 && rest.contains('.'))
-            .map_or(self.model.as_str(), |(_, base)| base);
+    /// A `[[pools]]` entry of the scenario's quota and `[pool]` settings, for `model`.
+    fn pool_entry(&self, name: &str, model: &str, extra: &str) -> String {
         let p = &self.pool;
-        let pool = format!(
-            "\n[[pools]]\nname = \"spill\"\nmodels = [\"global.{base}\"]\ntokens_per_minute = {}\n\
-             max_concurrency = {}\noutput_burndown = {}\ndefault_max_tokens = {}\nheadroom = {}\n{}",
-            self.quota_tpm,
-            p.max_concurrency,
-            self.burndown,
-            p.default_max_tokens,
-            p.headroom,
-            p.max_wait_ms
-                .map_or(String::new(), |ms| format!("max_wait_ms = {ms}\n")),
-        );
-        (pool, "spill_to = [\"spill\"]\n".into())
-    }
-
-    /// The proxy's configuration file, in front of `upstream`. A soak sets the idle timeout and
-    /// logs tokengate's own info lines (the last one reports the ledger at shutdown), not the
-    /// access log.
-    pub fn proxy_config(&self, upstream: std::net::SocketAddr) -> String {
-        let p = &self.pool;
-        let (idle, level) = match &self.soak {
-            Some(soak) => (
-                soak.idle_timeout_secs
-                    .map_or(String::new(), |s| format!("idle_timeout_secs = {s}\n")),
-                "warn,tokengate=info,tokengate::access=off",
-            ),
-            None => (String::new(), "warn"),
-        };
-        let (spill_pool, spill_to) = self.spill_pool();
         format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
-             endpoint = \"http://{upstream}\"\n{idle}\n[ledger]\nbackend = \"memory\"\n\n\
-             [log]\nlevel = \"{level}\"\n\n[[pools]]\nname = \"pool\"\nmodels = [\"{}\"]\n\
-             tokens_per_minute = {}\nmax_concurrency = {}\noutput_burndown = {}\n\
-             default_max_tokens = {}\nheadroom = {}\n{}{spill_to}{spill_pool}",
-            self.model,
+            "\n[[pools]]\nname = \"{name}\"\nmodels = [\"{model}\"]\ntokens_per_minute = {}\n\
+             max_concurrency = {}\noutput_burndown = {}\ndefault_max_tokens = {}\nheadroom = {}\n{}{extra}",
             self.quota_tpm,
             p.max_concurrency,
             self.burndown,
@@ -380,5 +339,74 @@ impl Scenario {
             p.max_wait_ms
                 .map_or(String::new(), |ms| format!("max_wait_ms = {ms}\n")),
         )
+    }
+
+    /// The proxy's pools: `pool` for `model` and, with `spill_pools = 1`, `spill` for the
+    /// `global.` profile of `model`'s base model, in `pool`'s chain.
+    fn pools(&self) -> String {
+        if self.spill_pools == 0 {
+            return self.pool_entry("pool", &self.model, "");
+        }
+        let base = self
+            .model
+            .split_once('.')
+            .filter(|(prefix, rest)| prefix.len() <= 6 && rest.contains('.'))
+            .map_or(self.model.as_str(), |(_, base)| base);
+        let home = self.pool_entry("pool", &self.model, "spill_to = [\"spill\"]\n");
+        home + &self.pool_entry("spill", &format!("global.{base}"), "")
+    }
+
+    /// The proxy's configuration file, in front of `upstream`. A soak sets the idle timeout and
+    /// logs tokengate's own info lines (the last one reports the ledger at shutdown), not the
+    /// access log.
+    pub fn proxy_config(&self, upstream: std::net::SocketAddr) -> String {
+        let (idle, level) = match &self.soak {
+            Some(soak) => (
+                soak.idle_timeout_secs
+                    .map_or(String::new(), |s| format!("idle_timeout_secs = {s}\n")),
+                "warn,tokengate=info,tokengate::access=off",
+            ),
+            None => (String::new(), "warn"),
+        };
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
+             endpoint = \"http://{upstream}\"\n{idle}\n[ledger]\nbackend = \"memory\"\n\n\
+             [log]\nlevel = \"{level}\"\n{}",
+            self.pools()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every shipped scenario's proxy config is one tokengate accepts; with `spill_pools = 1`,
+    /// its pool spills to the `global.` profile of the same model, of the same quota.
+    #[test]
+    fn every_scenario_s_proxy_config_parses() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let mut spilling = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let s = Scenario::load(&path, false).unwrap();
+            let text = s.proxy_config("127.0.0.1:9".parse().unwrap());
+            let config = tokengate::config::Config::parse(&text)
+                .unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()));
+            let pools = &config.policy.pools;
+            if s.spill_pools == 1 {
+                spilling += 1;
+                assert_eq!(pools[0].spill_to, ["spill"]);
+                assert_eq!(
+                    pools[1].models,
+                    ["global.anthropic.claude-sonnet-4-20250514-v1:0"]
+                );
+                assert_eq!(pools[1].tokens_per_minute, s.quota_tpm);
+                assert_eq!(s.proxy_quota_tpm(), 2 * s.quota_tpm);
+            } else {
+                assert_eq!(pools.len(), 1, "{}", path.display());
+            }
+        }
+        assert_eq!(spilling, 2);
     }
 }

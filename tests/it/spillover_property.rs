@@ -101,6 +101,21 @@ fn body() -> Bytes {
     ))
 }
 
+/// One Converse call of [`body`] to the chain's home model, from the default route.
+async fn decide(admission: &Admission) -> Decision {
+    let caller = admission.first_route_caller();
+    let body = body();
+    admission
+        .decide(&Facts {
+            operation: Operation::Converse,
+            model_id: Some(SONNET_US),
+            body: &body,
+            read: None,
+            caller: &caller,
+        })
+        .await
+}
+
 /// The reservation one request of [`body`] takes (the same in every pool: one model).
 async fn reservation_of_one() -> u64 {
     let probe = Case {
@@ -109,18 +124,7 @@ async fn reservation_of_one() -> u64 {
     };
     let config = config(&probe, "probe", 1000);
     let admission = admission(&config, Arc::new(MemoryLedger::new(Clock::manual())));
-    let caller = admission.first_route_caller();
-    let body = body();
-    let decision = admission
-        .decide(&Facts {
-            operation: Operation::Converse,
-            model_id: Some(SONNET_US),
-            body: &body,
-            read: None,
-            caller: &caller,
-        })
-        .await;
-    match decision {
+    match decide(&admission).await {
         Decision::Admit(mut a) => {
             let tokens = a.hold.reserved();
             a.hold.settle_not_charged();
@@ -139,19 +143,7 @@ async fn run(
     let tasks: Vec<_> = (0..case.requests)
         .map(|_| {
             let admission = admission.clone();
-            tokio::spawn(async move {
-                let caller = admission.first_route_caller();
-                let body = body();
-                admission
-                    .decide(&Facts {
-                        operation: Operation::Converse,
-                        model_id: Some(SONNET_US),
-                        body: &body,
-                        read: None,
-                        caller: &caller,
-                    })
-                    .await
-            })
+            tokio::spawn(async move { decide(&admission).await })
         })
         .collect();
     let mut holds: Vec<Vec<_>> = (0..case.pools.len()).map(|_| Vec::new()).collect();
