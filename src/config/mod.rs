@@ -5,6 +5,7 @@
 
 pub mod raw;
 pub mod routes;
+pub mod telemetry;
 
 use std::{
     collections::BTreeMap,
@@ -18,6 +19,7 @@ use http::Uri;
 use crate::simulator::SimulatorConfig;
 use raw::{RawConfig, RawPool};
 pub use routes::{AuthConfig, AuthMode, MaxTokensPolicy, RouteConfig, Secret, ShareConfig};
+pub use telemetry::{EmfConfig, EmfTarget, MetricsConfig, OtlpProtocol, TracingConfig};
 
 /// A configuration error: the key at fault and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,6 +52,10 @@ pub struct Config {
     /// At least one: a config without `[[routes]]` has the implicit default route.
     pub routes: Vec<RouteConfig>,
     pub simulator: SimulatorConfig,
+    /// `[tracing]`: OpenTelemetry spans, when an OTLP endpoint is set.
+    pub tracing: Option<TracingConfig>,
+    /// `[metrics]`: CloudWatch EMF output and the quota report's window.
+    pub metrics: MetricsConfig,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -381,6 +387,8 @@ impl Config {
             auth,
             routes,
             simulator: raw.simulator.unwrap_or_default(),
+            tracing: telemetry::validate_tracing(raw.tracing)?,
+            metrics: telemetry::validate_metrics(raw.metrics)?,
         })
     }
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 pub use super::routes::{RawAuth, RawRoute, RawShare};
+pub use super::telemetry::{RawMetrics, RawTracing};
 use crate::simulator::SimulatorConfig;
 
 #[derive(Debug, Deserialize)]
@@ -27,6 +28,10 @@ pub struct RawConfig {
     pub routes: Vec<RawRoute>,
     #[serde(default)]
     pub simulator: Option<SimulatorConfig>,
+    #[serde(default)]
+    pub tracing: RawTracing,
+    #[serde(default)]
+    pub metrics: RawMetrics,
 }
 
 #[derive(Debug, Deserialize)]
