@@ -37,7 +37,7 @@ use tokengate::{
     config::Config,
     ledger::{self, Clock, Ledger, Limits, MemoryLedger, ReserveRequest},
     metrics::Metrics,
-    observe::{Observation, Observer},
+    observe::{Observation, Observer, Telemetry, report::QuotaReport},
 };
 
 const MODEL: &str = "us.anthropic.claude-sonnet-4-20250514-v1:0";
@@ -159,7 +159,11 @@ fn admission(c: &mut Criterion) {
     let (_registry, metrics) = Metrics::standalone();
     let admission = Admission::new(&config.pools, &config.routes, config.admission, ledger);
     // What the proxy does around a decision: count it, and record the settlement.
-    let observer = Observer::new(Arc::new(metrics), &admission);
+    let telemetry = Arc::new(Telemetry::new(QuotaReport::new(
+        Clock::tokio(),
+        Duration::from_secs(86_400),
+    )));
+    let observer = Observer::new(Arc::new(metrics), &admission, telemetry);
     let caller = admission.first_route_caller();
     let body = converse_body();
     // A prompt-cached call: every input token is reported (so calibration learns from it) but

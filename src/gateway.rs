@@ -25,7 +25,7 @@ use crate::{
     config::{Config, Endpoint, LedgerConfig, OnLedgerError, RedisLedgerConfig},
     ledger::{Clock, FallbackLedger, Ledger, MemoryLedger, RedisLedger, RedisOptions},
     metrics::Metrics,
-    observe::timed::TimedLedger,
+    observe::{Telemetry, timed::TimedLedger},
     proxy::count_tokens::UpstreamCounter,
     server,
     simulator::{self, SimulatorHandle},
@@ -48,6 +48,8 @@ pub enum StartError {
     Ledger(String),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("tracing: {0}")]
+    Tracing(String),
     #[error("listener: {0}")]
     Listener(#[from] io::Error),
     #[error("cannot listen on {addr} (server.admin_listen): {source}")]
@@ -92,7 +94,7 @@ pub enum ReloadError {
 }
 
 /// The sections a reload cannot change in a running process: listeners, the upstream client,
-/// the ledger backend, logging, the simulator. Changes there are logged and wait for a restart.
+/// the ledger backend, logging, the simulator, traces and the other telemetry outputs. Changes there are logged and wait for a restart.
 fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
     [
         ("[server]", old.server != new.server),
@@ -100,6 +102,8 @@ fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
         ("[ledger]", old.ledger != new.ledger),
         ("[log]", old.log != new.log),
         ("[simulator]", old.simulator != new.simulator),
+        ("[tracing]", old.tracing != new.tracing),
+        ("[metrics]", old.metrics != new.metrics),
     ]
     .into_iter()
     .filter_map(|(section, changed)| changed.then_some(section))
@@ -157,24 +161,31 @@ impl Gateway {
         let registry = options.registry.unwrap_or_default();
         let metrics = Arc::new(Metrics::new(&registry)?);
         let clock = options.clock.unwrap_or_default();
+        let telemetry = Telemetry::for_config(&config, clock.clone(), &metrics)
+            .map_err(|e| StartError::Tracing(e.to_string()))?;
+        let telemetry = Arc::new(telemetry);
         let ledger: Arc<dyn Ledger> = match &config.ledger {
             LedgerConfig::Memory => Arc::new(MemoryLedger::new(clock)),
             LedgerConfig::Redis(redis) => redis_ledger(redis, clock, metrics.clone()).await?,
         };
         let ledger = Arc::new(TimedLedger::new(ledger, metrics.ledger_seconds.clone()));
         let upstream = Arc::new(upstream);
-        let policy = build_policy(&config, ledger, &upstream, &metrics);
+        let policy = build_policy(&config, ledger, &upstream, &metrics, &telemetry);
         let ready = Arc::new(AtomicBool::new(false));
         let state = Arc::new(AppState {
             policy: arc_swap::ArcSwap::from_pointee(policy),
             upstream,
             metrics,
             registry,
+            telemetry,
             ledger_publications: Default::default(),
             max_body_bytes: config.server.max_body_bytes,
             body_read_timeout: config.server.body_read_timeout,
             ready: ready.clone(),
         });
+        if let Some(emf) = &state.telemetry.emf {
+            emf.start(&state);
+        }
         let addr = listener.local_addr()?;
         // Probes and scrapes over plain HTTP, whether or not the proxy listener has TLS.
         let admin = match config.server.admin_listen {
@@ -229,6 +240,7 @@ impl Gateway {
             old.admission.ledger().clone(),
             &self.state.upstream,
             &metrics,
+            &self.state.telemetry,
         );
         for pool in policy.admission.pools() {
             if let Some(previous) = old.admission.pools().iter().find(|p| p.name == pool.name) {
@@ -253,6 +265,8 @@ impl Gateway {
         applied.ledger = current.ledger.clone();
         applied.log = current.log.clone();
         applied.simulator = current.simulator.clone();
+        applied.tracing = current.tracing.clone();
+        applied.metrics = current.metrics.clone();
         *current = applied;
         metrics.config_reloads.with_label_values(&["ok"]).inc();
         Ok(())
@@ -280,8 +294,9 @@ impl Gateway {
     /// `server.accept_grace_secs`, so load balancers stop sending first); queued requests are
     /// answered with a retryable error; the listener closes; in-flight requests and streams
     /// finish, until `server.drain_secs`, after which what is left is ended and settled;
-    /// settlements still on their way to the ledger complete; then the admin listener (which
-    /// answered "not ready" throughout) and the in-process simulator stop.
+    /// settlements still on their way to the ledger complete; the telemetry outputs write what
+    /// they hold; then the admin listener (which answered "not ready" throughout) and the
+    /// in-process simulator stop.
     pub async fn shutdown(mut self) -> io::Result<ShutdownReport> {
         self.state.ready.store(false, Ordering::Release);
         if !self.accept_grace.is_zero() {
@@ -306,6 +321,8 @@ impl Gateway {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let report = ShutdownReport::of(&admission);
+        // Every request is answered and settled: the outputs' last figures are complete.
+        self.state.telemetry.shutdown().await;
         if let Some(admin) = self.admin.take() {
             admin.stop().await?;
         }
@@ -439,6 +456,7 @@ fn build_policy(
     ledger: Arc<dyn Ledger>,
     upstream: &Arc<Upstream>,
     metrics: &Arc<Metrics>,
+    telemetry: &Arc<Telemetry>,
 ) -> Policy {
     let admission = Admission::new(
         &config.pools,
@@ -448,7 +466,7 @@ fn build_policy(
     )
     .with_input_counter(Arc::new(UpstreamCounter(upstream.clone())));
     let auth = crate::auth::Authenticator::new(&config.auth, &config.routes, metrics.clone());
-    Policy::new(admission, auth, metrics.clone())
+    Policy::new(admission, auth, metrics.clone(), telemetry.clone())
 }
 
 /// The shared ledger, alone (fail-closed) or with a local share behind it.

@@ -7,8 +7,11 @@ use arc_swap::ArcSwap;
 use prometheus::Registry;
 
 use crate::{
-    admission::Admission, auth::Authenticator, metrics::Metrics, observe::Observer,
-    observe::publish::LedgerPublications, upstream::Upstream,
+    admission::Admission,
+    auth::Authenticator,
+    metrics::Metrics,
+    observe::{Observer, Telemetry, publish::LedgerPublications},
+    upstream::Upstream,
 };
 
 /// What a config reload replaces: pools, routes, who may call, and the metric series that go
@@ -22,9 +25,15 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Assembles a policy: the observer resolves the series of the admission's pools and routes.
-    pub fn new(admission: Admission, auth: Authenticator, metrics: Arc<Metrics>) -> Policy {
-        let observer = Observer::new(metrics, &admission);
+    /// Assembles a policy: the observer resolves the series of the admission's pools and routes,
+    /// and their places in the process-wide `telemetry`.
+    pub fn new(
+        admission: Admission,
+        auth: Authenticator,
+        metrics: Arc<Metrics>,
+        telemetry: Arc<Telemetry>,
+    ) -> Policy {
+        let observer = Observer::new(metrics, &admission, telemetry);
         Policy {
             admission: Arc::new(admission),
             auth: Arc::new(auth),
@@ -40,6 +49,8 @@ pub struct AppState {
     pub upstream: Arc<Upstream>,
     pub metrics: Arc<Metrics>,
     pub registry: Registry,
+    /// The quota report and the other outputs that outlive reloads.
+    pub telemetry: Arc<Telemetry>,
     /// Counts the ledger keeps, published at each scrape.
     pub ledger_publications: LedgerPublications,
     pub max_body_bytes: usize,

@@ -1,4 +1,5 @@
-//! Recording what happened: every request's metrics and its access-log line, in one place.
+//! Recording what happened: every request's metrics, its access-log line, and what the
+//! operator-facing outputs count (the quota report, CloudWatch EMF), in one place.
 //!
 //! The pipeline carries an [`Observation`] through the request (arrival, target, route,
 //! verdict, answer, first byte and token) and hands each event to the policy's [`Observer`]:
@@ -6,27 +7,112 @@
 //! settled, [`Observer::finished`] when any other request was answered. Metrics are only written
 //! here, never read back; what code needs to know lives in atomics owned by the pools, queues
 //! and the ledger, and [`publish`] copies it into gauges when `/metrics` is read.
+//!
+//! The same events feed the process-wide [`Telemetry`], which outlives config reloads: each
+//! pool's [`report`] window and [`emf`] tallies ([`tally::Event`]), and, for traced requests,
+//! the spans [`trace`] builds from the observation when its line is written, sent by [`otlp`].
 
 pub mod access_log;
+pub mod emf;
+pub mod otlp;
 pub mod publish;
+pub mod report;
 pub mod series;
+pub mod tally;
 pub mod timed;
+pub mod trace;
 
 use std::{sync::Arc, time::Duration};
 
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
 use crate::{
     admission::{
-        Admission, Admitted, Decision, Pass, Pool, QueueRefusal, Settled, Throttle, ThrottleWhy,
-        Unavailability,
+        Admission, Admitted, Caller, Decision, Pass, Pool, QueueRefusal, Settled, Throttle,
+        ThrottleWhy, Unavailability,
     },
     bedrock::{Operation, error::X_AMZN_REQUEST_ID},
     metrics::{Metrics, NO_POOL},
 };
 pub use access_log::Verdict;
+use report::{PoolWindow, QuotaReport};
 use series::PoolSeries;
+use tally::Event;
+
+/// What outlives a config reload: the quota report's windows, the CloudWatch EMF output and the
+/// trace exporter.
+#[derive(Debug)]
+pub struct Telemetry {
+    pub report: QuotaReport,
+    /// `[metrics] cloudwatch_emf`, when set.
+    pub emf: Option<Arc<emf::Emf>>,
+    /// `[tracing]`, when an OTLP endpoint is set.
+    pub tracer: Option<Tracer>,
+}
+
+/// Traces requests and hands their spans to the exporter.
+#[derive(Debug)]
+pub struct Tracer {
+    pub exporter: otlp::Exporter,
+    /// Fraction of requests without a caller's trace context that are traced.
+    pub sample_ratio: f64,
+}
+
+impl Telemetry {
+    /// Only the quota report: no EMF, no traces.
+    pub fn new(report: QuotaReport) -> Telemetry {
+        Telemetry {
+            report,
+            emf: None,
+            tracer: None,
+        }
+    }
+
+    /// Everything `config` asks for, on `clock` (the ledger's). The trace exporter and the EMF
+    /// writer start on the current runtime (the writer once [`emf::Emf::start`] is called).
+    pub fn for_config(
+        config: &crate::config::Config,
+        clock: crate::ledger::Clock,
+        metrics: &Metrics,
+    ) -> Result<Telemetry, otlp::ExportError> {
+        let report = QuotaReport::new(clock, config.metrics.quota_report_window);
+        let tracer = match &config.tracing {
+            Some(t) => Some(Tracer {
+                exporter: otlp::Exporter::start(t, metrics)?,
+                sample_ratio: t.sample_ratio,
+            }),
+            None => None,
+        };
+        Ok(Telemetry {
+            report,
+            emf: config
+                .metrics
+                .emf
+                .clone()
+                .map(|c| Arc::new(emf::Emf::new(c))),
+            tracer,
+        })
+    }
+
+    /// Sends and writes what the outputs still hold (the last spans, the last EMF interval) and
+    /// stops them.
+    pub async fn shutdown(&self) {
+        if let Some(emf) = &self.emf {
+            emf.shutdown().await;
+        }
+        if let Some(tracer) = &self.tracer {
+            tracer.exporter.shutdown().await;
+        }
+    }
+}
+
+/// One pool's EMF tallies, and its routes' by slot.
+#[derive(Debug)]
+struct EmfSlots {
+    pool: Arc<emf::PoolTallies>,
+    routes: Vec<Arc<std::sync::Mutex<tally::Tally>>>,
+}
 
 /// One request's record, filled in as it goes, consumed when its line is written.
 #[derive(Debug)]
@@ -35,6 +121,8 @@ pub struct Observation {
     operation: Option<Operation>,
     model: Option<String>,
     route: Option<Arc<str>>,
+    /// The caller's SDK retried a call this proxy turned away.
+    retry: bool,
     pool: Option<Arc<Pool>>,
     /// The route's slot in the pool, once admitted.
     route_slot: Option<usize>,
@@ -44,6 +132,8 @@ pub struct Observation {
     admitted_at: Option<Instant>,
     first_byte: Option<Instant>,
     first_token: Option<Instant>,
+    /// The request's trace, when it is traced.
+    trace: Option<Box<trace::RequestTrace>>,
 }
 
 impl Observation {
@@ -54,6 +144,7 @@ impl Observation {
             operation: None,
             model: None,
             route: None,
+            retry: false,
             pool: None,
             route_slot: None,
             verdict: None,
@@ -62,7 +153,17 @@ impl Observation {
             admitted_at: None,
             first_byte: None,
             first_token: None,
+            trace: None,
         }
+    }
+
+    /// The headers that carry this request's trace upstream (none when it is not traced: the
+    /// caller's own then go as they came).
+    pub fn upstream_trace_headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+        self.trace
+            .as_ref()
+            .map(|t| t.upstream_headers())
+            .unwrap_or_default()
     }
 
     pub fn target(&mut self, operation: Operation, model: Option<&str>) {
@@ -70,9 +171,10 @@ impl Observation {
         self.model = model.map(str::to_string);
     }
 
-    /// The route the caller identified as.
-    pub fn route(&mut self, route: &Arc<str>) {
-        self.route = Some(route.clone());
+    /// Who is calling: the route the caller identified as, and whether this is a retry.
+    pub fn caller(&mut self, caller: &Caller) {
+        self.route = Some(caller.route.name.clone());
+        self.retry = caller.retry;
     }
 
     /// The request was answered before admission decided (bad path, credentials or body).
@@ -111,13 +213,67 @@ pub struct Observer {
     metrics: Arc<Metrics>,
     /// By pool id.
     pools: Vec<PoolSeries>,
+    telemetry: Arc<Telemetry>,
+    /// Each pool's quota-report window, by pool id.
+    windows: Vec<Arc<PoolWindow>>,
+    /// Each pool's EMF tallies, by pool id (empty without EMF).
+    emf: Vec<EmfSlots>,
 }
 
 impl Observer {
-    /// Resolves the series of every pool and route of `admission`.
-    pub fn new(metrics: Arc<Metrics>, admission: &Admission) -> Observer {
+    /// Resolves the series of every pool and route of `admission`, and each pool's place in
+    /// `telemetry`.
+    pub fn new(
+        metrics: Arc<Metrics>,
+        admission: &Admission,
+        telemetry: Arc<Telemetry>,
+    ) -> Observer {
         let pools = series::for_policy(&metrics, admission);
-        Observer { metrics, pools }
+        let windows = admission
+            .pools()
+            .iter()
+            .map(|p| telemetry.report.pool(&p.name))
+            .collect();
+        let emf = match &telemetry.emf {
+            Some(emf) => admission
+                .pools()
+                .iter()
+                .map(|p| {
+                    let pool = emf.pool(&p.name);
+                    let routes = p
+                        .shares
+                        .views()
+                        .iter()
+                        .map(|r| pool.route(&r.name))
+                        .collect();
+                    EmfSlots { pool, routes }
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        Observer {
+            metrics,
+            pools,
+            telemetry,
+            windows,
+            emf,
+        }
+    }
+
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+
+    /// Counts `event` of a request in `pool` (from `route`, its slot there, if known) wherever
+    /// the operator outputs keep counts.
+    fn tally(&self, pool: &Pool, route: Option<usize>, event: Event) {
+        if let Some(window) = self.windows.get(pool.id) {
+            window.record(self.telemetry.report.minute(), &event);
+        }
+        if let Some(slots) = self.emf.get(pool.id) {
+            let route = route.and_then(|i| slots.routes.get(i));
+            slots.pool.record(route.map(|r| &**r), &event);
+        }
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -128,9 +284,26 @@ impl Observer {
         self.pools.get(pool.id)
     }
 
+    /// A request arrived with `headers`: trace it if tracing is on and it is sampled.
+    pub fn began(&self, obs: &mut Observation, headers: &HeaderMap) {
+        if let Some(tracer) = &self.telemetry.tracer {
+            obs.trace = trace::RequestTrace::start(headers, tracer.sample_ratio);
+        }
+    }
+
+    /// Hands a finished request's spans to the exporter.
+    fn trace(&self, obs: &mut Observation, settled: Option<&Settled>) {
+        if let (Some(tracer), Some(t)) = (&self.telemetry.tracer, obs.trace.take()) {
+            tracer.exporter.export(trace::spans(obs, &t, settled));
+        }
+    }
+
     /// Admission decided: count it, and note what the access log needs.
     pub fn decided(&self, obs: &mut Observation, decision: &Decision) {
         obs.pool = decision.pool().cloned();
+        if let Some(t) = obs.trace.as_mut() {
+            t.decided(decision);
+        }
         let m = &self.metrics;
         let op = obs.operation_label();
         let route = obs.route.clone().unwrap_or_else(|| Arc::from(""));
@@ -198,6 +371,15 @@ impl Observer {
             None => Verdict::Admitted,
         });
         let pool = hold.pool();
+        self.tally(
+            pool,
+            obs.route_slot,
+            Event::Admitted {
+                reserved: hold.reserved(),
+                in_flight: pool.load.in_flight(),
+                queued_for: admitted.queued_for,
+            },
+        );
         if let Some(e) = &admitted.count_tokens_failed {
             self.metrics
                 .upstream_errors
@@ -232,9 +414,22 @@ impl Observer {
             .with_label_values(&[&pool.name, throttle.reason()])
             .inc();
         self.count_rejected(obs, pool);
+        let waited = match throttle.why {
+            ThrottleWhy::Queue(QueueRefusal::TimedOut { waited }) => Some(waited),
+            _ => None,
+        };
+        let route = obs.route.as_deref().and_then(|r| pool.shares.slot(r));
+        self.tally(
+            pool,
+            route.map(|r| r.index()),
+            Event::Throttled {
+                demand: (!obs.retry).then_some(throttle.reserving),
+                queued_for: waited,
+            },
+        );
         let Some(s) = self.series(pool) else { return };
         s.retry_hint.observe(throttle.hint.as_secs_f64());
-        if let ThrottleWhy::Queue(QueueRefusal::TimedOut { waited }) = throttle.why {
+        if let Some(waited) = waited {
             self.queue_outcome(pool, s, "timed_out", Some(waited));
         }
     }
@@ -323,7 +518,18 @@ impl Observer {
     }
 
     /// An admitted request settled: its charge and usage, and its access-log line.
-    pub fn settled(&self, obs: Observation, settled: &Settled) {
+    pub fn settled(&self, mut obs: Observation, settled: &Settled) {
+        self.trace(&mut obs, Some(settled));
+        if let Some(pool) = obs.pool.as_deref() {
+            self.tally(
+                pool,
+                obs.route_slot,
+                Event::Settled {
+                    charge: settled.charge,
+                    usage: settled.usage,
+                },
+            );
+        }
         if let Some(s) = obs.pool.as_deref().and_then(|p| self.series(p)) {
             record_settlement(s, &obs, settled);
         }
@@ -331,7 +537,8 @@ impl Observer {
     }
 
     /// A request that was not admitted was answered (or its client left): its line.
-    pub fn finished(&self, obs: Observation) {
+    pub fn finished(&self, mut obs: Observation) {
+        self.trace(&mut obs, None);
         access_log::unadmitted(&obs);
     }
 
@@ -355,7 +562,12 @@ impl Observer {
     }
 
     /// Upstream throttled a request admitted in `pool`; its limit shrank.
-    pub fn upstream_throttled(&self, pool: &Pool, hint: Duration) {
+    pub fn upstream_throttled(&self, pool: &Pool, obs: Option<&Observation>, hint: Duration) {
+        self.tally(
+            pool,
+            obs.and_then(|o| o.route_slot),
+            Event::UpstreamThrottled,
+        );
         self.metrics
             .upstream_throttles
             .with_label_values(&[&pool.name])

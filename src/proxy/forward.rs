@@ -36,6 +36,11 @@ pub async fn forward(
     obs: &mut Option<Observation>,
 ) -> Response {
     let mut body = request.body;
+    // A traced request continues its trace upstream.
+    let trace_headers = obs
+        .as_ref()
+        .map(Observation::upstream_trace_headers)
+        .unwrap_or_default();
     let mut in_flight = admitted.map(|admitted| {
         if let Some(rewritten) = admitted.body {
             body = rewritten;
@@ -47,9 +52,18 @@ pub async fn forward(
         .uri
         .path_and_query()
         .map_or(parts.uri.path(), |p| p.as_str());
+    let headers = if trace_headers.is_empty() {
+        std::borrow::Cow::Borrowed(&parts.headers)
+    } else {
+        let mut headers = parts.headers.clone();
+        for (name, value) in trace_headers {
+            headers.insert(name, value);
+        }
+        std::borrow::Cow::Owned(headers)
+    };
     let sent = state
         .upstream
-        .send(parts.method.clone(), path_and_query, &parts.headers, body)
+        .send(parts.method.clone(), path_and_query, &headers, body)
         .await;
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     let response = match sent {
@@ -120,7 +134,7 @@ fn refused(
     if throttled {
         let pool = in_flight.hold().pool().clone();
         let hint = policy.admission.upstream_throttled(&pool);
-        policy.observer.upstream_throttled(&pool, hint);
+        in_flight.upstream_throttled(hint);
         answer::upstream_throttled(headers, hint);
     }
     in_flight.answered(status, headers);

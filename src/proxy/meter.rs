@@ -97,6 +97,12 @@ impl InFlight {
         self.observed(settled);
     }
 
+    /// Upstream throttled the request (its status is answered separately).
+    pub fn upstream_throttled(&self, hint: std::time::Duration) {
+        self.observer
+            .upstream_throttled(self.hold.pool(), self.obs.as_ref(), hint);
+    }
+
     fn first_byte(&mut self) {
         if let Some(obs) = self.obs.as_mut() {
             self.observer.first_byte(obs);

@@ -55,6 +55,7 @@ async fn proxy(
 ) -> Response {
     let (parts, body) = request.into_parts();
     let record = obs.get_or_insert_with(Observation::start);
+    policy.observer.began(record, &parts.headers);
     // Until admission decides, an answer refuses the request itself (its path, its
     // credentials, its body).
     record.refused(Verdict::Invalid);
@@ -78,7 +79,7 @@ async fn proxy(
         Ok(caller) => caller,
         Err(refusal) => return refusal.into_response(),
     };
-    record.route(&caller.route.name);
+    record.caller(&caller);
     let decision = policy
         .admission
         .decide(&Facts {

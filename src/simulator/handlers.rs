@@ -66,6 +66,7 @@ pub(super) async fn handle(State(sim): State<Arc<Inner>>, req: Request) -> Respo
         Err(e) => return BedrockError::validation(e.to_string()).into_response(),
     };
     sim.count_operation(target.operation);
+    sim.traceparents.observe(parts.headers.get("traceparent"));
     let model_id = target.model_id.unwrap_or_default();
     match target.operation {
         op @ (Operation::Converse

@@ -117,6 +117,7 @@ pub(crate) struct Inner {
     faults: [AtomicU64; generate::Fault::ALL.len()],
     /// Days started by `POST /_sim/daily`, added to the clock's day number.
     new_days: AtomicU64,
+    traceparents: stats::TraceParents,
 }
 
 impl Inner {
@@ -180,6 +181,7 @@ impl Simulator {
                 stream_bytes: Arc::new(AtomicU64::new(0)),
                 faults: std::array::from_fn(|_| AtomicU64::new(0)),
                 new_days: AtomicU64::new(0),
+                traceparents: stats::TraceParents::default(),
             }),
         }
     }
@@ -257,6 +259,7 @@ impl Simulator {
                 secs_left: inner.config.day_secs - Inner::unix_secs() % inner.config.day_secs,
             },
             api_keys: inner.api_keys.snapshot(),
+            traceparents: inner.traceparents.snapshot(),
         }
     }
 }

@@ -1,0 +1,496 @@
+//! OpenTelemetry traces, received by OTLP receivers in the test that decode the official
+//! protobuf definitions (`opentelemetry-proto`): an axum server for OTLP/HTTP and the
+//! collector's own generated gRPC `TraceService`. Each test drives the proxy with real clients
+//! and checks the spans' attributes, their parent/child links, and the `traceparent` the
+//! simulator received upstream.
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use axum::{Router, body::Bytes, extract::State, routing::post};
+use common::*;
+use opentelemetry_proto::tonic::{
+    collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+        trace_service_server::{TraceService, TraceServiceServer},
+    },
+    common::v1::{AnyValue, any_value::Value},
+    trace::v1::{Span, span::SpanKind, status::StatusCode},
+};
+use prost::Message;
+use tokio::net::TcpListener;
+
+/// What a receiver got: every span, and the resources' `service.name`s.
+#[derive(Clone, Default)]
+struct Received {
+    spans: Arc<Mutex<Vec<Span>>>,
+    services: Arc<Mutex<Vec<String>>>,
+}
+
+impl Received {
+    fn take(&self, request: ExportTraceServiceRequest) {
+        for rs in request.resource_spans {
+            let service = rs
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|a| a.key == "service.name")
+                .and_then(|a| a.value.as_ref())
+                .map(text);
+            self.services
+                .lock()
+                .expect("lock")
+                .push(service.unwrap_or_default());
+            for ss in rs.scope_spans {
+                self.spans.lock().expect("lock").extend(ss.spans);
+            }
+        }
+    }
+
+    /// Waits (bounded) for the first span that `pick` picks.
+    async fn first(&self, pick: impl Fn(&Span) -> bool) -> Span {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.spans.lock().expect("lock").iter().find(|s| pick(s)) {
+                return s.clone();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no such span arrived"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits (bounded) until `n` spans of trace `trace_id` arrived, and returns them.
+    async fn trace(&self, trace_id: &[u8], n: usize) -> Vec<Span> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let spans: Vec<Span> = self
+                .spans
+                .lock()
+                .expect("lock")
+                .iter()
+                .filter(|s| s.trace_id == trace_id)
+                .cloned()
+                .collect();
+            if spans.len() >= n {
+                assert_eq!(spans.len(), n, "more spans than expected: {spans:#?}");
+                return spans;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} of {n} spans of trace {} arrived",
+                spans.len(),
+                hex::encode(trace_id)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn text(v: &AnyValue) -> String {
+    match &v.value {
+        Some(Value::StringValue(s)) => s.clone(),
+        Some(Value::IntValue(i)) => i.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A span's attributes as text.
+fn attributes(span: &Span) -> HashMap<String, String> {
+    span.attributes
+        .iter()
+        .map(|a| {
+            (
+                a.key.clone(),
+                a.value.as_ref().map(text).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+fn one_of_kind(spans: &[Span], kind: SpanKind) -> Span {
+    let found: Vec<_> = spans.iter().filter(|s| s.kind == kind as i32).collect();
+    assert_eq!(found.len(), 1, "{kind:?} spans: {spans:#?}");
+    found[0].clone()
+}
+
+/// `child` is a child of `parent`, within its time.
+fn assert_child(child: &Span, parent: &Span) {
+    assert_eq!(child.trace_id, parent.trace_id);
+    assert_eq!(child.parent_span_id, parent.span_id, "{}", child.name);
+    assert!(
+        child.start_time_unix_nano >= parent.start_time_unix_nano
+            && child.end_time_unix_nano <= parent.end_time_unix_nano
+            && child.start_time_unix_nano <= child.end_time_unix_nano,
+        "{} outside {}",
+        child.name,
+        parent.name
+    );
+}
+
+/// An OTLP/HTTP receiver (`POST /v1/traces`, protobuf) on 127.0.0.1:0.
+async fn http_receiver() -> (SocketAddr, Received) {
+    async fn traces(State(r): State<Received>, body: Bytes) -> Vec<u8> {
+        let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf body");
+        r.take(request);
+        ExportTraceServiceResponse::default().encode_to_vec()
+    }
+    let received = Received::default();
+    let app = Router::new()
+        .route("/v1/traces", post(traces))
+        .with_state(received.clone());
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, received)
+}
+
+struct GrpcReceiver(Received);
+
+#[tonic::async_trait]
+impl TraceService for GrpcReceiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.0.take(request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+/// The collector's gRPC `TraceService` on 127.0.0.1:0.
+async fn grpc_receiver() -> (SocketAddr, Received) {
+    let received = Received::default();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let service = TraceServiceServer::new(GrpcReceiver(received.clone()));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    (addr, received)
+}
+
+/// Instant answers, except that `[sim:fault=stall]` holds a call for a while.
+const SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\nstall_ms = 300\n";
+
+fn tracing_config(endpoint: &str, protocol: &str) -> String {
+    format!(
+        "[tracing]\notlp_endpoint = \"{endpoint}\"\nprotocol = \"{protocol}\"\nservice_name = \"gateway-test\"\nexport_interval_ms = 50\n"
+    )
+}
+
+/// Sonnet queues behind one request at a time; Haiku refuses at once.
+fn pools() -> String {
+    format!(
+        "{}max_wait_ms = 5000\n\n[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 100000\n\
+         max_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n",
+        sonnet_pool(100_000, 1)
+    )
+}
+
+const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_carry_the_genai_attributes_and_the_trace_continues_upstream() {
+    let (otlp, received) = http_receiver().await;
+    let stack = Stack::start(
+        SIM,
+        &pools(),
+        &tracing_config(&format!("http://{otlp}"), "http/protobuf"),
+    )
+    .await;
+    let addr = stack.proxy.addr;
+    let traceparent = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let headers = [
+        ("traceparent", traceparent.as_str()),
+        ("tracestate", "vendor=abc"),
+    ];
+
+    // The caller's trace, continued: admitted, forwarded, settled with usage.
+    let r = raw_request_with(
+        addr,
+        "POST",
+        &model_path(SONNET_US, "converse"),
+        converse_body("[sim:output=42] hello", Some(300)),
+        false,
+        &headers,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.message());
+    let usage: serde_json::Value = serde_json::from_slice(&r.body).expect("json");
+    let input_tokens = usage["usage"]["inputTokens"].as_u64().expect("input");
+    let spans = received
+        .trace(&hex::decode(CALLER_TRACE).expect("hex"), 2)
+        .await;
+    let server = one_of_kind(&spans, SpanKind::Server);
+    let upstream = one_of_kind(&spans, SpanKind::Client);
+    assert_eq!(hex::encode(&server.parent_span_id), CALLER_SPAN);
+    assert_eq!(server.trace_state, "vendor=abc");
+    assert_eq!(server.name, format!("chat {SONNET_US}"));
+    assert_child(&upstream, &server);
+    assert_eq!(upstream.name, "BedrockRuntime/Converse");
+    let a = attributes(&server);
+    for (key, value) in [
+        ("gen_ai.system", "aws.bedrock"),
+        ("gen_ai.provider.name", "aws.bedrock"),
+        ("gen_ai.operation.name", "chat"),
+        ("gen_ai.request.model", SONNET_US),
+        ("gen_ai.request.max_tokens", "300"),
+        ("gen_ai.usage.output_tokens", "42"),
+        ("gen_ai.usage.input_tokens", &input_tokens.to_string()),
+        ("tokengate.pool", "sonnet4-us"),
+        ("tokengate.route", "default"),
+        ("tokengate.decision", "admitted"),
+        ("tokengate.settlement_rule", "usage"),
+        ("tokengate.charge", &(input_tokens + 42 * 5).to_string()),
+        ("http.response.status_code", "200"),
+    ] {
+        assert_eq!(a.get(key).map(String::as_str), Some(value), "{key}: {a:?}");
+    }
+    let reserved: u64 = a["tokengate.reservation"].parse().expect("a number");
+    assert!(reserved >= 300 + input_tokens, "{reserved}");
+    assert_eq!(
+        a["aws.request_id"],
+        r.header("x-amzn-requestid").expect("id")
+    );
+    let up = attributes(&upstream);
+    assert_eq!(up["rpc.method"], "Converse");
+    assert_eq!(up["gen_ai.usage.output_tokens"], "42");
+    // Upstream received the trace: the caller's trace id, the upstream span as parent.
+    let seen = stack.sim.simulator.stats().traceparents;
+    assert_eq!(
+        seen,
+        [format!(
+            "00-{CALLER_TRACE}-{}-01",
+            hex::encode(&upstream.span_id)
+        )]
+    );
+    assert_eq!(received.services.lock().expect("lock")[0], "gateway-test");
+
+    // A queued request, from the SDK (no traceparent: a new trace): a queue-wait child.
+    let first = tokio::spawn(converse_raw(addr, "[sim:fault=stall] first"));
+    wait_in_flight(&stack, "sonnet4-us").await;
+    let client = stack.client();
+    let out = client
+        .converse()
+        .model_id(SONNET_US)
+        .messages(user_message("[sim:output=7] second"))
+        .inference_config(max_tokens(100))
+        .send()
+        .await
+        .expect("admitted after waiting");
+    assert_eq!(out.usage().expect("usage").output_tokens(), 7);
+    assert_eq!(first.await.expect("task"), 200);
+    let queued_trace = received.first(|s| s.name == "queue wait").await.trace_id;
+    let spans = received.trace(&queued_trace, 3).await;
+    let server = one_of_kind(&spans, SpanKind::Server);
+    assert!(server.parent_span_id.is_empty(), "a root span");
+    let queue = one_of_kind(&spans, SpanKind::Internal);
+    assert_child(&queue, &server);
+    assert_child(&one_of_kind(&spans, SpanKind::Client), &server);
+    let a = attributes(&server);
+    assert_eq!(a["tokengate.decision"], "queued_then_admitted");
+    assert_eq!(
+        a["tokengate.queue_wait_ms"],
+        attributes(&queue)["tokengate.queue_wait_ms"]
+    );
+    assert!(queue.end_time_unix_nano <= one_of_kind(&spans, SpanKind::Client).start_time_unix_nano);
+
+    // Turned away (Haiku is busy): one span, no upstream call, the reason and the hint.
+    let busy = tokio::spawn(async move {
+        raw_request(
+            addr,
+            "POST",
+            &model_path(HAIKU, "converse"),
+            converse_body("[sim:fault=stall] hold", Some(10)),
+            false,
+        )
+        .await
+        .status
+    });
+    wait_in_flight(&stack, "haiku").await;
+    let rejected_parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let r = raw_request_with(
+        addr,
+        "POST",
+        &model_path(HAIKU, "converse"),
+        converse_body("x", Some(10)),
+        false,
+        &[("traceparent", rejected_parent)],
+    )
+    .await;
+    assert_eq!(r.status, 429);
+    let spans = received
+        .trace(
+            &hex::decode("0af7651916cd43dd8448eb211c80319c").expect("hex"),
+            1,
+        )
+        .await;
+    let a = attributes(&spans[0]);
+    assert_eq!(a["tokengate.decision"], "rejected");
+    assert_eq!(a["tokengate.rejection_reason"], "concurrency");
+    assert_eq!(a["http.response.status_code"], "429");
+    let hint_ms: u64 = r
+        .header("x-amz-retry-after")
+        .expect("hint")
+        .parse()
+        .expect("ms");
+    assert_eq!(a["tokengate.retry_after_ms"], hint_ms.to_string());
+    assert!(spans[0].status.is_none(), "a 429 is not a server error");
+    assert_eq!(busy.await.expect("task"), 200);
+
+    // An upstream 503: the spans are errors.
+    let failed_parent = "00-11111111111111111111111111111111-2222222222222222-01";
+    let r = raw_request_with(
+        addr,
+        "POST",
+        &model_path(SONNET_US, "converse"),
+        converse_body("[sim:fault=503] x", Some(10)),
+        false,
+        &[("traceparent", failed_parent)],
+    )
+    .await;
+    assert_eq!(r.status, 503);
+    let spans = received.trace(&[0x11; 16], 2).await;
+    for span in &spans {
+        let status = span.status.as_ref().expect("an error status");
+        assert_eq!(status.code, StatusCode::Error as i32, "{}", span.name);
+    }
+    let server = attributes(&one_of_kind(&spans, SpanKind::Server));
+    assert_eq!(server["tokengate.settlement_rule"], "not_charged");
+
+    // A caller that did not sample its trace: nothing is recorded, its header goes upstream as is.
+    let unsampled = "00-33333333333333333333333333333333-4444444444444444-00";
+    let before = received.spans.lock().expect("lock").len();
+    let r = raw_request_with(
+        addr,
+        "POST",
+        &model_path(SONNET_US, "converse"),
+        converse_body("x", Some(10)),
+        false,
+        &[("traceparent", unsampled)],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        stack
+            .sim
+            .simulator
+            .stats()
+            .traceparents
+            .last()
+            .map(String::as_str),
+        Some(unsampled)
+    );
+    stack.assert_ledger_zero().await;
+    // Shutdown flushes what is queued; nothing of the unsampled trace was among it.
+    stack.proxy.shutdown().await.expect("shutdown");
+    let spans = received.spans.lock().expect("lock");
+    assert!(
+        spans[before..].iter().all(|s| s.trace_id != [0x33; 16]),
+        "an unsampled request was traced"
+    );
+}
+
+async fn converse_raw(addr: SocketAddr, text: &str) -> u16 {
+    raw_request(
+        addr,
+        "POST",
+        &model_path(SONNET_US, "converse"),
+        converse_body(text, Some(10)),
+        false,
+    )
+    .await
+    .status
+}
+
+/// Waits (bounded) until `pool` has a request in flight.
+async fn wait_in_flight(stack: &Stack, pool: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while in_flight(&stack.proxy, pool) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing admitted in {pool}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_go_over_grpc_and_a_down_collector_costs_requests_nothing() {
+    let (otlp, received) = grpc_receiver().await;
+    let stack = Stack::start(
+        SIM,
+        &sonnet_pool(100_000, 4),
+        &tracing_config(&format!("http://{otlp}"), "grpc"),
+    )
+    .await;
+    let client = stack.client();
+    let out = client
+        .converse_stream()
+        .model_id(SONNET_US)
+        .messages(user_message("[sim:output=12] stream"))
+        .inference_config(max_tokens(100))
+        .send()
+        .await
+        .expect("stream");
+    let mut events = out.stream;
+    while events.recv().await.expect("event").is_some() {}
+    let trace_id = received.first(|_| true).await.trace_id;
+    let spans = received.trace(&trace_id, 2).await;
+    let server = one_of_kind(&spans, SpanKind::Server);
+    assert_child(&one_of_kind(&spans, SpanKind::Client), &server);
+    let a = attributes(&server);
+    assert_eq!(a["gen_ai.usage.output_tokens"], "12");
+    assert_eq!(a["tokengate.settlement_rule"], "usage");
+    assert_eq!(
+        one_of_kind(&spans, SpanKind::Client).name,
+        "BedrockRuntime/ConverseStream"
+    );
+    stack.assert_ledger_zero().await;
+    stack.proxy.shutdown().await.expect("shutdown");
+
+    // A collector nobody listens on: requests are served as before; the spans fail to export
+    // and are counted.
+    let closed = {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let stack = Stack::start(
+        SIM,
+        &sonnet_pool(100_000, 4),
+        &tracing_config(&format!("http://{closed}"), "http/protobuf"),
+    )
+    .await;
+    let r = converse_raw(stack.proxy.addr, "[sim:output=3] x").await;
+    assert_eq!(r, 200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = scrape(stack.proxy.addr).await;
+        if m.get("tokengate_trace_spans_total", &[("result", "failed")]) == 2.0 {
+            m.expect(
+                "tokengate_trace_spans_total",
+                &[("result", "exported")],
+                0.0,
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the failed export was not counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stack.assert_ledger_zero().await;
+}
