@@ -145,12 +145,8 @@ async fn emf_lines_follow_the_specification_and_add_up_to_the_load() {
             .replace("BATCH", &sha256_hex("batch-key")),
         path.display()
     );
-    let stack = Stack::start(
-        "time_to_first_token_ms = 0\ntokens_per_second = 0\n",
-        &pools(),
-        &extra,
-    )
-    .await;
+    let sim = "time_to_first_token_ms = 0\ntokens_per_second = 0\nstall_ms = 1500\n";
+    let stack = Stack::start(sim, &pools(), &extra).await;
     let addr = stack.proxy.addr;
     let call = |key: &'static str, model: &'static str, text: String, max: u64| async move {
         let auth = format!("Bearer {key}");
