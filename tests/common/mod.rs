@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod fleet;
+pub mod prometheus;
 pub mod redis_server;
 pub mod scrape;
 pub mod wire;
