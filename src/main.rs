@@ -58,6 +58,15 @@ enum Command {
         #[arg(long, value_enum, default_value_t = ReportFormat::Markdown)]
         format: ReportFormat,
     },
+    /// Watch a running proxy's pools in the terminal (q, Esc or Ctrl-C quits).
+    Top {
+        /// The proxy's admin address (its listener, or server.admin_listen), plain HTTP.
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// How often to read /v1/pools, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+    },
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -95,6 +104,15 @@ fn main() -> ExitCode {
     if let Command::Report { url, format } = &cli.command {
         return report(url, *format);
     }
+    if let Command::Top { url, interval_ms } = &cli.command {
+        return match tokengate::top::run(url, Duration::from_millis((*interval_ms).max(100))) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tokengate top: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -118,9 +136,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve { config } => serve(config).await,
         Command::Simulate { listen, config } => simulate(listen, config).await,
-        Command::CheckConfig { .. } | Command::Healthcheck { .. } | Command::Report { .. } => {
-            Ok(())
-        }
+        Command::CheckConfig { .. }
+        | Command::Healthcheck { .. }
+        | Command::Report { .. }
+        | Command::Top { .. } => Ok(()),
     }
 }
 
