@@ -109,9 +109,15 @@ async fn the_report_adds_up_a_known_load_minute_by_minute() {
         assert!(tokio::time::Instant::now() < deadline, "nothing queued");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let full = converse(addr, HAIKU, &prompt(3, false), 50, &[]).await;
+    let invocation = (
+        "amz-sdk-invocation-id",
+        "4a5b6c7d-0000-4000-8000-000000000001",
+    );
+    let first = [invocation, ("amz-sdk-request", "attempt=1; max=3")];
+    let full = converse(addr, HAIKU, &prompt(3, false), 50, &first).await;
     assert_eq!(full.0, 429);
-    let retry = [("amz-sdk-request", "attempt=2; max=3")];
+    // The SDK's retry of the same invocation.
+    let retry = [invocation, ("amz-sdk-request", "attempt=2; max=3")];
     assert_eq!(
         converse(addr, HAIKU, &prompt(3, false), 50, &retry).await.0,
         429

@@ -14,7 +14,7 @@ use std::{
 };
 
 use axum::{Router, body::Bytes, extract::State, routing::post};
-use common::*;
+use common::{tap, *};
 use opentelemetry_proto::tonic::{
     collector::trace::v1::{
         ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -492,5 +492,81 @@ async fn spans_go_over_grpc_and_a_down_collector_costs_requests_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    stack.assert_ledger_zero().await;
+}
+
+/// Adds a `traceparent` after the SDK signed the request, as something between the caller and
+/// the proxy could.
+#[derive(Debug)]
+struct AddedAfterSigning;
+
+impl aws_sdk_bedrockruntime::config::Intercept for AddedAfterSigning {
+    fn name(&self) -> &'static str {
+        "AddedAfterSigning"
+    }
+
+    fn modify_before_transmit(
+        &self,
+        context: &mut aws_sdk_bedrockruntime::config::interceptors::BeforeTransmitInterceptorContextMut<'_>,
+        _: &aws_sdk_bedrockruntime::config::RuntimeComponents,
+        _: &mut aws_sdk_bedrockruntime::config::ConfigBag,
+    ) -> Result<(), aws_sdk_bedrockruntime::error::BoxError> {
+        context.request_mut().headers_mut().insert(
+            "traceparent",
+            "00-55555555555555555555555555555555-6666666666666666-01",
+        );
+        Ok(())
+    }
+}
+
+/// Tracing off: the caller's trace context goes upstream as it came, through the header
+/// allow-list; a SigV4 caller's only when it signed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tracing_a_signed_caller_context_passes_through_and_an_unsigned_one_does_not() {
+    const KEY_ID: &str = "AKIATRIAGE0000000001";
+    const SECRET: &str = "triage-secret";
+    let sim = start_simulator(SIM).await;
+    let tap = tap::Tap::start(sim.addr, &[]).await;
+    let routes = format!(
+        "[auth]\nmode = \"sigv4\"\n\n[[routes]]\nname = \"triage\"\naccess_key_id = \"{KEY_ID}\"\nsecret_access_key = \"{SECRET}\"\n"
+    );
+    let stack = Stack {
+        proxy: start_proxy(proxy_config(tap.addr, &sonnet_pool(100_000, 4), &routes)).await,
+        sim,
+    };
+    let client = keyed_client(stack.proxy.addr, KEY_ID, SECRET);
+    let caller = "00-77777777777777777777777777777777-8888888888888888-01";
+    client
+        .converse()
+        .model_id(SONNET_US)
+        .messages(user_message("[sim:output=3] signed context"))
+        .customize()
+        .mutate_request(move |r| {
+            r.headers_mut().insert("traceparent", caller);
+            r.headers_mut().insert("tracestate", "vendor=xyz");
+        })
+        .send()
+        .await
+        .expect("signed with the trace context");
+    client
+        .converse()
+        .model_id(SONNET_US)
+        .messages(user_message("[sim:output=3] added context"))
+        .customize()
+        .interceptor(AddedAfterSigning)
+        .send()
+        .await
+        .expect("signed without it");
+    let seen = tap.seen();
+    assert_eq!(seen.len(), 2);
+    let header = |i: usize, name: &str| {
+        seen[i]
+            .headers
+            .get(name)
+            .map(|v| v.to_str().expect("ascii").to_string())
+    };
+    assert_eq!(header(0, "traceparent").as_deref(), Some(caller));
+    assert_eq!(header(0, "tracestate").as_deref(), Some("vendor=xyz"));
+    assert_eq!(header(1, "traceparent"), None, "added after signing");
     stack.assert_ledger_zero().await;
 }

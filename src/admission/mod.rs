@@ -1,7 +1,8 @@
 //! Admission control: from a request's facts to a [`Decision`].
 //!
-//! For a model call: resolve the pool from the modelId; check the caller's route may call it;
-//! read `maxTokens` (the pool's `default_max_tokens` when absent) and estimate input tokens
+//! For every operation that names a model (in its path, or in its body for StartAsyncInvoke):
+//! the caller's route may call it ([`allow`]), before anything is passed through. Then, for a
+//! model call: resolve the pool from the modelId; read `maxTokens` (the pool's `default_max_tokens` when absent) and estimate input tokens
 //! (conservative, calibrated online from reported usage); apply the route's `max_tokens_ceiling`;
 //! reserve `input + maxTokens` in the ledger, every limit at once, waiting in the pool's queue
 //! when the wait is worth it ([`queue`]).
@@ -12,6 +13,7 @@
 //! answers ([`crate::answer`]) and records ([`crate::observe`]) what was decided.
 
 pub mod advice;
+mod allow;
 pub mod body;
 mod ceiling;
 pub mod decision;
@@ -21,6 +23,7 @@ pub mod hold;
 pub mod pools;
 pub mod queue;
 mod reserve;
+pub mod retries;
 pub mod routes;
 mod waiting;
 
@@ -125,11 +128,23 @@ impl Admission {
 
     /// Decides a request: admitted (holding a reservation), passed, or refused with the reason.
     pub async fn decide(&self, facts: &Facts<'_>) -> Decision {
-        let (Some(model_id), true) = (facts.model_id, facts.operation.consumes_quota()) else {
+        let in_body = match model_in_body(facts) {
+            Ok(model) => model,
+            Err(invalid) => return Decision::Invalid(invalid),
+        };
+        let Some(model_id) = in_body.as_deref().or(facts.model_id) else {
             return Decision::Pass(Pass::NotMetered);
         };
         let model = ModelRef::parse(model_id);
-        let Some((pool, configured)) = self.table.resolve(&model) else {
+        let resolved = self.table.resolve(&model);
+        let route = &facts.caller.route;
+        if let Some(refusal) = allow::check(route, model_id, resolved) {
+            return refusal;
+        }
+        if !facts.operation.consumes_quota() {
+            return Decision::Pass(Pass::NotMetered);
+        }
+        let Some((pool, configured)) = resolved else {
             return match self.config.unknown_models {
                 UnknownModels::Pass => Decision::Pass(Pass::UnknownModel),
                 UnknownModels::Reject => Decision::UnknownModel {
@@ -137,38 +152,39 @@ impl Admission {
                 },
             };
         };
-        let route = &facts.caller.route;
         let shadow = pool.config.shadow || route.config.shadow;
         // Shadow mode forwards what enforcement would refuse, and says why.
         let refuse = |decision: Decision, reason: ShadowReason| {
             if shadow {
                 Decision::Pass(Pass::Shadow {
-                    pool: pool.clone(),
+                    pool: Some(pool.clone()),
                     reason,
                 })
             } else {
                 decision
             }
         };
-        if !route.allows(configured) {
-            let refusal = Decision::NotAllowed(NotAllowed {
-                pool: pool.clone(),
-                route: route.name.clone(),
-                model: model_id.to_string(),
-            });
-            return refuse(refusal, ShadowReason::NotAllowed);
-        }
         let invalid = |problem| {
             Decision::Invalid(Invalid {
                 pool: Some(pool.clone()),
                 problem,
             })
         };
-        let (mut estimate, count_failed) = match self.estimate(pool, facts, &model).await {
-            Ok(estimate) => estimate,
+        let Estimated {
+            mut estimate,
+            requested,
+            count_failed,
+        } = match self.estimate(pool, facts, &model).await {
+            Ok(estimated) => estimated,
             Err(problem) => return invalid(problem),
         };
-        let body = match ceiling::apply(route, facts.operation, &model, facts.body, &mut estimate) {
+        let asked = ceiling::Asked {
+            operation: facts.operation,
+            model: &model,
+            body: facts.body,
+            max_tokens: requested,
+        };
+        let body = match ceiling::apply(route, &asked, &mut estimate) {
             Ok(body) => body,
             Err(problem) => return refuse(invalid(problem), ShadowReason::MaxTokensCeiling),
         };
@@ -197,7 +213,7 @@ impl Admission {
         pool: &Pool,
         facts: &Facts<'_>,
         model: &ModelRef<'_>,
-    ) -> Result<(Estimate, Option<String>), Problem> {
+    ) -> Result<Estimated, Problem> {
         let operation = facts.operation;
         let read = body::read(operation, model.provider(), facts.body).map_err(|e| match e {
             body::BodyError::NotJson(e) => Problem::NotJson {
@@ -226,7 +242,11 @@ impl Admission {
                 Err(e) => count_failed = Some(e),
             }
         }
-        Ok((estimate, count_failed))
+        Ok(Estimated {
+            estimate,
+            requested: read.max_tokens,
+            count_failed,
+        })
     }
 
     /// Live state of every pool, for `GET /v1/pools`.
@@ -274,6 +294,29 @@ impl Admission {
             pool.queue.close();
         }
     }
+}
+
+/// The model StartAsyncInvoke names in its body (other operations name theirs in the path).
+fn model_in_body(facts: &Facts<'_>) -> Result<Option<String>, Invalid> {
+    if facts.operation != Operation::StartAsyncInvoke {
+        return Ok(None);
+    }
+    body::async_invoke_model_id(facts.body).map_err(|e| Invalid {
+        pool: None,
+        problem: Problem::NotJson {
+            operation: facts.operation.name(),
+            error: e.to_string(),
+        },
+    })
+}
+
+/// What [`Admission::estimate`] found.
+struct Estimated {
+    estimate: Estimate,
+    /// The `maxTokens` the body itself asks for, `None` if it does not say.
+    requested: Option<u64>,
+    /// Exact counting failed, and why.
+    count_failed: Option<String>,
 }
 
 /// One pool in `GET /v1/pools`.

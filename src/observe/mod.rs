@@ -24,7 +24,7 @@ pub mod trace;
 
 use std::{sync::Arc, time::Duration};
 
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
 use crate::{
@@ -157,13 +157,11 @@ impl Observation {
         }
     }
 
-    /// The headers that carry this request's trace upstream (none when it is not traced: the
-    /// caller's own then go as they came).
-    pub fn upstream_trace_headers(&self) -> Vec<(HeaderName, HeaderValue)> {
-        self.trace
-            .as_ref()
-            .map(|t| t.upstream_headers())
-            .unwrap_or_default()
+    /// Adds the W3C trace context to the headers going upstream: this request's trace when it
+    /// is traced, else the caller's context as it came (`caller`'s headers; a SigV4 caller's only
+    /// if it `signed` them, as every forwarded header).
+    pub fn propagate_trace(&self, caller: &HeaderMap, signed: Option<&str>, out: &mut HeaderMap) {
+        trace::propagate(self.trace.as_deref(), caller, signed, out);
     }
 
     pub fn target(&mut self, operation: Operation, model: Option<&str>) {
@@ -327,11 +325,14 @@ impl Observer {
             }
             Decision::Pass(Pass::Shadow { pool, reason }) => {
                 obs.verdict = Some(Verdict::Passthrough);
-                count(&pool.name, "passthrough");
+                let name = pool.as_ref().map_or(NO_POOL, |p| &p.name);
+                count(name, "passthrough");
                 m.shadow_rejections
-                    .with_label_values(&[&pool.name, &route, reason.label()])
+                    .with_label_values(&[name, &route, reason.label()])
                     .inc();
-                count_route(pool, "shadow_rejected");
+                if let Some(pool) = pool {
+                    count_route(pool, "shadow_rejected");
+                }
             }
             Decision::Throttle(throttle) => self.throttled(obs, throttle),
             Decision::NeverFits(n) => {
@@ -343,8 +344,10 @@ impl Observer {
             }
             Decision::NotAllowed(n) => {
                 obs.verdict = Some(Verdict::Invalid);
-                count(&n.pool.name, "not_allowed");
-                count_route(&n.pool, "not_allowed");
+                count(n.pool.as_ref().map_or(NO_POOL, |p| &p.name), "not_allowed");
+                if let Some(pool) = &n.pool {
+                    count_route(pool, "not_allowed");
+                }
             }
             Decision::Invalid(invalid) => {
                 obs.verdict = Some(Verdict::Invalid);

@@ -18,7 +18,9 @@
 //! its sampled flag decides whether the request is traced; without one, a new trace is started
 //! for `sample_ratio` of requests. Upstream receives `traceparent` naming the upstream span (and
 //! the caller's `tracestate` unchanged), so a trace continues into Bedrock's side. A request
-//! that is not traced forwards the caller's headers untouched.
+//! that is not traced (tracing off, or the caller's context not sampled) forwards the caller's
+//! valid `traceparent` and its `tracestate` untouched (a SigV4 caller's only if it signed them,
+//! as for every header that goes upstream).
 //!
 //! Off (no `otlp_endpoint`) the observer holds no tracer and an observation carries no trace:
 //! one branch per request.
@@ -200,6 +202,34 @@ impl RequestTrace {
             kind: kind as i32,
             ..Span::default()
         }
+    }
+}
+
+/// Adds the trace context to the headers going upstream (see [`super::Observation::propagate_trace`]).
+pub fn propagate(
+    trace: Option<&RequestTrace>,
+    caller: &HeaderMap,
+    signed: Option<&str>,
+    out: &mut HeaderMap,
+) {
+    if let Some(t) = trace {
+        for (name, value) in t.upstream_headers() {
+            out.insert(name, value);
+        }
+        return;
+    }
+    let Some(parent) = caller.get(TRACEPARENT) else {
+        return;
+    };
+    let valid = parent.to_str().ok().and_then(TraceParent::parse).is_some();
+    let was_signed =
+        |name: &HeaderName| signed.is_none_or(|s| s.split(';').any(|h| h == name.as_str()));
+    if !valid || !was_signed(&TRACEPARENT) {
+        return;
+    }
+    out.insert(TRACEPARENT, parent.clone());
+    if let Some(state) = caller.get(TRACESTATE).filter(|_| was_signed(&TRACESTATE)) {
+        out.insert(TRACESTATE, state.clone());
     }
 }
 

@@ -1,5 +1,6 @@
 //! Step 4: forward an admitted (or passed) request upstream, and turn upstream's answer into the
-//! client's: the response head passed on (hop-by-hop headers removed), an upstream throttle
+//! client's: the response head passed on (hop-by-hop headers removed, those its `Connection`
+//! names too), an upstream throttle
 //! passed on with a hint and fed back to the pool, no answer turned into a retryable 503; the
 //! reservation settled by the rule that applies ([`crate::admission::hold`]).
 
@@ -15,13 +16,15 @@ use crate::{
     bedrock::{ErrorCode, Operation, UsageObserver, eventstream, usage::ResponseKind},
     observe::Observation,
     state::{AppState, Policy},
-    upstream::{UpstreamError, is_hop_by_hop},
+    upstream::{UpstreamError, headers::strip_hop_by_hop},
 };
 
 /// The request to send upstream.
 #[derive(Debug)]
 pub struct Outgoing<'a> {
     pub parts: &'a Parts,
+    /// The headers to send, chosen already ([`crate::upstream::headers::Api::forwarded`]).
+    pub headers: http::HeaderMap,
     pub operation: Operation,
     /// The caller's body (replaced by admission's rewrite, if it made one).
     pub body: bytes::Bytes,
@@ -36,11 +39,6 @@ pub async fn forward(
     obs: &mut Option<Observation>,
 ) -> Response {
     let mut body = request.body;
-    // A traced request continues its trace upstream.
-    let trace_headers = obs
-        .as_ref()
-        .map(Observation::upstream_trace_headers)
-        .unwrap_or_default();
     let mut in_flight = admitted.map(|admitted| {
         if let Some(rewritten) = admitted.body {
             body = rewritten;
@@ -52,18 +50,9 @@ pub async fn forward(
         .uri
         .path_and_query()
         .map_or(parts.uri.path(), |p| p.as_str());
-    let headers = if trace_headers.is_empty() {
-        std::borrow::Cow::Borrowed(&parts.headers)
-    } else {
-        let mut headers = parts.headers.clone();
-        for (name, value) in trace_headers {
-            headers.insert(name, value);
-        }
-        std::borrow::Cow::Owned(headers)
-    };
     let sent = state
         .upstream
-        .send(parts.method.clone(), path_and_query, &headers, body)
+        .send(parts.method.clone(), path_and_query, &request.headers, body)
         .await;
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     let response = match sent {
@@ -73,15 +62,7 @@ pub async fn forward(
     let status = response.status();
     policy.observer.upstream_response(pool.as_deref(), status);
     let (mut head, incoming) = response.into_parts();
-    let hop: Vec<_> = head
-        .headers
-        .keys()
-        .filter(|k| is_hop_by_hop(k))
-        .cloned()
-        .collect();
-    for name in hop {
-        head.headers.remove(name);
-    }
+    strip_hop_by_hop(&mut head.headers);
     let event_stream = head.headers.get(header::CONTENT_TYPE).is_some_and(|v| {
         v.as_bytes()
             .starts_with(eventstream::CONTENT_TYPE.as_bytes())

@@ -1,15 +1,19 @@
 //! The life of a proxied request, step by step (see ARCHITECTURE.md, "The life of a request"):
 //!
-//! 1. **Target**: the operation and modelId from the raw path ([`crate::bedrock::Target`]).
-//! 2. **Caller**: who is calling, from the head, and in sigv4 mode from the signed body too
-//!    ([`caller`]); the body is read (bounded) in between.
+//! 1. **Target**: the operation and modelId from the raw path ([`crate::bedrock::Target`]); a
+//!    path that could name another resource upstream is refused.
+//! 2. **Caller**: who is calling, from the head before any body byte is read, and in sigv4 mode
+//!    from the signature over the body too ([`caller`]); the body is read (bounded) in between.
 //! 3. **Decide**: [`crate::admission::Admission::decide`] returns a pure [`Decision`].
 //! 4. **Answer** a refusal ([`crate::answer`]), or **forward** the request ([`forward`]).
 //! 5. **Meter** the response on its way back and settle the reservation ([`meter`]).
 //!
 //! Every step records what happened through the policy's [`crate::observe::Observer`]: an
 //! admitted request's access-log line is written at its settlement, any other request's when
-//! its answer is ready.
+//! its answer is ready. A 429 or 5xx answered to an identified caller is remembered
+//! ([`crate::admission::retries`]), so that the SDK's retry of that call may use the retry reserve.
+//! Only the headers the API defines (and a SigV4 caller signed) go upstream
+//! ([`crate::upstream::headers`]).
 
 pub mod caller;
 pub mod count_tokens;
@@ -24,13 +28,15 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use bytes::Bytes;
+use http::StatusCode;
 
 use crate::{
     admission::{Decision, Facts},
-    answer::{self, BodyReadError},
+    answer,
     bedrock::Target,
     observe::{Observation, Verdict},
     state::{AppState, Policy},
+    upstream::headers::BEDROCK_RUNTIME,
 };
 
 /// Handles every `bedrock-runtime` call.
@@ -38,20 +44,34 @@ pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Res
     // One policy generation for the whole request, whatever a reload does meanwhile.
     let policy = state.policy();
     let mut obs = Some(Observation::start());
-    let response = proxy(&state, &policy, request, &mut obs).await;
+    let invocation = caller::invocation_id(request.headers()).map(str::to_owned);
+    let mut route = None;
+    let response = proxy(&state, &policy, request, &mut obs, &mut route).await;
     if let Some(mut obs) = obs {
         obs.answered(response.status(), response.headers());
         policy.observer.finished(obs);
     }
+    let status = response.status();
+    if let (Some(route), Some(id), true) = (
+        route,
+        invocation,
+        status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error(),
+    ) {
+        state
+            .rejections
+            .record(&route, &id, std::time::Instant::now());
+    }
     response
 }
 
-/// Steps 1 to 4; `obs` is taken by an admitted request, whose line is written when it settles.
+/// Steps 1 to 4; `obs` is taken by an admitted request, whose line is written when it settles;
+/// `route` is the caller's, once identified.
 async fn proxy(
     state: &AppState,
     policy: &Arc<Policy>,
     request: Request,
     obs: &mut Option<Observation>,
+    route: &mut Option<Arc<str>>,
 ) -> Response {
     let (parts, body) = request.into_parts();
     let record = obs.get_or_insert_with(Observation::start);
@@ -67,18 +87,20 @@ async fn proxy(
     if !target.operation.forwarded() {
         return answer::not_forwarded(target.operation);
     }
-    let identified = match caller::identify_head(policy, &parts) {
-        Ok(identified) => identified,
+    // Who is calling, from the head alone: an unknown caller never gets a body buffered.
+    let identity = match caller::identify_head(policy, &parts) {
+        Ok(identity) => identity,
         Err(refusal) => return refusal.into_response(),
     };
-    let body = match read_body(state, body).await {
+    let body = match read_body(state, &parts.headers, body).await {
         Ok(body) => body,
-        Err(e) => return answer::body_error(&e),
+        Err(refusal) => return refusal,
     };
-    let caller = match caller::identify(policy, identified, &parts, &body) {
+    let caller = match caller::identify(policy, &identity, &parts, &body, &state.rejections) {
         Ok(caller) => caller,
         Err(refusal) => return refusal.into_response(),
     };
+    *route = Some(caller.route.name.clone());
     record.caller(&caller);
     let decision = policy
         .admission
@@ -97,34 +119,30 @@ async fn proxy(
         Decision::Admit(admitted) => Some(admitted),
         _ => None,
     };
+    let mut headers = BEDROCK_RUNTIME.forwarded(&parts.headers, identity.signed_headers());
+    record.propagate_trace(&parts.headers, identity.signed_headers(), &mut headers);
     let request = forward::Outgoing {
         parts: &parts,
+        headers,
         operation: target.operation,
         body,
     };
     forward::forward(state, policy, request, admitted, obs).await
 }
 
-/// Reads the whole request body, within `server.max_body_bytes` and
-/// `server.body_read_timeout_secs`. A client that sends a head and then trickles (or stalls) its
-/// body holds a connection but never a reservation.
-async fn read_body(state: &AppState, body: Body) -> Result<Bytes, BodyReadError> {
-    let limit = state.max_body_bytes;
-    let read = tokio::time::timeout(state.body_read_timeout, axum::body::to_bytes(body, limit));
-    match read.await {
+/// Reads the whole request body, within `server.max_body_bytes`, the buffered-body budget
+/// (`server.max_buffered_body_bytes`, the bytes carry their charge until the last copy is dropped)
+/// and `server.body_read_timeout_secs`. A client that sends a head and then trickles (or stalls)
+/// its body holds a connection but never a reservation.
+async fn read_body(
+    state: &AppState,
+    headers: &http::HeaderMap,
+    body: Body,
+) -> Result<Bytes, Response> {
+    let read = state.body_budget.read(body, headers, state.max_body_bytes);
+    match tokio::time::timeout(state.body_read_timeout, read).await {
         Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-                || e.to_string().contains("length limit");
-            Err(if too_large {
-                BodyReadError::TooLarge { limit }
-            } else {
-                BodyReadError::Failed(e.to_string())
-            })
-        }
-        Err(_) => Err(BodyReadError::TimedOut {
-            after: state.body_read_timeout,
-        }),
+        Ok(Err(e)) => Err(e.into_bedrock().into_response()),
+        Err(_) => Err(answer::body_timeout(state.body_read_timeout)),
     }
 }
