@@ -14,196 +14,35 @@
 
 pub mod access_log;
 pub mod emf;
+mod observation;
 pub mod otlp;
 pub mod publish;
 pub mod report;
 pub mod series;
 pub mod tally;
+mod telemetry;
 pub mod timed;
 pub mod trace;
 
 use std::{sync::Arc, time::Duration};
 
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
 use crate::{
     admission::{
-        Admission, Admitted, Caller, Decision, Pass, Pool, QueueRefusal, Settled, Throttle,
-        ThrottleWhy, Unavailability,
+        Admission, Admitted, Decision, Pass, Pool, QueueRefusal, Settled, Throttle, ThrottleWhy,
+        Unavailability,
     },
-    bedrock::{Operation, error::X_AMZN_REQUEST_ID},
     metrics::{Metrics, NO_POOL},
 };
 pub use access_log::Verdict;
-use report::{PoolWindow, QuotaReport};
+pub use observation::Observation;
+use report::PoolWindow;
 use series::PoolSeries;
 use tally::Event;
-
-/// What outlives a config reload: the quota report's windows, the CloudWatch EMF output and the
-/// trace exporter.
-#[derive(Debug)]
-pub struct Telemetry {
-    pub report: QuotaReport,
-    /// `[metrics] cloudwatch_emf`, when set.
-    pub emf: Option<Arc<emf::Emf>>,
-    /// `[tracing]`, when an OTLP endpoint is set.
-    pub tracer: Option<Tracer>,
-}
-
-/// Traces requests and hands their spans to the exporter.
-#[derive(Debug)]
-pub struct Tracer {
-    pub exporter: otlp::Exporter,
-    /// Fraction of requests without a caller's trace context that are traced.
-    pub sample_ratio: f64,
-}
-
-impl Telemetry {
-    /// Only the quota report: no EMF, no traces.
-    pub fn new(report: QuotaReport) -> Telemetry {
-        Telemetry {
-            report,
-            emf: None,
-            tracer: None,
-        }
-    }
-
-    /// Everything `config` asks for, on `clock` (the ledger's). The trace exporter and the EMF
-    /// writer start on the current runtime (the writer once [`emf::Emf::start`] is called).
-    pub fn for_config(
-        config: &crate::config::Config,
-        clock: crate::ledger::Clock,
-        metrics: &Metrics,
-    ) -> Result<Telemetry, otlp::ExportError> {
-        let report = QuotaReport::new(clock, config.metrics.quota_report_window);
-        let tracer = match &config.tracing {
-            Some(t) => Some(Tracer {
-                exporter: otlp::Exporter::start(t, metrics)?,
-                sample_ratio: t.sample_ratio,
-            }),
-            None => None,
-        };
-        Ok(Telemetry {
-            report,
-            emf: config
-                .metrics
-                .emf
-                .clone()
-                .map(|c| Arc::new(emf::Emf::new(c))),
-            tracer,
-        })
-    }
-
-    /// Sends and writes what the outputs still hold (the last spans, the last EMF interval) and
-    /// stops them.
-    pub async fn shutdown(&self) {
-        if let Some(emf) = &self.emf {
-            emf.shutdown().await;
-        }
-        if let Some(tracer) = &self.tracer {
-            tracer.exporter.shutdown().await;
-        }
-    }
-}
-
-/// One pool's EMF tallies, and its routes' by slot.
-#[derive(Debug)]
-struct EmfSlots {
-    pool: Arc<emf::PoolTallies>,
-    routes: Vec<Arc<std::sync::Mutex<tally::Tally>>>,
-}
-
-/// One request's record, filled in as it goes, consumed when its line is written.
-#[derive(Debug)]
-pub struct Observation {
-    arrived: Instant,
-    operation: Option<Operation>,
-    model: Option<String>,
-    route: Option<Arc<str>>,
-    /// The caller's SDK retried a call this proxy turned away.
-    retry: bool,
-    pool: Option<Arc<Pool>>,
-    /// The route's slot in the pool, once admitted.
-    route_slot: Option<usize>,
-    verdict: Option<Verdict>,
-    status: Option<u16>,
-    request_id: Option<HeaderValue>,
-    admitted_at: Option<Instant>,
-    first_byte: Option<Instant>,
-    first_token: Option<Instant>,
-    /// The request's trace, when it is traced.
-    trace: Option<Box<trace::RequestTrace>>,
-}
-
-impl Observation {
-    /// A record for a request that arrived now.
-    pub fn start() -> Observation {
-        Observation {
-            arrived: Instant::now(),
-            operation: None,
-            model: None,
-            route: None,
-            retry: false,
-            pool: None,
-            route_slot: None,
-            verdict: None,
-            status: None,
-            request_id: None,
-            admitted_at: None,
-            first_byte: None,
-            first_token: None,
-            trace: None,
-        }
-    }
-
-    /// Adds the W3C trace context to the headers going upstream: this request's trace when it
-    /// is traced, else the caller's context as it came (`caller`'s headers; a SigV4 caller's only
-    /// if it `signed` them, as every forwarded header).
-    pub fn propagate_trace(&self, caller: &HeaderMap, signed: Option<&str>, out: &mut HeaderMap) {
-        trace::propagate(self.trace.as_deref(), caller, signed, out);
-    }
-
-    pub fn target(&mut self, operation: Operation, model: Option<&str>) {
-        self.operation = Some(operation);
-        self.model = model.map(str::to_string);
-    }
-
-    /// Who is calling: the route the caller identified as, and whether this is a retry.
-    pub fn caller(&mut self, caller: &Caller) {
-        self.route = Some(caller.route.name.clone());
-        self.retry = caller.retry;
-    }
-
-    /// The request was answered before admission decided (bad path, credentials or body).
-    pub fn refused(&mut self, verdict: Verdict) {
-        self.verdict = Some(verdict);
-    }
-
-    /// The answer the client gets: its status and request id.
-    pub fn answered(&mut self, status: StatusCode, headers: &HeaderMap) {
-        self.status = Some(status.as_u16());
-        if let Some(id) = headers.get(X_AMZN_REQUEST_ID) {
-            self.request_id = Some(id.clone());
-        }
-    }
-
-    pub fn pool(&self) -> Option<&Arc<Pool>> {
-        self.pool.as_ref()
-    }
-
-    fn pool_name(&self) -> Option<&str> {
-        self.pool.as_ref().map(|p| &*p.name)
-    }
-
-    fn request_id(&self) -> Option<&str> {
-        self.request_id.as_ref().and_then(|v| v.to_str().ok())
-    }
-
-    fn operation_label(&self) -> &'static str {
-        self.operation.map_or("unknown", Operation::name)
-    }
-}
+use telemetry::EmfSlots;
+pub use telemetry::{Telemetry, Tracer};
 
 /// Writes what requests of one policy generation did into the metrics and the access log.
 #[derive(Debug)]
