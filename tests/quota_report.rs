@@ -270,7 +270,7 @@ async fn the_report_adds_up_a_known_load_minute_by_minute() {
         "| requests per minute | 3 | 5 |".into(),
         "| output tokens | 31 | 255 | 255 |".into(),
         format!(
-            "The configured quota suffices: {} tokens per minute serve the busiest minute ({basis} tokens)",
+            "No increase needed: {} tokens per minute serve the busiest minute ({basis} tokens)",
             basis.div_ceil(1000) * 1000
         ),
         "with 20% headroom".into(),

@@ -5,7 +5,7 @@
 //! Per pool: the bucket's fill (tokens available of the effective limit), tokens reserved by
 //! requests in flight and charged per minute, requests in flight against the limit, the queue's
 //! depth and oldest wait, and admissions, rejections and upstream throttles per second; per
-//! route the same in short. Rates are the difference between two consecutive readings.
+//! route the same in short. Rates are over the last five readings (about five seconds).
 //!
 //! A thread reads the endpoint; the terminal thread draws and reads keys, so `q`, `Esc` and
 //! Ctrl-C quit at once even while the proxy is slow to answer. The terminal is restored on every

@@ -1,4 +1,4 @@
-//! One reading of `GET /v1/pools`, and the rates between two of them.
+//! One reading of `GET /v1/pools`, and the rates over the last few ([`RATE_WINDOW`]).
 
 use std::time::{Duration, Instant};
 
@@ -48,12 +48,17 @@ pub struct Rates {
     pub charged_per_minute: f64,
 }
 
-/// The latest sample, and the rates since the one before (none on the first).
+/// Readings kept for the rates: the newest and up to this many before it.
+pub const RATE_WINDOW: usize = 5;
+
+/// The latest sample, and the rates over the last few (none on the first).
 #[derive(Debug, Clone)]
 pub struct Reading {
     pub sample: Sample,
     /// By pool, then its routes, in the sample's order; `None` until two readings.
     pub rates: Option<Vec<(Rates, Vec<Rates>)>>,
+    /// The samples before this one, oldest first (at most [`RATE_WINDOW`]).
+    earlier: std::collections::VecDeque<Sample>,
 }
 
 impl Reading {
@@ -61,39 +66,47 @@ impl Reading {
         Reading {
             sample,
             rates: None,
+            earlier: std::collections::VecDeque::new(),
         }
     }
 
-    /// The reading after this one: rates over the time between them, matched by name (a pool or
-    /// route new since, or reset by a restart, has none).
-    pub fn next(self, sample: Sample) -> Reading {
-        let secs = sample.at.duration_since(self.sample.at).as_secs_f64();
-        if secs <= 0.0 {
-            return Reading { sample, ..self };
+    /// The reading after this one: rates between the oldest kept sample and `sample`, matched by
+    /// name (a pool or route new since, or reset by a restart, has none).
+    pub fn next(mut self, sample: Sample) -> Reading {
+        self.earlier.push_back(self.sample);
+        while self.earlier.len() > RATE_WINDOW {
+            self.earlier.pop_front();
         }
-        let rates = sample
-            .pools
-            .iter()
-            .map(|pool| {
-                let before = self
-                    .sample
-                    .pools
-                    .iter()
-                    .find(|p| p.counts.name == pool.counts.name);
-                let routes = pool
-                    .routes
-                    .iter()
-                    .map(|r| {
-                        let old = before.and_then(|b| b.routes.iter().find(|o| o.name == r.name));
-                        rates(old, r, secs)
-                    })
-                    .collect();
-                (rates(before.map(|b| &b.counts), &pool.counts, secs), routes)
-            })
-            .collect();
+        let Some(oldest) = self.earlier.front() else {
+            return Reading::first(sample);
+        };
+        let secs = sample.at.duration_since(oldest.at).as_secs_f64();
+        let rates = (secs > 0.0).then(|| {
+            sample
+                .pools
+                .iter()
+                .map(|pool| {
+                    let before = oldest
+                        .pools
+                        .iter()
+                        .find(|p| p.counts.name == pool.counts.name);
+                    let routes = pool
+                        .routes
+                        .iter()
+                        .map(|r| {
+                            let old =
+                                before.and_then(|b| b.routes.iter().find(|o| o.name == r.name));
+                            rates(old, r, secs)
+                        })
+                        .collect();
+                    (rates(before.map(|b| &b.counts), &pool.counts, secs), routes)
+                })
+                .collect()
+        });
         Reading {
             sample,
-            rates: Some(rates),
+            rates,
+            earlier: self.earlier,
         }
     }
 }
@@ -207,8 +220,18 @@ mod tests {
         assert_eq!(rates[0].0.admitted, 10.0);
         assert_eq!(rates[0].0.charged_per_minute, 90_000.0);
         assert_eq!(rates[0].1[0].admitted, 10.0);
+        // Rates span the kept readings: 10 -> 60 admitted over 5 s.
+        let mut reading = reading;
+        for (i, admitted) in [(3, 40), (4, 50), (5, 60)] {
+            reading = reading.next(parse(&doc(admitted, 0), t0 + Duration::from_secs(i)));
+        }
+        assert_eq!(reading.rates.clone().expect("rates")[0].0.admitted, 10.0);
+        // Past the window, the oldest reading drops out: from 30 at 2 s to 90 at 8 s.
+        let reading = reading.next(parse(&doc(70, 0), t0 + Duration::from_secs(7)));
+        let reading = reading.next(parse(&doc(90, 0), t0 + Duration::from_secs(8)));
+        assert_eq!(reading.rates.clone().expect("rates")[0].0.admitted, 10.0);
         // A proxy restarted meanwhile (counts went down): no negative rates.
-        let reading = reading.next(parse(&doc(1, 0), t0 + Duration::from_secs(3)));
+        let reading = reading.next(parse(&doc(1, 0), t0 + Duration::from_secs(9)));
         assert_eq!(reading.rates.expect("rates")[0].0.admitted, 0.0);
     }
 }

@@ -11,7 +11,7 @@ use ratatui::{
 
 use super::{
     Screen,
-    sample::{PoolSample, Rates},
+    sample::{PoolSample, RATE_WINDOW, Rates},
 };
 
 const POOL_COLUMNS: [Constraint; 9] = [
@@ -62,7 +62,9 @@ pub fn render(frame: &mut Frame, screen: &Screen) {
     let line = match &screen.error {
         Some(e) => Line::styled(format!(" {e}"), Style::new().fg(Color::Red)),
         None if screen.reading.is_none() => Line::raw(" reading /v1/pools ..."),
-        None => Line::raw(" every second from /v1/pools; rates over the last second   q: quit"),
+        None => Line::raw(format!(
+            " every second from /v1/pools; rates over the last {RATE_WINDOW} s   q: quit"
+        )),
     };
     frame.render_widget(line, status);
 }

@@ -28,7 +28,7 @@ fn section(out: &mut String, p: &PoolReport) {
     let since = p.first_minute_unix.map_or_else(String::new, utc);
     let _ = writeln!(
         out,
-        "{} minutes with traffic since {since}; configured quota {} tokens per minute{}.\n",
+        "Traffic in {} of the window's minutes, the first at {since}; configured quota {} tokens per minute{}.\n",
         p.minutes_with_traffic,
         p.configured_tokens_per_minute,
         if p.headroom > 0.0 {
@@ -68,16 +68,18 @@ fn section(out: &mut String, p: &PoolReport) {
         "\nRequests: {} admitted, {} turned away with a 429 by tokengate, {} throttled upstream; {} waited in the queue.\n",
         t.admitted, t.throttled, t.upstream_throttles, t.queued
     );
-    let verdict = if request.increase_needed {
-        "**Request an increase**"
+    let (n, basis) = (request.tokens_per_minute, request.basis_tokens_per_minute);
+    let _ = if request.increase_needed {
+        writeln!(
+            out,
+            "**Request an increase to {n} tokens per minute**: enough for the busiest minute ({basis} tokens) with zero rejections.\n"
+        )
     } else {
-        "The configured quota suffices:"
+        writeln!(
+            out,
+            "No increase needed: {n} tokens per minute serve the busiest minute ({basis} tokens) with zero rejections.\n"
+        )
     };
-    let _ = writeln!(
-        out,
-        "{verdict} {} tokens per minute serve the busiest minute ({} tokens) with zero rejections.\n",
-        request.tokens_per_minute, request.basis_tokens_per_minute
-    );
     if t.upstream_throttles > 0 {
         let _ = writeln!(
             out,
@@ -138,6 +140,66 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::{
+        report::{PoolReport, QuotaRequest, TokensPerMinute},
+        tally::Tally,
+    };
+
+    #[test]
+    fn a_pool_over_its_quota_is_told_what_to_request() {
+        let busy = SteadyPeak {
+            steady: Some(90_000),
+            peak: 240_000,
+            peak_minute_unix: Some(1_798_761_540),
+        };
+        let report = Report {
+            generated_at_unix: 1_798_761_599,
+            window_minutes: 1440,
+            pools: vec![PoolReport {
+                pool: "sonnet4-us".into(),
+                configured_tokens_per_minute: 200_000,
+                headroom: 0.0,
+                minutes_with_traffic: 42,
+                first_minute_unix: Some(1_798_759_080),
+                tokens_per_minute: TokensPerMinute {
+                    reserved: busy,
+                    charged: busy,
+                    demand: busy,
+                },
+                requests_per_minute: busy,
+                peak_concurrency: 31,
+                input_tokens: None,
+                output_tokens: Some(Quantiles {
+                    p50: 311,
+                    p99: 903,
+                    max: 1200,
+                }),
+                queue_wait_ms: None,
+                totals: Tally {
+                    throttled: 17,
+                    ..Tally::default()
+                },
+                quota_request: Some(QuotaRequest {
+                    tokens_per_minute: 240_000,
+                    increase_needed: true,
+                    basis_tokens_per_minute: 240_000,
+                }),
+            }],
+        };
+        let md = render(&report);
+        for needle in [
+            "over the last 24 hours",
+            "Traffic in 42 of the window's minutes, the first at 2026-12-31 23:18 UTC",
+            "| tokens per minute demanded | 90000 | 240000 | 2026-12-31 23:59 UTC |",
+            "| peak concurrency | | 31 | |",
+            "| input tokens | - | - | - |",
+            "| output tokens | 311 | 903 | 1200 |",
+            "17 turned away with a 429",
+            "**Request an increase to 240000 tokens per minute**",
+        ] {
+            assert!(md.contains(needle), "{needle:?} not in:\n{md}");
+        }
+    }
 
     #[test]
     fn unix_times_read_as_utc_dates() {
