@@ -208,7 +208,7 @@ fn telemetry(metrics: &Metrics, traced: bool) -> Arc<Telemetry> {
             config_text()
         ))
         .unwrap_or_else(|e| panic!("bench config: {e}"));
-        let tracing = config.tracing.unwrap_or_else(|| panic!("tracing on"));
+        let tracing = config.process.tracing.unwrap_or_else(|| panic!("tracing on"));
         let exporter =
             otlp::Exporter::start(&tracing, metrics).unwrap_or_else(|e| panic!("exporter: {e}"));
         telemetry.tracer = Some(Tracer {
@@ -223,7 +223,12 @@ fn admission(c: &mut Criterion) {
     let config = config();
     let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
     let (_registry, metrics) = Metrics::standalone();
-    let admission = Admission::new(&config.pools, &config.routes, config.admission, ledger);
+    let admission = Admission::new(
+        &config.policy.pools,
+        &config.policy.routes,
+        config.policy.admission,
+        ledger,
+    );
     // What the proxy does around a decision: count it, and record the settlement.
     let observer = Observer::new(
         Arc::new(metrics.clone()),

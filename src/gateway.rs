@@ -21,8 +21,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admission::Admission,
+    admission::InputCounter,
     app::{Admin, admin_router, router},
-    config::{Config, Endpoint, LedgerConfig, OnLedgerError, RedisLedgerConfig},
+    config::{Config, Endpoint, LedgerConfig, OnLedgerError, ProcessConfig, RedisLedgerConfig},
     ledger::{Clock, FallbackLedger, Ledger, MemoryLedger, RedisLedger, RedisOptions},
     metrics::Metrics,
     observe::{Telemetry, timed::TimedLedger},
@@ -94,8 +95,9 @@ pub enum ReloadError {
 }
 
 /// The sections a reload cannot change in a running process: listeners, the upstream client,
-/// the ledger backend, logging, the simulator, traces and the other telemetry outputs. Changes there are logged and wait for a restart.
-fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
+/// the ledger backend, logging, the simulator, traces and the other telemetry outputs. Changes
+/// there are logged and wait for a restart.
+fn restart_only_changes(old: &ProcessConfig, new: &ProcessConfig) -> Vec<&'static str> {
     [
         ("[server]", old.server != new.server),
         ("[upstream]", old.upstream != new.upstream),
@@ -151,7 +153,7 @@ impl Gateway {
         listener: TcpListener,
         options: GatewayOptions,
     ) -> Result<Gateway, StartError> {
-        let tls = match &config.server.tls {
+        let tls = match &config.process.server.tls {
             Some(files) => Some(server::tls_acceptor(&files.cert, &files.key)?),
             None => None,
         };
@@ -161,19 +163,22 @@ impl Gateway {
         let registry = options.registry.unwrap_or_default();
         let metrics = Arc::new(Metrics::new(&registry)?);
         let clock = options.clock.unwrap_or_default();
-        let telemetry = Telemetry::for_config(&config, clock.clone(), &metrics)
+        let telemetry = Telemetry::for_config(&config.process, clock.clone(), &metrics)
             .map_err(|e| StartError::Tracing(e.to_string()))?;
         let telemetry = Arc::new(telemetry);
-        let ledger: Arc<dyn Ledger> = match &config.ledger {
+        let ledger: Arc<dyn Ledger> = match &config.process.ledger {
             LedgerConfig::Memory => Arc::new(MemoryLedger::new(clock)),
             LedgerConfig::Redis(redis) => redis_ledger(redis, clock, metrics.clone()).await?,
         };
         let ledger = Arc::new(TimedLedger::new(ledger, metrics.ledger_seconds.clone()));
         let upstream = Arc::new(upstream);
-        let policy = build_policy(&config, ledger, &upstream, &metrics, &telemetry);
+        let counter = Arc::new(UpstreamCounter(upstream.clone()));
+        let policy = Policy::build(&config.policy, ledger, counter, &metrics, &telemetry);
         let ready = Arc::new(AtomicBool::new(false));
-        let body_budget =
-            crate::body_budget::BodyBudget::new(config.server.max_buffered_body_bytes, &metrics);
+        let body_budget = crate::body_budget::BodyBudget::new(
+            config.process.server.max_buffered_body_bytes,
+            &metrics,
+        );
         let state = Arc::new(AppState {
             policy: arc_swap::ArcSwap::from_pointee(policy),
             upstream,
@@ -181,23 +186,24 @@ impl Gateway {
             registry,
             telemetry,
             ledger_publications: Default::default(),
-            max_body_bytes: config.server.max_body_bytes,
+            max_body_bytes: config.process.server.max_body_bytes,
             body_budget,
-            body_read_timeout: config.server.body_read_timeout,
+            body_read_timeout: config.process.server.body_read_timeout,
             ready: ready.clone(),
             rejections: Default::default(),
         });
         if let Some(emf) = &state.telemetry.emf {
-            emf.start(&state);
+            let state = Arc::downgrade(&state);
+            emf.start(move || Some(state.upgrade()?.policy().admission.pools().to_vec()));
         }
         let addr = listener.local_addr()?;
         // Probes and scrapes over plain HTTP, whether or not the proxy listener has TLS.
-        let admin = match config.server.admin_listen {
+        let admin = match config.process.server.admin_listen {
             Some(admin_addr) => Some(bind_admin(admin_addr).await?),
             None => None,
         };
         let admin_addr = admin.as_ref().map(|(a, _)| *a);
-        let s = &config.server;
+        let s = &config.process.server;
         let serve_options = server::ServeOptions {
             header_read_timeout: s.header_read_timeout,
             idle_timeout: s.idle_timeout,
@@ -229,7 +235,7 @@ impl Gateway {
             serve_options,
         );
         ready.store(true, Ordering::Release);
-        tracing::info!(%addr, ?admin_addr, pools = config.pools.len(), "tokengate listening");
+        tracing::info!(%addr, ?admin_addr, pools = config.policy.pools.len(), "tokengate listening");
         Ok(Gateway {
             addr,
             admin_addr,
@@ -237,7 +243,7 @@ impl Gateway {
             simulator,
             proxy,
             admin,
-            accept_grace: config.server.accept_grace,
+            accept_grace: config.process.server.accept_grace,
             config: Mutex::new(config),
             retired: Mutex::new(Vec::new()),
         })
@@ -256,15 +262,15 @@ impl Gateway {
     pub fn reload(&self, new: Config) -> Result<(), ReloadError> {
         let metrics = self.state.metrics.clone();
         let mut current = self.config.lock().unwrap_or_else(|p| p.into_inner());
-        let pending = restart_only_changes(&current, &new);
+        let pending = restart_only_changes(&current.process, &new.process);
         if !pending.is_empty() {
             tracing::warn!(sections = ?pending, "config reload: these sections changed and take effect at the next restart");
         }
         let old = self.state.policy();
-        let policy = build_policy(
-            &new,
+        let policy = Policy::build(
+            &new.policy,
             old.admission.ledger().clone(),
-            &self.state.upstream,
+            self.input_counter(),
             &metrics,
             &self.state.telemetry,
         );
@@ -278,24 +284,20 @@ impl Gateway {
         retired.retain(|w| w.strong_count() > 0);
         retired.push(Arc::downgrade(&old.admission));
         tracing::info!(
-            pools = new.pools.len(),
-            routes = new.routes.len(),
-            auth = new.auth.mode.label(),
+            pools = new.policy.pools.len(),
+            routes = new.policy.routes.len(),
+            auth = new.policy.auth.mode.label(),
             "config reloaded"
         );
-        // Keep the sections that were not applied as they run, so the next reload compares with
-        // what is in force.
-        let mut applied = new;
-        applied.server = current.server.clone();
-        applied.upstream = current.upstream.clone();
-        applied.ledger = current.ledger.clone();
-        applied.log = current.log.clone();
-        applied.simulator = current.simulator.clone();
-        applied.tracing = current.tracing.clone();
-        applied.metrics = current.metrics.clone();
-        *current = applied;
+        // The process keeps running as it was built, so the next reload compares with that.
+        current.policy = new.policy;
         metrics.config_reloads.with_label_values(&["ok"]).inc();
         Ok(())
+    }
+
+    /// Exact input counts for `count_tokens` pools, through this gateway's upstream.
+    fn input_counter(&self) -> Arc<dyn InputCounter> {
+        Arc::new(UpstreamCounter(self.state.upstream.clone()))
     }
 
     /// Reads `path` and [`Gateway::reload`]s it; an unreadable or invalid file is refused,
@@ -410,7 +412,7 @@ async fn connect_upstream(
     config: &Config,
     credentials: Option<SharedCredentialsProvider>,
 ) -> Result<(Upstream, Option<SimulatorHandle>), StartError> {
-    let up = &config.upstream;
+    let up = &config.process.upstream;
     let (base, simulator, default_credentials) = match &up.endpoint {
         Endpoint::Simulated => {
             let (base, handle, credentials) = start_simulator(config).await?;
@@ -449,8 +451,8 @@ async fn connect_upstream(
 async fn start_simulator(
     config: &Config,
 ) -> Result<(http::Uri, SimulatorHandle, SharedCredentialsProvider), StartError> {
-    let mut sim_config = config.simulator.clone();
-    sim_config.region = config.upstream.region.clone();
+    let mut sim_config = config.process.simulator.clone();
+    sim_config.region = config.process.upstream.region.clone();
     let handle = simulator::spawn(sim_config, SocketAddr::from(([127, 0, 0, 1], 0)))
         .await
         .map_err(|e| StartError::Simulator(e.to_string()))?;
@@ -473,26 +475,6 @@ async fn bind_admin(addr: SocketAddr) -> Result<(SocketAddr, TcpListener), Start
         .await
         .map_err(|source| StartError::AdminListener { addr, source })?;
     Ok((listener.local_addr()?, listener))
-}
-
-/// The policy of `config`: admission over `ledger`, who may call, and the observer of both. Used
-/// at start and by every reload.
-fn build_policy(
-    config: &Config,
-    ledger: Arc<dyn Ledger>,
-    upstream: &Arc<Upstream>,
-    metrics: &Arc<Metrics>,
-    telemetry: &Arc<Telemetry>,
-) -> Policy {
-    let admission = Admission::new(
-        &config.pools,
-        &config.routes,
-        config.admission.clone(),
-        ledger,
-    )
-    .with_input_counter(Arc::new(UpstreamCounter(upstream.clone())));
-    let auth = crate::auth::Authenticator::new(&config.auth, &config.routes, metrics.clone());
-    Policy::new(admission, auth, metrics.clone(), telemetry.clone())
 }
 
 /// The shared ledger, alone (fail-closed) or with a local share behind it.

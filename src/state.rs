@@ -7,8 +7,10 @@ use arc_swap::ArcSwap;
 use prometheus::Registry;
 
 use crate::{
-    admission::Admission,
+    admission::{Admission, InputCounter},
     auth::Authenticator,
+    config::PolicyConfig,
+    ledger::Ledger,
     metrics::Metrics,
     observe::{Observer, Telemetry, publish::LedgerPublications},
     upstream::Upstream,
@@ -25,15 +27,25 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Assembles a policy: the observer resolves the series of the admission's pools and routes,
-    /// and their places in the process-wide `telemetry`.
-    pub fn new(
-        admission: Admission,
-        auth: Authenticator,
-        metrics: Arc<Metrics>,
-        telemetry: Arc<Telemetry>,
+    /// The policy of `config`: admission over `ledger` (counting input exactly with `counter`
+    /// for pools that ask), who may call, and the observer of both (with their places in the
+    /// process-wide `telemetry`). Used at start and by every reload.
+    pub fn build(
+        config: &PolicyConfig,
+        ledger: Arc<dyn Ledger>,
+        counter: Arc<dyn InputCounter>,
+        metrics: &Arc<Metrics>,
+        telemetry: &Arc<Telemetry>,
     ) -> Policy {
-        let observer = Observer::new(metrics, &admission, telemetry);
+        let admission = Admission::new(
+            &config.pools,
+            &config.routes,
+            config.admission.clone(),
+            ledger,
+        )
+        .with_input_counter(counter);
+        let auth = Authenticator::new(&config.auth, &config.routes, metrics.clone());
+        let observer = Observer::new(metrics.clone(), &admission, telemetry.clone());
         Policy {
             admission: Arc::new(admission),
             auth: Arc::new(auth),

@@ -4,55 +4,15 @@
 
 mod common;
 
-use std::{
-    io::Write,
-    sync::{Arc, Mutex},
-};
-
 use aws_sdk_bedrockruntime::operation::RequestId;
-use common::*;
+use common::{log_capture::Capture, *};
 use serde_json::Value;
 
+/// The first token comes after `FIRST_TOKEN_MS`: a floor under every admitted line's `ttft_ms`.
 const SIM: &str =
-    "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";
+    "time_to_first_token_ms = 50\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";
+const FIRST_TOKEN_MS: f64 = 50.0;
 const SECRET: &str = "SECRET-PROMPT-MARKER";
-
-/// Log output captured in memory.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Capture {
-    type Writer = Capture;
-    fn make_writer(&'a self) -> Capture {
-        self.clone()
-    }
-}
-
-impl Capture {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().expect("lock").clone()).expect("utf8")
-    }
-
-    /// The access-log lines' fields, by request id.
-    fn access_lines(&self) -> Vec<Value> {
-        self.text()
-            .lines()
-            .map(|l| serde_json::from_str::<Value>(l).expect("a JSON line"))
-            .filter(|v| v["target"] == "tokengate::access")
-            .map(|v| v["fields"].clone())
-            .collect()
-    }
-}
 
 fn request_id(r: &RawResponse) -> String {
     r.header("x-amzn-requestid")
@@ -64,12 +24,7 @@ fn request_id(r: &RawResponse) -> String {
 #[tokio::test]
 async fn one_line_per_request_with_its_decision_charge_and_request_id() {
     let capture = Capture::default();
-    let subscriber = tracing_subscriber::fmt()
-        .json()
-        .with_writer(capture.clone())
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = tracing::subscriber::set_default(capture.subscriber());
 
     let pools = format!("{}max_wait_ms = 0\n", sonnet_pool(2_000, 4));
     let extra = "[admission]\nunknown_models = \"pass\"\n";
@@ -136,7 +91,9 @@ async fn one_line_per_request_with_its_decision_charge_and_request_id() {
         a["latency_ms"].as_f64().expect("latency"),
         a["ttft_ms"].as_f64().expect("ttft"),
     );
-    assert!(ttft >= 0.0 && ttft <= latency, "{a}");
+    // A non-streamed answer's first token is its body, which the simulator sends no sooner than
+    // its time to first token; the line's latency includes it.
+    assert!(ttft >= FIRST_TOKEN_MS && ttft <= latency, "{a}");
 
     let r = line(&request_id(&rejected));
     assert_eq!(

@@ -184,7 +184,7 @@ fn check_config_accepts_shipped_configs_and_names_the_bad_key() {
 async fn the_admin_listener_serves_admin_endpoints_only() {
     let sim = start_simulator(FAST_SIM).await;
     let mut config = proxy_config(sim.addr, &sonnet_pool(200_000, 8), "");
-    config.server.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    config.process.server.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
     let stack = Stack {
         sim,
         proxy: start_proxy(config).await,

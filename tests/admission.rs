@@ -1,5 +1,6 @@
 //! Admission control end to end: rejections and their hints, never-fitting requests, every
-//! settlement path, and a saturating fleet of SDK clients that never gets upstream throttled.
+//! settlement path, burndown hold-back, and reservations that cover upstream's input count.
+//! (Over 500 lines: admission's end-to-end cases share one stack harness; tests/it/ will split it.)
 
 mod common;
 
@@ -27,52 +28,93 @@ fn pool_with(extra: &str) -> String {
 
 #[tokio::test]
 async fn rejections_carry_bedrock_shape_and_jittered_hints() {
-    // 60,000 tokens per minute; each request reserves about 10,000 and holds it for a second.
-    let sim = "time_to_first_token_ms = 1000\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";
+    // 60,000 tokens per minute; each request reserves about 10,000 and holds it until the test
+    // hangs up (the first token would take ten minutes): the count admitted is the ledger's
+    // arithmetic, not a race with settlements. Refill (1,000 a second) would take 9 s to make
+    // room for a seventh.
+    let sim = "time_to_first_token_ms = 600000\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";
     let stack = Stack::start(sim, &pool_with("max_wait_ms = 0"), "").await;
     let path = model_path(SONNET_US, "converse");
     let body = converse_body("[sim:output=10] hello", Some(9_900));
-    let calls = (0..60).map(|_| raw_request(stack.proxy.addr, "POST", &path, body.clone(), false));
-    let responses = futures_util::future::join_all(calls).await;
-    let mut admitted = 0;
-    let mut hints = BTreeSet::new();
-    for r in responses {
-        match r.status {
-            200 => admitted += 1,
-            429 => {
-                assert_eq!(r.error_type(), "ThrottlingException");
-                assert_eq!(r.header("x-tokengate-reason"), Some("tokens"));
-                assert_eq!(r.header("x-tokengate-pool"), Some("sonnet4-us"));
-                assert!(r.message().contains("Too many tokens"), "{}", r.message());
-                let ms: u64 = r
-                    .header("x-amz-retry-after")
-                    .expect("hint")
-                    .parse()
-                    .expect("ms");
-                let secs: u64 = r
-                    .header("retry-after")
-                    .expect("Retry-After")
-                    .parse()
-                    .expect("secs");
-                assert!(
-                    (50..=5_000).contains(&ms),
-                    "hint {ms} ms within what SDKs honour"
-                );
-                assert_eq!(secs, ms.div_ceil(1000).max(1));
-                hints.insert(ms);
-            }
-            other => panic!("unexpected {other}: {:?}", r.message()),
+    let calls: Vec<_> = (0..60)
+        .map(|_| {
+            let (addr, path, body) = (stack.proxy.addr, path.clone(), body.clone());
+            tokio::spawn(async move { raw_request(addr, "POST", &path, body, false).await })
+        })
+        .collect();
+    let rejected = || {
+        stack
+            .proxy
+            .state
+            .metrics
+            .rejections
+            .with_label_values(&["sonnet4-us", "tokens"])
+            .get()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let in_flight = loop {
+        let pools = stack.proxy.admission().pool_views().await;
+        let in_flight = pools[0].ledger.as_ref().expect("ledger").in_flight_requests;
+        if u64::from(in_flight) + rejected() == 60 {
+            break in_flight;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "60 calls neither admitted nor rejected: {in_flight} in flight, {} rejected",
+            rejected()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // Six reservations of about 10,000 fit in 60,000; the other calls find them holding it.
+    assert_eq!(in_flight, 6, "all or nothing, and never more than fits");
+    while calls.iter().filter(|c| c.is_finished()).count() < 54 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the rejected calls were not answered"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // Six reservations of about 10,000 fit in 60,000; the other calls arrive while they hold it.
-    assert_eq!(admitted, 6, "all or nothing, and never more than fits");
+    let mut hints = BTreeSet::new();
+    let mut answered = 0;
+    for call in calls {
+        if !call.is_finished() {
+            call.abort();
+            continue;
+        }
+        let r = call.await.expect("call");
+        answered += 1;
+        assert_eq!(r.status, 429, "{}", r.message());
+        assert_eq!(r.error_type(), "ThrottlingException");
+        assert_eq!(r.header("x-tokengate-reason"), Some("tokens"));
+        assert_eq!(r.header("x-tokengate-pool"), Some("sonnet4-us"));
+        assert!(r.message().contains("Too many tokens"), "{}", r.message());
+        let ms: u64 = r
+            .header("x-amz-retry-after")
+            .expect("hint")
+            .parse()
+            .expect("ms");
+        let secs: u64 = r
+            .header("retry-after")
+            .expect("Retry-After")
+            .parse()
+            .expect("secs");
+        assert!(
+            (50..=5_000).contains(&ms),
+            "hint {ms} ms within what SDKs honour"
+        );
+        assert_eq!(secs, ms.div_ceil(1000).max(1));
+        hints.insert(ms);
+    }
+    assert_eq!(answered, 54, "every rejected call was answered");
     assert!(
         hints.len() >= 30,
         "hints must be spread, got {} distinct: {hints:?}",
         hints.len()
     );
     assert_eq!(stack.sim.simulator.stats().throttled(), 0);
+    // The six hang up: they settle as abandoned.
     stack.assert_ledger_zero().await;
+    assert_eq!(settled(&stack.proxy, "sonnet4-us", "abandoned"), 6);
 }
 
 #[tokio::test]
@@ -347,7 +389,7 @@ async fn an_upstream_that_does_not_answer_in_time_is_a_retryable_error() {
     let sim = "time_to_first_token_ms = 3000\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";
     let sim = start_simulator(sim).await;
     let mut config = proxy_config(sim.addr, &sonnet_pool(1_000_000, 8), "");
-    config.upstream.response_timeout = Duration::from_millis(300);
+    config.process.upstream.response_timeout = Duration::from_millis(300);
     let proxy = start_proxy(config).await;
     let r = raw_request(
         proxy.addr,
@@ -370,7 +412,7 @@ async fn a_stream_that_goes_quiet_ends_with_an_exception_frame() {
     let sim = "time_to_first_token_ms = 0\ntokens_per_second = 1000\ndefault_tokens_per_minute = 10000000\nstall_ms = 3000\n";
     let sim = start_simulator(sim).await;
     let mut config = proxy_config(sim.addr, &sonnet_pool(1_000_000, 8), "");
-    config.upstream.idle_timeout = Duration::from_millis(300);
+    config.process.upstream.idle_timeout = Duration::from_millis(300);
     let proxy = start_proxy(config).await;
     let mut s = sdk_client(proxy.addr, 1)
         .converse_stream()
@@ -457,7 +499,12 @@ async fn a_burndown_stream_holds_back_its_excess_until_it_settles() {
         let _ = event;
         held = stack.proxy.admission().pool_views().await[0].pending_burndown_excess;
     }
-    assert!(held > 0 && held <= 400, "held back {held}");
+    // The excess of `s` output tokens seen is `5 x s - 100` (the input estimate cancels out):
+    // a multiple of 5, at most 5 x 100 - 100 once all 100 are seen.
+    assert!(
+        held % 5 == 0 && (5..=400).contains(&held),
+        "held back {held}"
+    );
     while stream.recv().await.expect("event").is_some() {}
     stack.assert_ledger_zero().await;
     assert_eq!(
@@ -465,4 +512,50 @@ async fn a_burndown_stream_holds_back_its_excess_until_it_settles() {
         0,
         "released at settlement"
     );
+}
+
+/// The input estimate errs high, never low: through the proxy, every reservation covers what
+/// upstream deducts at the start, `input + maxTokens` with the input as the simulator (Bedrock's
+/// arithmetic) counts it, while calibration learns from answers whose input is well under the
+/// raw estimate (English prose, about four bytes a token against the estimate's three).
+#[tokio::test]
+async fn every_reservation_covers_upstreams_input_count() {
+    let stack = Stack::start(FAST_SIM, &sonnet_pool(10_000_000, 8), "").await;
+    let reserved = || {
+        stack
+            .proxy
+            .state
+            .metrics
+            .reserved_tokens_total
+            .with_label_values(&["sonnet4-us"])
+            .get()
+    };
+    let client = stack.client();
+    for i in 0..40 {
+        let prompt = format!(
+            "[sim:output=5] {}",
+            "summarise the quarterly report ".repeat(1 + (i * 7) % 50)
+        );
+        let before = reserved();
+        let out = client
+            .converse()
+            .model_id(SONNET_US)
+            .messages(user_message(&prompt))
+            .inference_config(max_tokens(100))
+            .send()
+            .await
+            .expect("converse");
+        let input = u64::try_from(out.usage().expect("usage").input_tokens()).expect("count");
+        let reservation = reserved() - before;
+        assert!(
+            reservation >= input + 100,
+            "call {i}: reserved {reservation} for {input} input tokens + maxTokens 100"
+        );
+    }
+    let ratio = stack.proxy.admission().pools()[0].calibration_ratio();
+    assert!(
+        ratio >= 1.0,
+        "calibration never lowers the estimate: {ratio}"
+    );
+    stack.assert_ledger_zero().await;
 }

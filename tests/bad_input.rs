@@ -145,7 +145,7 @@ fn upstream_calls(stack: &Stack) -> u64 {
 async fn every_bad_request_gets_a_clear_bedrock_shaped_4xx_and_holds_nothing() {
     let sim = start_simulator(FAST_SIM).await;
     let mut config = proxy_config(sim.addr, &sonnet_pool(1_000_000, 8), "");
-    config.server.max_body_bytes = BODY_LIMIT;
+    config.process.server.max_body_bytes = BODY_LIMIT;
     let stack = Stack {
         proxy: start_proxy(config).await,
         sim,
@@ -205,7 +205,7 @@ async fn exchange(stack: &Stack, request: &[u8]) -> String {
 async fn raw_wire_cases_heads_too_large_and_a_chunked_body_over_the_limit() {
     let sim = start_simulator(FAST_SIM).await;
     let mut config = proxy_config(sim.addr, &sonnet_pool(1_000_000, 8), "");
-    config.server.max_body_bytes = BODY_LIMIT;
+    config.process.server.max_body_bytes = BODY_LIMIT;
     let stack = Stack {
         proxy: start_proxy(config).await,
         sim,

@@ -1,7 +1,7 @@
 //! The shipped Grafana dashboard, Prometheus alert rules and README metrics table refer only to
 //! metrics the proxy exports, and every exported metric is documented: none of them can rot
 //! silently when a metric is renamed or added. (`promtool check rules` and `promtool test rules`
-//! run in `.ci/run` where promtool is installed.)
+//! run in `.ci/run`, which installs promtool and fails without it.)
 
 use std::collections::BTreeSet;
 

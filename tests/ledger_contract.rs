@@ -15,10 +15,13 @@
 //! - **route shares**: a route within its guarantee is admitted when borrowers are not; an idle
 //!   route's guarantee is lent; a route's `max_share` binds with its own refill; retries use the
 //!   retry reserve within their recovery budget and first attempts never do;
+//! - **the transit hold**: after a reservation empties a full bucket, refill restarts 100 ms later
+//!   (a literal here, so changing `UPSTREAM_TRANSIT_NS` or the Lua's `TRANSIT_MS` fails);
 //! - no reservation is ever dropped unsettled (`unsettled_drops() == 0` after every case).
 //!
 //! The Redis backend runs against a private `redis-server` per case (see
-//! `common/redis_server.rs`): always under CI, and locally whenever `redis-server` is installed.
+//! `common/redis_server.rs`): always under CI; locally, without `redis-server`, each Redis case
+//! is a named, counted skip (`common/skip.rs`).
 //!
 //! Backends whose clock is not injectable (Redis uses the server's `TIME`) must pass too, so no
 //! case relies on a manual clock: limits are chosen so that refill during a case is small
@@ -47,8 +50,9 @@ use tokio::sync::Barrier;
 const TPM: u64 = 600;
 const TOKENS_PER_SEC: f64 = TPM as f64 / 60.0;
 
-#[path = "common/redis_server.rs"]
-mod redis_server;
+mod common;
+
+use common::redis_server;
 
 /// A ledger under test, and whatever must live as long as it (a private Redis).
 struct Backend {
@@ -57,7 +61,7 @@ struct Backend {
 }
 
 /// Instantiates every contract case for one backend: `contract_suite!(name => async factory)`.
-/// The factory returns `None` to skip (no Redis available outside CI).
+/// The factory returns `None` to skip (no Redis available outside CI; the skip is recorded).
 macro_rules! contract_suite {
     ($backend:ident => $factory:expr) => {
         contract_suite!(@cases $backend => $factory;
@@ -82,6 +86,7 @@ macro_rules! contract_suite {
             shares_ceiling_binds_with_its_own_refill,
             shares_retries_use_the_reserve_within_the_budget,
             hold_back_stays_in_the_bucket,
+            refill_after_a_full_bucket_waits_for_transit,
         );
     };
     (@cases $backend:ident => $factory:expr; $($(#[$attr:meta])* $case:ident),* $(,)?) => {
@@ -844,4 +849,50 @@ async fn hold_back_stays_in_the_bucket(ledger: Arc<dyn Ledger>) {
     };
     settle(&*ledger, fits, 0).await;
     assert_idle(&snapshot(&*ledger, &pool, l).await);
+}
+
+// === the transit hold ===
+
+/// From a full bucket, refill restarts 100 ms after the reservation (the request's transit to
+/// upstream, whose own full bucket refills nothing until it arrives). At 600,000 tokens per
+/// minute (10 a millisecond), a bucket emptied at `T` holds `10 x (t - T - 100 ms)` tokens at
+/// `t`: the snapshot is checked against that, with `T` and `t` bounded by clocks read around
+/// the calls. Only an attempt whose two calls took under 50 ms together can tell a hold of
+/// 100 ms from none, so slower attempts are repeated on a fresh pool.
+async fn refill_after_a_full_bucket_waits_for_transit(ledger: Arc<dyn Ledger>) {
+    const TPM: u64 = 600_000;
+    const PER_MS: i64 = 10;
+    let hold = Duration::from_millis(100);
+    let l = limits(TPM, None, 10);
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    for attempt in 0..10 {
+        let pool = pool_name(&format!("transit-{attempt}"));
+        let before_admit = Instant::now();
+        let all = admit(&*ledger, &pool, l, TPM).await;
+        let after_admit = Instant::now();
+        let early = snapshot(&*ledger, &pool, l).await.tokens_available;
+        let early_read = Instant::now();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let before_read = Instant::now();
+        let late = snapshot(&*ledger, &pool, l).await.tokens_available;
+        let after_read = Instant::now();
+        settle(&*ledger, all, TPM).await;
+        // Refill since the hold ended, as bounded by the clocks around the calls (a token of
+        // rounding either way: Redis counts whole milliseconds).
+        let least = PER_MS * ms(before_read.saturating_duration_since(after_admit + hold)) - PER_MS;
+        let most = PER_MS * ms(after_read.saturating_duration_since(before_admit + hold)) + PER_MS;
+        assert!(
+            (least..=most).contains(&late),
+            "{late} tokens {:?} after taking the whole bucket: refill from 100 ms after, \
+             {least}..={most}",
+            before_read - after_admit
+        );
+        if early_read - before_admit < hold {
+            assert_eq!(early, 0, "nothing refills while the request is in transit");
+        }
+        if after_read - before_admit < before_read - after_admit + Duration::from_millis(50) {
+            return;
+        }
+    }
+    panic!("no attempt made its ledger calls within 50 ms: the machine is too slow to tell");
 }

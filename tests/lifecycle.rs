@@ -262,7 +262,6 @@ async fn what_is_left_at_the_drain_deadline_ends_in_band_and_is_settled() {
     })
     .await;
     proxy.sigterm();
-    let signalled = Instant::now();
 
     let r = stream.await.expect("task");
     assert_eq!(r.status, 200);
@@ -291,11 +290,9 @@ async fn what_is_left_at_the_drain_deadline_ends_in_band_and_is_settled() {
         "SDKs retry it elsewhere"
     );
 
+    // Exits after the deadline, not when the generation would have ended (twenty seconds): the
+    // stream above ended in-band, cut short, and the wait for the exit is bounded.
     assert_eq!(proxy.exit_code(Duration::from_secs(15)).await, Some(0));
-    assert!(
-        signalled.elapsed() < Duration::from_secs(10),
-        "exits soon after the deadline, not when the generation would have ended"
-    );
     let mut rules = proxy.rules();
     rules.sort();
     assert_eq!(rules, ["no_usage", "timeout"]);
@@ -309,20 +306,17 @@ async fn queued_calls_are_answered_at_once_and_shutdown_reports_nothing_left() {
     // One slot; a second call waits in the admission queue (up to 20 s).
     let pools = format!("{}max_wait_ms = 20000\n", sonnet_pool(10_000_000, 1));
     let mut config = proxy_config(sim.addr, &pools, "");
-    config.server.drain = Duration::from_secs(10);
+    config.process.server.drain = Duration::from_secs(10);
     let proxy = start_proxy(config).await;
     let (addr, state) = (proxy.addr, proxy.state.clone());
     let metrics = state.metrics.clone();
-    let timed = |path: String, body: String| {
-        tokio::spawn(async move {
-            let r = try_request(addr, &path, body).await;
-            (r, Instant::now())
-        })
+    let request = |path: String, body: String| {
+        tokio::spawn(async move { try_request(addr, &path, body).await })
     };
-    // Two seconds of stream hold the slot.
-    let holder = timed(
+    // Three seconds of stream hold the slot.
+    let holder = request(
         model_path(SONNET_US, "converse-stream"),
-        converse_body("[sim:output=200] holds the slot", Some(300)),
+        converse_body("[sim:output=300] holds the slot", Some(400)),
     );
     let admission = proxy.admission();
     let in_flight = || admission.pools()[0].load.in_flight();
@@ -330,7 +324,7 @@ async fn queued_calls_are_answered_at_once_and_shutdown_reports_nothing_left() {
         in_flight() == 1
     })
     .await;
-    let queued = timed(
+    let queued = request(
         model_path(SONNET_US, "converse"),
         converse_body("[sim:output=5] waits", Some(10)),
     );
@@ -340,19 +334,21 @@ async fn queued_calls_are_answered_at_once_and_shutdown_reports_nothing_left() {
     })
     .await;
 
-    let started = Instant::now();
-    let report = proxy.shutdown().await.expect("shutdown");
-    let (queued, queued_at) = queued.await.expect("task");
-    let (holder, holder_at) = holder.await.expect("task");
+    let shutdown = tokio::spawn(proxy.shutdown());
+    let queued = queued.await.expect("task");
+    // Answered at once, not after the drain: the holder is still streaming.
+    assert_eq!(
+        in_flight(),
+        1,
+        "the queued call was answered while the holder ran"
+    );
+    let report = shutdown.await.expect("task").expect("shutdown");
+    let holder = holder.await.expect("task");
     assert_eq!(
         (queued.status, queued.error_type()),
         (503, "ServiceUnavailableException")
     );
     assert!(queued.headers.contains_key("x-amz-retry-after"));
-    assert!(
-        queued_at.duration_since(started) < Duration::from_secs(1) && queued_at < holder_at,
-        "the queued call is answered at once, not after the drain"
-    );
     assert_eq!(holder.status, 200);
     let frames = frames(&holder.body.expect("the holder's stream finishes whole"));
     assert_eq!(frames.last().map(|f| f.kind.as_str()), Some("metadata"));

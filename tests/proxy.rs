@@ -184,6 +184,7 @@ async fn every_operation_through_the_proxy_equals_direct() {
         );
 
         let via = converse_stream(&proxied, model, &prompt).await;
+        // Bedrock's order for a text answer (consecutive deltas counted once).
         assert_eq!(
             via.0,
             [
@@ -192,14 +193,9 @@ async fn every_operation_through_the_proxy_equals_direct() {
                 "contentBlockStop",
                 "messageStop",
                 "metadata"
-            ]
-            .iter()
-            .filter(|e| via.0.contains(&e.to_string()))
-            .map(|e| e.to_string())
-            .collect::<Vec<_>>(),
+            ],
+            "converse-stream {model}"
         );
-        assert_eq!(via.0.first().map(String::as_str), Some("messageStart"));
-        assert_eq!(via.0.last().map(String::as_str), Some("metadata"));
         assert!(via.2.1 > 0, "metadata usage reported");
         assert_eq!(
             via,
@@ -380,7 +376,7 @@ async fn oversized_bodies_and_unreachable_upstreams_get_clear_errors() {
     let dead = closed.local_addr().expect("addr");
     drop(closed);
     let mut config = proxy_config(dead, &sonnet_pool(100_000, 4), "");
-    config.server.max_body_bytes = 1024;
+    config.process.server.max_body_bytes = 1024;
     let proxy = start_proxy(config).await;
     let path = model_path(SONNET_US, "converse");
 

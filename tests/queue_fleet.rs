@@ -96,25 +96,35 @@ async fn queued_clients_rarely_fail_and_keep_the_quota_busy() {
     let queued = through_proxy("tokengate, max_wait_ms = 25000", 25_000).await;
     queued.print();
     assert_eq!(queued.throttled, 0, "upstream never throttles");
+    // Margins a loaded machine holds; the measured figures (1.8-3.1% failures, goodput 96-99%)
+    // are in loadtest/RESULTS.md. Without the queue, 99% of these calls fail.
     assert!(
-        queued.result.failure_rate() <= 0.10,
+        queued.result.failure_rate() <= 0.20,
         "failures {:.3}",
         queued.result.failure_rate()
     );
-    assert!(queued.goodput >= 0.90, "goodput {:.3}", queued.goodput);
+    assert!(queued.goodput >= 0.75, "goodput {:.3}", queued.goodput);
 }
 
+/// A measurement (its table is in loadtest/RESULTS.md); it asserts only what RESULTS.md
+/// concludes from it: through the proxy upstream never throttles, straight at the simulator it
+/// does, and the queue turns most failures into completions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a 2-minute comparison for loadtest/RESULTS.md"]
 async fn side_by_side() {
     println!(
         "| side | completed | failed | failure rate | upstream throttles | goodput |\n|---|---|---|---|---|---|"
     );
-    direct().await.print();
-    through_proxy("tokengate, no queue (max_wait_ms = 0)", 0)
-        .await
-        .print();
-    through_proxy("tokengate, max_wait_ms = 25000", 25_000)
-        .await
-        .print();
+    let direct = direct().await;
+    direct.print();
+    let bounce = through_proxy("tokengate, no queue (max_wait_ms = 0)", 0).await;
+    bounce.print();
+    let queued = through_proxy("tokengate, max_wait_ms = 25000", 25_000).await;
+    queued.print();
+    assert!(direct.throttled > 0, "the load exceeds the quota");
+    assert_eq!((bounce.throttled, queued.throttled), (0, 0));
+    assert!(
+        queued.result.failure_rate() < bounce.result.failure_rate() / 2.0,
+        "the queue holds calls instead of bouncing them"
+    );
 }

@@ -1,6 +1,7 @@
 //! The shared ledger end to end: replicas that crash, replicas that share one quota, and a Redis
 //! that stops answering. Each test runs its own `redis-server` (see `common/redis_server.rs`);
-//! without one they skip locally and fail under CI.
+//! without one they are named, counted skips locally and failures under CI (`common/skip.rs`).
+//! (Over 500 lines: every Redis scenario shares the private-server harness in one binary.)
 
 mod common;
 
@@ -123,32 +124,86 @@ async fn a_killed_replica_gives_its_capacity_back_when_its_leases_expire() {
     child.kill().expect("SIGKILL");
     child.wait().expect("reaped");
     let killed = Instant::now();
-    // Renewed at most lease/3 before the kill: the leases hold for at least 2/3 of a lease more.
-    tokio::time::sleep(lease / 2).await;
-    assert_eq!(
-        shared_state(&observer, limits).await.in_flight_requests,
-        3,
-        "leases still live half a lease after the kill"
-    );
-    eventually(
-        lease + Duration::from_secs(2),
-        "the dead replica's permits return",
-        || async { shared_state(&observer, limits).await.in_flight_requests == 0 },
-    )
-    .await;
-    let freed_after = killed.elapsed();
+    // While Redis's clock is before the leases' expiry, every reading shows the permits held
+    // (each reading is taken before the clock read that follows it); the first reading comes
+    // right after the kill, within the two thirds of a lease left since the last renewal.
+    let expiries = server.lease_expiries(POOL).await;
+    assert_eq!(expiries.len(), 3, "three leases: {expiries:?}");
+    let (first_expiry, last_expiry) = (expiries[0], expiries[2]);
+    let mut readings = 0;
+    loop {
+        let s = shared_state(&observer, limits).await;
+        if server.time_ms().await >= first_expiry {
+            break;
+        }
+        assert_eq!(s.in_flight_requests, 3, "leases still live after the kill");
+        readings += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(readings > 0, "no reading before the first lease expired");
+    // Once Redis's clock passes the last expiry, the next call reclaims them all.
+    while server.time_ms().await <= last_expiry {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let after = shared_state(&observer, limits).await;
-    assert_eq!(after.reserved_tokens, 0, "{after:?}");
+    assert_eq!(
+        (after.in_flight_requests, after.reserved_tokens),
+        (0, 0),
+        "{after:?}"
+    );
     // Charged in full: no refund of the ~3,000 reserved tokens (refill adds 100 per second).
     let refill = (killed.elapsed().as_secs_f64() * tpm as f64 / 60.0).ceil() as i64 + 1;
     assert!(
         after.tokens_available <= held.tokens_available + refill,
         "expired leases are not refunded: {after:?} (was {held:?})"
     );
-    println!("permits returned {freed_after:?} after SIGKILL (lease {lease:?})");
     for call in calls {
         call.abort();
     }
+}
+
+/// A live replica renews the leases it holds: a call held open upstream for more than two
+/// leases (by Redis's clock, the scripts' clock) keeps its permit all along, and its lease's
+/// expiry moves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_replica_keeps_its_permits_past_two_leases() {
+    let Some(server) = RedisServer::start().await else {
+        return;
+    };
+    // The first token would take ten minutes: the call is held until the test hangs up.
+    let sim = start_simulator("time_to_first_token_ms = 600000\ntokens_per_second = 0\n").await;
+    let ledger = format!(
+        "[ledger]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout_ms = 200\nlease_secs = 2\n",
+        server.url()
+    );
+    let proxy = start_proxy(proxy_config(sim.addr, &sonnet_pool(60_000, 4), &ledger)).await;
+    let observer = observer(&server).await;
+    let limits = proxy.admission().pools()[0].limits();
+    let call = tokio::spawn(converse(proxy.addr));
+    eventually(Duration::from_secs(20), "the call in flight", || async {
+        shared_state(&observer, limits).await.in_flight_requests == 1
+    })
+    .await;
+    let admitted = server.time_ms().await;
+    let first_expiry = server.lease_expiries(POOL).await[0];
+    let two_leases = admitted + 2 * 2_000;
+    while server.time_ms().await < two_leases {
+        let s = shared_state(&observer, limits).await;
+        assert_eq!(s.in_flight_requests, 1, "the live replica's permit is held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let s = shared_state(&observer, limits).await;
+    assert_eq!(s.in_flight_requests, 1, "still held after two leases");
+    let renewed = server.lease_expiries(POOL).await;
+    assert!(
+        renewed.len() == 1 && renewed[0] > first_expiry,
+        "the lease was renewed: {renewed:?}, first {first_expiry}"
+    );
+    // The caller hangs up: the reservation settles (abandoned) and the lease goes.
+    call.abort();
+    assert_ledger_zero(&proxy).await;
+    let s = shared_state(&observer, limits).await;
+    assert_eq!((s.reserved_tokens, s.in_flight_requests), (0, 0), "{s:?}");
 }
 
 /// Reads the child's stdout until it says where it listens; keeps draining it afterwards.
@@ -222,8 +277,10 @@ async fn three_replicas_share_one_quota() {
         rejected.iter().all(|&r| r > 0),
         "every replica must be saturated for this to mean anything: {rejected:?}"
     );
+    // A margin a loaded machine holds; the measured figure is in loadtest/RESULTS.md ("The CI
+    // fleet tests": 1.03 with the machine's load average at 11).
     assert!(
-        utilisation >= 0.85,
+        utilisation >= 0.7,
         "the quota must stay busy: utilisation {utilisation:.3}"
     );
     for replica in &replicas {
@@ -238,6 +295,62 @@ fn rejections(proxy: &Gateway) -> u64 {
         .rejections
         .with_label_values(&[POOL, "tokens"])
         .get()
+}
+
+// === round trips ===
+
+/// "One Redis round trip per decision", as Redis sees it (`MONITOR`): with routes, shares and a
+/// retry reserve in play, each admitted call sends Redis exactly one script call to admit and
+/// one to settle, and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_call_is_one_redis_call_to_admit_and_one_to_settle() {
+    let Some(server) = RedisServer::start().await else {
+        return;
+    };
+    let sim = start_simulator("time_to_first_token_ms = 0\ntokens_per_second = 0\n").await;
+    let extra = format!(
+        "[ledger]\nbackend = \"redis\"\nurl = \"{}\"\n\n[auth]\nmode = \"none\"\ndefault_route = \"triage\"\n\n\
+         [[routes]]\nname = \"triage\"\npriority = 10\n[routes.shares]\n{POOL} = {{ min = 0.3, max = 0.9 }}\n\n\
+         [[routes]]\nname = \"backlog\"\n[routes.shares]\n{POOL} = {{ min = 0.2 }}\n",
+        server.url()
+    );
+    let pool = format!("{}retry_reserve = 0.1\n", sonnet_pool(1_000_000, 8));
+    let proxy = start_proxy(proxy_config(sim.addr, &pool, &extra)).await;
+    // Every reserve and settle that came back (the proxy's own count: no Redis call of ours).
+    let ledger_calls = || proxy.state.metrics.ledger_seconds.get_sample_count();
+    assert_eq!(
+        converse(proxy.addr).await.status,
+        200,
+        "warm: scripts loaded"
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the first call settled",
+        || async { ledger_calls() == 2 },
+    )
+    .await;
+    let monitor = server.monitor().await;
+    const CALLS: u64 = 10;
+    for _ in 0..CALLS {
+        assert_eq!(converse(proxy.addr).await.status, 200);
+    }
+    // With Redis a settlement may finish after the answer reached the client.
+    eventually(Duration::from_secs(10), "every call settled", || async {
+        ledger_calls() == 2 * (CALLS + 1)
+    })
+    .await;
+    let sent = monitor.stop().await;
+    assert_eq!(
+        sent,
+        vec!["evalsha"; 2 * CALLS as usize],
+        "one admit and one settle script per call, nothing else"
+    );
+    let states = proxy.admission().pool_views().await;
+    assert_eq!(
+        states[0].routes[0].name, "triage",
+        "routes and shares are on"
+    );
+    assert_ledger_zero(&proxy).await;
 }
 
 // === Redis outages ===
@@ -291,6 +404,18 @@ async fn converse(addr: SocketAddr) -> RawResponse {
         "POST",
         &model_path(SONNET_US, "converse"),
         converse_body("[sim:output=20] hello", Some(100)),
+        false,
+    )
+    .await
+}
+
+/// A call the simulator holds (a stall of `stall_ms`) until the caller hangs up.
+async fn stalled_converse(addr: SocketAddr) -> RawResponse {
+    raw_request(
+        addr,
+        "POST",
+        &model_path(SONNET_US, "converse"),
+        converse_body("[sim:fault=stall] hold on", Some(100)),
         false,
     )
     .await
@@ -395,7 +520,10 @@ async fn local_share_keeps_admitting_within_its_share_and_returns_to_redis() {
     let Some(server) = RedisServer::start().await else {
         return;
     };
-    let sim = start_simulator("time_to_first_token_ms = 400\ntokens_per_second = 0\n").await;
+    // Calls that say `[sim:fault=stall]` are held upstream (an hour) until the test hangs up.
+    let sim =
+        start_simulator("time_to_first_token_ms = 0\ntokens_per_second = 0\nstall_ms = 3600000\n")
+            .await;
     let config = proxy_config(
         sim.addr,
         &format!("{}max_wait_ms = 0\n", sonnet_pool(60_000, 4)),
@@ -419,18 +547,36 @@ async fn local_share_keeps_admitting_within_its_share_and_returns_to_redis() {
     let ready = readyz(addr).await;
     assert_eq!(ready.status, 200, "a local share serves: still ready");
     assert!(String::from_utf8_lossy(&ready.body).contains("local_share"));
-    // Six at once against a concurrency share of 2 (4 / 2 replicas): two admitted.
-    let calls: Vec<_> = (0..6).map(|_| tokio::spawn(converse(addr))).collect();
-    let mut statuses = Vec::new();
-    for call in calls {
-        let r = call.await.expect("call");
-        if r.status == 429 {
-            assert_eq!(r.header("x-tokengate-reason"), Some("concurrency"));
-        }
-        statuses.push(r.status);
+    // A concurrency share of 2 (4 / 2 replicas): two held calls fill it, and four more are
+    // turned away on concurrency.
+    let held: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(stalled_converse(addr)))
+        .collect();
+    eventually(Duration::from_secs(10), "two calls held", || async {
+        let pools = proxy.admission().pool_views().await;
+        pools[0].ledger.as_ref().map(|l| l.in_flight_requests) == Some(2)
+    })
+    .await;
+    for _ in 0..4 {
+        let r = converse(addr).await;
+        assert_eq!(
+            (r.status, r.header("x-tokengate-reason")),
+            (429, Some("concurrency")),
+            "the local share"
+        );
     }
-    statuses.sort_unstable();
-    assert_eq!(statuses, [200, 200, 429, 429, 429, 429], "the local share");
+    for call in held {
+        call.abort();
+    }
+    eventually(
+        Duration::from_secs(10),
+        "the held calls settled",
+        || async {
+            let pools = proxy.admission().pool_views().await;
+            pools[0].ledger.as_ref().map(|l| l.in_flight_requests) == Some(0)
+        },
+    )
+    .await;
     let pools = proxy.admission().pool_views().await;
     let local = pools[0].ledger.as_ref().expect("local snapshot");
     assert_eq!(
@@ -446,18 +592,15 @@ async fn local_share_keeps_admitting_within_its_share_and_returns_to_redis() {
     .await;
     let observer = observer(&server).await;
     let limits = proxy.admission().pools()[0].limits();
-    let call = tokio::spawn(converse(addr));
+    let call = tokio::spawn(stalled_converse(addr));
     eventually(
         Duration::from_secs(5),
         "a call in flight in Redis",
-        || async { shared_state(&observer, limits).await.in_flight_requests >= 1 },
+        || async { shared_state(&observer, limits).await.in_flight_requests == 1 },
     )
     .await;
-    assert_eq!(
-        call.await.expect("call").status,
-        200,
-        "admitted through Redis"
-    );
+    call.abort();
+    assert_eq!(converse(addr).await.status, 200, "admitted through Redis");
     assert_ledger_zero(&proxy).await;
     let s = shared_state(&observer, limits).await;
     assert_eq!((s.reserved_tokens, s.in_flight_requests), (0, 0), "{s:?}");

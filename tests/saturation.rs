@@ -55,8 +55,11 @@ async fn saturating_sdk_clients_never_see_upstream_throttles() {
         rejected > 0,
         "the load must saturate the pool for this test to mean anything"
     );
+    // The precise figure is a measurement (loadtest/RESULTS.md, "The CI fleet tests": 1.00 with
+    // the machine's load average at 11); the bound leaves room for a machine too loaded to keep
+    // 32 clients busy, while still failing a proxy that holds the quota idle.
     assert!(
-        utilisation >= 0.85,
+        utilisation >= 0.7,
         "the quota must stay busy: utilisation {utilisation:.3}"
     );
     stack.assert_ledger_zero().await;

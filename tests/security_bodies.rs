@@ -25,9 +25,9 @@ const BOUND: Duration = Duration::from_secs(15);
 async fn budget_stack(body_read_timeout: Duration) -> Stack {
     let sim = start_simulator(FAST_SIM).await;
     let mut config = proxy_config(sim.addr, &sonnet_pool(1_000_000, 8), "");
-    config.server.max_body_bytes = 300 * KIB;
-    config.server.max_buffered_body_bytes = 512 * KIB;
-    config.server.body_read_timeout = body_read_timeout;
+    config.process.server.max_body_bytes = 300 * KIB;
+    config.process.server.max_buffered_body_bytes = 512 * KIB;
+    config.process.server.body_read_timeout = body_read_timeout;
     Stack {
         proxy: start_proxy(config).await,
         sim,

@@ -451,7 +451,7 @@ async fn a_sigv4_caller_s_unsigned_headers_never_go_upstream() {
 async fn admin_endpoints_are_served_on_the_admin_listener_only() {
     let sim = start_simulator(FAST_SIM).await;
     let mut config = proxy_config(sim.addr, &sonnet_pool(200_000, 8), "");
-    config.server.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    config.process.server.admin_listen = Some("127.0.0.1:0".parse().expect("addr"));
     let stack = Stack {
         proxy: start_proxy(config).await,
         sim,

@@ -64,8 +64,8 @@ async fn stalled_post(proxy: &Gateway, declared: usize, sent: usize) -> TcpStrea
 #[tokio::test]
 async fn connections_that_send_no_whole_first_request_are_closed_after_the_header_timeout() {
     let (_sim, proxy) = stack(|c| {
-        c.server.header_read_timeout = Duration::from_secs(1);
-        c.server.idle_timeout = HOUR;
+        c.process.server.header_read_timeout = Duration::from_secs(1);
+        c.process.server.idle_timeout = HOUR;
     })
     .await;
     let addr = proxy.addr;
@@ -121,8 +121,8 @@ async fn connections_that_send_no_whole_first_request_are_closed_after_the_heade
 #[tokio::test]
 async fn connections_idle_after_their_requests_close_after_the_idle_timeout_on_both_protocols() {
     let (_sim, proxy) = stack(|c| {
-        c.server.header_read_timeout = HOUR;
-        c.server.idle_timeout = Duration::from_secs(1);
+        c.process.server.header_read_timeout = HOUR;
+        c.process.server.idle_timeout = Duration::from_secs(1);
     })
     .await;
     let addr = proxy.addr;
@@ -164,11 +164,11 @@ async fn connections_idle_after_their_requests_close_after_the_idle_timeout_on_b
 #[tokio::test]
 async fn an_http2_peer_that_stops_answering_pings_is_closed_with_its_stream_in_flight() {
     let (_sim, proxy) = stack(|c| {
-        c.server.h2_keep_alive_interval = Duration::from_secs(1);
-        c.server.h2_keep_alive_timeout = Duration::from_secs(1);
-        c.server.header_read_timeout = HOUR;
-        c.server.idle_timeout = HOUR;
-        c.server.body_read_timeout = HOUR;
+        c.process.server.h2_keep_alive_interval = Duration::from_secs(1);
+        c.process.server.h2_keep_alive_timeout = Duration::from_secs(1);
+        c.process.server.header_read_timeout = HOUR;
+        c.process.server.idle_timeout = HOUR;
+        c.process.server.body_read_timeout = HOUR;
     })
     .await;
     let mut h2 = h2raw::connect(proxy.addr).await;
@@ -200,9 +200,9 @@ async fn an_http2_peer_that_stops_answering_pings_is_closed_with_its_stream_in_f
 #[tokio::test]
 async fn at_the_connection_cap_idle_connections_make_room_oldest_first_and_busy_ones_refuse() {
     let (_sim, proxy) = stack(|c| {
-        c.server.max_connections = 4;
-        c.server.header_read_timeout = HOUR;
-        c.server.body_read_timeout = HOUR;
+        c.process.server.max_connections = 4;
+        c.process.server.header_read_timeout = HOUR;
+        c.process.server.body_read_timeout = HOUR;
     })
     .await;
     let addr = proxy.addr;
@@ -266,8 +266,8 @@ async fn at_the_connection_cap_idle_connections_make_room_oldest_first_and_busy_
 #[tokio::test]
 async fn http2_streams_past_the_concurrency_limit_are_refused() {
     let (_sim, proxy) = stack(|c| {
-        c.server.h2_max_concurrent_streams = 3;
-        c.server.body_read_timeout = HOUR;
+        c.process.server.h2_max_concurrent_streams = 3;
+        c.process.server.body_read_timeout = HOUR;
     })
     .await;
     let mut h2 = h2raw::connect(proxy.addr).await;

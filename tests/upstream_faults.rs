@@ -278,15 +278,15 @@ async fn a_stream_cut_after_its_200_ends_with_an_exception_frame() {
 
 #[tokio::test]
 async fn a_slow_stream_trickles_through_without_timing_out() {
-    // 80 tokens at 40 tokens/s: two frames of 2 tokens every 50 ms, two seconds in all, far
-    // longer than the idle timeout (500 ms) and the header read timeout (1 s), each gap far
-    // shorter.
+    // 80 tokens at 40 tokens/s: frames of 2 tokens every 50 ms, two seconds in all, far longer
+    // than the idle timeout (500 ms) and the header read timeout (1 s), each gap far shorter.
+    // (That the frames are forwarded as they come is `tests/proxy.rs` streaming_is_not_buffered.)
     let sim = "time_to_first_token_ms = 0\ntokens_per_second = 40\ndefault_tokens_per_minute = 10000000\n";
     let sim = start_simulator(sim).await;
     let mut config = proxy_config(sim.addr, &sonnet_pool(1_000_000, 8), "");
-    config.upstream.idle_timeout = Duration::from_millis(500);
-    config.upstream.response_timeout = Duration::from_millis(500);
-    config.server.header_read_timeout = Duration::from_secs(1);
+    config.process.upstream.idle_timeout = Duration::from_millis(500);
+    config.process.upstream.response_timeout = Duration::from_millis(500);
+    config.process.server.header_read_timeout = Duration::from_secs(1);
     let proxy = start_proxy(config).await;
     let started = Instant::now();
     let mut out = sdk_client(proxy.addr, 1)
@@ -297,11 +297,8 @@ async fn a_slow_stream_trickles_through_without_timing_out() {
         .send()
         .await
         .expect("stream starts");
-    let (mut text, mut usage, mut last, mut longest_gap) =
-        (String::new(), None, Instant::now(), Duration::ZERO);
+    let (mut text, mut usage) = (String::new(), None);
     while let Some(event) = out.stream.recv().await.expect("no stream error") {
-        longest_gap = longest_gap.max(last.elapsed());
-        last = Instant::now();
         match event {
             ConverseStreamOutput::ContentBlockDelta(d) => {
                 if let Some(Ok(t)) = d.delta().map(|d| d.as_text()) {
@@ -312,9 +309,9 @@ async fn a_slow_stream_trickles_through_without_timing_out() {
             _ => {}
         }
     }
+    // A lower bound, which a busy machine can only make truer: the stream outlived both timeouts.
     let elapsed = started.elapsed();
     assert!(elapsed > Duration::from_millis(1500), "took {elapsed:?}");
-    assert!(longest_gap < Duration::from_millis(500), "{longest_gap:?}");
     assert_eq!(text.len(), 80 * 4 - 1, "every token arrived");
     assert_eq!(usage.map(|u| u.output_tokens()), Some(80));
     assert_ledger_zero(&proxy).await;

@@ -28,7 +28,6 @@ use super::tally::{Event, Tally};
 use crate::{
     admission::Pool,
     config::{EmfConfig, EmfTarget},
-    state::AppState,
 };
 
 /// The metrics of a pool's line, name and unit: the interval's counts, then the gauges read
@@ -112,9 +111,13 @@ impl Emf {
             .clone()
     }
 
-    /// Starts writing a line per pool and route every interval, for the policy `state` holds.
-    pub fn start(self: &Arc<Self>, state: &Arc<AppState>) {
-        let (emf, state) = (self.clone(), Arc::downgrade(state));
+    /// Starts writing a line per pool and route every interval, for the pools `pools` returns
+    /// (those of the policy in force; `None` once the proxy is gone).
+    pub fn start(
+        self: &Arc<Self>,
+        pools: impl Fn() -> Option<Vec<Arc<Pool>>> + Send + Sync + 'static,
+    ) {
+        let emf = self.clone();
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(emf.config.interval);
             tick.tick().await;
@@ -123,8 +126,8 @@ impl Emf {
                     _ = tick.tick() => false,
                     () = emf.stop.cancelled() => true,
                 };
-                if let Some(state) = state.upgrade() {
-                    let lines = emf.lines(state.policy().admission.pools());
+                if let Some(pools) = pools() {
+                    let lines = emf.lines(&pools);
                     emf.write(&lines).await;
                 }
                 if last {

@@ -38,7 +38,7 @@ impl Telemetry {
     /// Everything `config` asks for, on `clock` (the ledger's). The trace exporter and the EMF
     /// writer start on the current runtime (the writer once [`emf::Emf::start`] is called).
     pub fn for_config(
-        config: &crate::config::Config,
+        config: &crate::config::ProcessConfig,
         clock: crate::ledger::Clock,
         metrics: &Metrics,
     ) -> Result<Telemetry, otlp::ExportError> {
