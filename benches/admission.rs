@@ -12,6 +12,8 @@
 //! - `admission/admit_settle_converse_traced`: the same with tracing on, every request sampled:
 //!   its spans built and queued for the exporter (whose task sends them on a worker of its own).
 //!
+//! - `observe/quota_report_record`: the quota report's share of the above, alone: a request's two
+//!   events counted in its pool's window.
 //! - `admission/reference_body_read`: the one-pass read of the body alone (`admission::body::read`,
 //!   the decision's share of parsing).
 //! - `admission/reference_json_parse`, `admission/reference_estimate_input`: what the decision did
@@ -41,7 +43,10 @@ use tokengate::{
     config::Config,
     ledger::{self, Clock, Ledger, Limits, MemoryLedger, ReserveRequest},
     metrics::Metrics,
-    observe::{Observation, Observer, Telemetry, Tracer, otlp, report::QuotaReport},
+    observe::{
+        Observation, Observer, Telemetry, Tracer, otlp,
+        report::{Event, QuotaReport},
+    },
 };
 
 const MODEL: &str = "us.anthropic.claude-sonnet-4-20250514-v1:0";
@@ -208,7 +213,10 @@ fn telemetry(metrics: &Metrics, traced: bool) -> Arc<Telemetry> {
             config_text()
         ))
         .unwrap_or_else(|e| panic!("bench config: {e}"));
-        let tracing = config.process.tracing.unwrap_or_else(|| panic!("tracing on"));
+        let tracing = config
+            .process
+            .tracing
+            .unwrap_or_else(|| panic!("tracing on"));
         let exporter =
             otlp::Exporter::start(&tracing, metrics).unwrap_or_else(|e| panic!("exporter: {e}"));
         telemetry.tracer = Some(Tracer {
@@ -304,5 +312,32 @@ fn admission(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, memory_ledger, admission);
+/// What the quota report adds to a request, alone: its two events (admitted, settled with usage)
+/// counted in the pool's window.
+fn quota_report(c: &mut Criterion) {
+    let report = QuotaReport::new(Clock::tokio(), Duration::from_secs(86_400));
+    let window = report.pool("bench");
+    let admitted = Event::Admitted {
+        reserved: 1_300,
+        in_flight: 1,
+        queued_for: None,
+    };
+    let settled = Event::Settled {
+        charge: 14,
+        usage: Some(Usage {
+            input_tokens: 4,
+            output_tokens: 2,
+            cache_read_input_tokens: 250,
+            cache_write_input_tokens: 0,
+        }),
+    };
+    c.bench_function("observe/quota_report_record", |b| {
+        b.iter(|| {
+            window.record(report.minute(), black_box(&admitted));
+            window.record(report.minute(), black_box(&settled));
+        });
+    });
+}
+
+criterion_group!(benches, memory_ledger, admission, quota_report);
 criterion_main!(benches);
