@@ -14,11 +14,13 @@ fi
 cargo build --workspace --all-targets --locked
 
 # A test that cannot run here (a tool it needs is missing) records a named skip in this file
-# (tests/common/skip.rs); with CI=true it fails instead. Listed, with a count, after the run.
+# (tests/it/common/skip.rs); with CI=true it fails instead. Listed, with a count, after the run.
 skips="${CARGO_TARGET_DIR:-$PWD/target}/tmp/skipped-tests.txt"
 rm -f "$skips"
 status=0
 cargo nextest run --workspace --locked --no-fail-fast || status=$?
+# The fleet tests saturate a quota and judge the outcome: alone, one at a time (.config/nextest.toml).
+cargo nextest run --workspace --locked --no-fail-fast --profile fleet || status=$?
 if [ -s "$skips" ]; then
   echo "== $(wc -l < "$skips") Rust test(s) skipped here (under CI=true they fail):"
   sed 's/^/  /' "$skips"

@@ -3,6 +3,8 @@
 //!
 //! Tests and `main` share this: the caller owns the listener (bind `127.0.0.1:0` in tests) and
 //! the shutdown. The admin listener (`server.admin_listen`), when configured, is bound here.
+//!
+//! (Long: start, reload and shutdown of one value, and the assembly they share.)
 
 use std::{
     io,
@@ -157,45 +159,11 @@ impl Gateway {
             Some(files) => Some(server::tls_acceptor(&files.cert, &files.key)?),
             None => None,
         };
-        let deadline = CancellationToken::new();
-        let (upstream, simulator) = connect_upstream(&config, options.credentials).await?;
-        let upstream = upstream.with_deadline(deadline.clone());
-        let registry = options.registry.unwrap_or_default();
-        let metrics = Arc::new(Metrics::new(&registry)?);
-        let clock = options.clock.unwrap_or_default();
-        let telemetry = Telemetry::for_config(&config.process, clock.clone(), &metrics)
-            .map_err(|e| StartError::Tracing(e.to_string()))?;
-        let telemetry = Arc::new(telemetry);
-        let ledger: Arc<dyn Ledger> = match &config.process.ledger {
-            LedgerConfig::Memory => Arc::new(MemoryLedger::new(clock)),
-            LedgerConfig::Redis(redis) => redis_ledger(redis, clock, metrics.clone()).await?,
-        };
-        let ledger = Arc::new(TimedLedger::new(ledger, metrics.ledger_seconds.clone()));
-        let upstream = Arc::new(upstream);
-        let counter = Arc::new(UpstreamCounter(upstream.clone()));
-        let policy = Policy::build(&config.policy, ledger, counter, &metrics, &telemetry);
-        let ready = Arc::new(AtomicBool::new(false));
-        let body_budget = crate::body_budget::BodyBudget::new(
-            config.process.server.max_buffered_body_bytes,
-            &metrics,
-        );
-        let state = Arc::new(AppState {
-            policy: arc_swap::ArcSwap::from_pointee(policy),
-            upstream,
-            metrics,
-            registry,
-            telemetry,
-            ledger_publications: Default::default(),
-            max_body_bytes: config.process.server.max_body_bytes,
-            body_budget,
-            body_read_timeout: config.process.server.body_read_timeout,
-            ready: ready.clone(),
-            rejections: Default::default(),
-        });
-        if let Some(emf) = &state.telemetry.emf {
-            let state = Arc::downgrade(&state);
-            emf.start(move || Some(state.upgrade()?.policy().admission.pools().to_vec()));
-        }
+        let Assembled {
+            state,
+            simulator,
+            deadline,
+        } = assemble(&config, options).await?;
         let addr = listener.local_addr()?;
         // Probes and scrapes over plain HTTP, whether or not the proxy listener has TLS.
         let admin = match config.process.server.admin_listen {
@@ -203,18 +171,7 @@ impl Gateway {
             None => None,
         };
         let admin_addr = admin.as_ref().map(|(a, _)| *a);
-        let s = &config.process.server;
-        let serve_options = server::ServeOptions {
-            header_read_timeout: s.header_read_timeout,
-            idle_timeout: s.idle_timeout,
-            max_connections: server::fd_limit::connection_cap(s.max_connections),
-            h2_max_concurrent_streams: s.h2_max_concurrent_streams,
-            h2_keep_alive_interval: s.h2_keep_alive_interval,
-            h2_keep_alive_timeout: s.h2_keep_alive_timeout,
-            drain: s.drain,
-            deadline,
-            metrics: Some(state.metrics.listener("proxy")),
-        };
+        let serve_options = serve_options(&config.process.server, deadline, &state);
         let admin = admin.map(|(_, l)| {
             let options = server::ServeOptions {
                 max_connections: server::ADMIN_MAX_CONNECTIONS,
@@ -234,7 +191,7 @@ impl Gateway {
             tls,
             serve_options,
         );
-        ready.store(true, Ordering::Release);
+        state.ready.store(true, Ordering::Release);
         tracing::info!(%addr, ?admin_addr, pools = config.policy.pools.len(), "tokengate listening");
         Ok(Gateway {
             addr,
@@ -343,7 +300,7 @@ impl Gateway {
         }
         let result = self.proxy.stop().await;
         let settled_by = tokio::time::Instant::now() + SETTLEMENT_WAIT;
-        while crate::admission::hold::pending_settlements() > 0
+        while admission.ledger().stats().settlements_in_flight() > 0
             && tokio::time::Instant::now() < settled_by
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -372,8 +329,8 @@ pub struct ShutdownReport {
     /// Requests this replica admitted and did not settle.
     pub in_flight: i64,
     /// Settlements handed to the ledger that did not complete.
-    pub pending_settlements: usize,
-    /// Reservations dropped unsettled since the process started (a bug if non-zero).
+    pub pending_settlements: u64,
+    /// Reservations the ledger issued that were dropped unsettled (a bug if non-zero).
     pub unsettled_drops: u64,
 }
 
@@ -389,8 +346,8 @@ impl ShutdownReport {
         ShutdownReport {
             reserved_tokens: sum(|p| p.load.reserved_tokens()),
             in_flight: sum(|p| p.load.in_flight()),
-            pending_settlements: crate::admission::hold::pending_settlements(),
-            unsettled_drops: crate::ledger::unsettled_drops(),
+            pending_settlements: admission.ledger().stats().settlements_in_flight(),
+            unsettled_drops: admission.ledger().stats().unsettled_drops(),
         }
     }
 
@@ -403,6 +360,79 @@ impl ShutdownReport {
                 pending_settlements: 0,
                 unsettled_drops: 0,
             }
+    }
+}
+
+/// What the proxy serves from, assembled from a config without binding a listener: the shared
+/// state (policy, upstream client, metrics, ledger), the in-process simulator when the endpoint
+/// is `"simulated"`, and the drain deadline responses in flight watch. Not ready until started.
+#[derive(Debug)]
+pub struct Assembled {
+    pub state: Arc<AppState>,
+    pub simulator: Option<SimulatorHandle>,
+    pub deadline: CancellationToken,
+}
+
+/// Assembles everything but the listeners (see [`Assembled`]); tests drive its router directly.
+pub async fn assemble(config: &Config, options: GatewayOptions) -> Result<Assembled, StartError> {
+    let deadline = CancellationToken::new();
+    let (upstream, simulator) = connect_upstream(config, options.credentials).await?;
+    let upstream = Arc::new(upstream.with_deadline(deadline.clone()));
+    let registry = options.registry.unwrap_or_default();
+    let metrics = Arc::new(Metrics::new(&registry)?);
+    let clock = options.clock.unwrap_or_default();
+    let telemetry = Telemetry::for_config(&config.process, clock.clone(), &metrics)
+        .map_err(|e| StartError::Tracing(e.to_string()))?;
+    let telemetry = Arc::new(telemetry);
+    let ledger: Arc<dyn Ledger> = match &config.process.ledger {
+        LedgerConfig::Memory => Arc::new(MemoryLedger::new(clock)),
+        LedgerConfig::Redis(redis) => redis_ledger(redis, clock).await?,
+    };
+    let ledger = Arc::new(TimedLedger::new(ledger, metrics.ledger_seconds.clone()));
+    let counter = Arc::new(UpstreamCounter(upstream.clone()));
+    let policy = Policy::build(&config.policy, ledger, counter, &metrics, &telemetry);
+    let server = &config.process.server;
+    let body_budget = crate::body_budget::BodyBudget::new(server.max_buffered_body_bytes, &metrics);
+    let state = Arc::new(AppState {
+        policy: arc_swap::ArcSwap::from_pointee(policy),
+        upstream,
+        metrics,
+        registry,
+        telemetry,
+        ledger_publications: Default::default(),
+        max_body_bytes: server.max_body_bytes,
+        body_budget,
+        body_read_timeout: server.body_read_timeout,
+        ready: Arc::new(AtomicBool::new(false)),
+        rejections: Default::default(),
+    });
+    if let Some(emf) = &state.telemetry.emf {
+        let state = Arc::downgrade(&state);
+        emf.start(move || Some(state.upgrade()?.policy().admission.pools().to_vec()));
+    }
+    Ok(Assembled {
+        state,
+        simulator,
+        deadline,
+    })
+}
+
+/// How the proxy listener treats connections, from `[server]`.
+fn serve_options(
+    s: &crate::config::ServerConfig,
+    deadline: CancellationToken,
+    state: &AppState,
+) -> server::ServeOptions {
+    server::ServeOptions {
+        header_read_timeout: s.header_read_timeout,
+        idle_timeout: s.idle_timeout,
+        max_connections: server::fd_limit::connection_cap(s.max_connections),
+        h2_max_concurrent_streams: s.h2_max_concurrent_streams,
+        h2_keep_alive_interval: s.h2_keep_alive_interval,
+        h2_keep_alive_timeout: s.h2_keep_alive_timeout,
+        drain: s.drain,
+        deadline,
+        metrics: Some(state.metrics.listener("proxy")),
     }
 }
 
@@ -481,14 +511,13 @@ async fn bind_admin(addr: SocketAddr) -> Result<(SocketAddr, TcpListener), Start
 async fn redis_ledger(
     config: &RedisLedgerConfig,
     clock: Clock,
-    metrics: Arc<Metrics>,
 ) -> Result<Arc<dyn Ledger>, StartError> {
     let options = RedisOptions {
         url: config.url.clone(),
         timeout: config.timeout,
         lease: config.lease,
     };
-    let shared = RedisLedger::connect(options, metrics.clone())
+    let shared = RedisLedger::connect(options)
         .await
         .map_err(|e| StartError::Ledger(e.message))?;
     if !shared.is_healthy() {
@@ -496,12 +525,9 @@ async fn redis_ledger(
     }
     Ok(match config.on_error {
         OnLedgerError::FailClosed => Arc::new(shared),
-        OnLedgerError::Local { expected_replicas } => Arc::new(FallbackLedger::new(
-            shared,
-            MemoryLedger::new(clock),
-            expected_replicas,
-            metrics,
-        )),
+        OnLedgerError::Local { expected_replicas } => {
+            Arc::new(FallbackLedger::new(shared, clock, expected_replicas))
+        }
     })
 }
 

@@ -2,6 +2,9 @@
 //! independent references for both answers (the estimate's below, `maxTokens`'s in
 //! `max_tokens_reference.rs`), and refuses exactly what `serde_json::from_slice::<Value>`
 //! refuses, with the same message.
+//!
+//! (Long: one table of cases per body family, each checked against the oracle; split by family it
+//! would repeat the harness.)
 
 use proptest::prelude::*;
 use serde_json::{Value, json};

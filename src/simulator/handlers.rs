@@ -45,6 +45,7 @@ pub(super) async fn handle(State(sim): State<Arc<Inner>>, req: Request) -> Respo
         model_id: Some(model_id),
     }) = &target
     {
+        sim.traceparents.observe(parts.headers.get("traceparent"));
         return bidi::handle(Arc::clone(&sim), *op, model_id, parts, body).await;
     }
     let Ok(body) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
@@ -53,7 +54,7 @@ pub(super) async fn handle(State(sim): State<Arc<Inner>>, req: Request) -> Respo
         )
         .into_response();
     };
-    if let Err(refusal) = auth::check(&sim, &parts, &body, false) {
+    if let Err(refusal) = auth::check(&sim, &parts, &body) {
         return refusal.into_response();
     }
     let target = match target {
