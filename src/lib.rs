@@ -24,6 +24,7 @@
 //! | [`answer`] | the one map from a decision (or upstream's outcome) to the Bedrock-shaped answer |
 //! | [`observe`] | what happened, recorded: metrics, the access log, the quota report, CloudWatch EMF lines, OpenTelemetry spans |
 //! | [`state`] | what request handlers share: the reloadable policy and the process-wide parts |
+//! | [`calendar`] | UTC dates from day counts and back, for SigV4's dates and the quota report's minutes |
 //! | [`body_budget`] | the bytes of request bodies held in memory, bounded for all requests together |
 //! | [`gateway`] | assembling a running proxy from a config |
 //! | [`server`] | the listener: HTTP/1.1 and h2c on one port, optional TLS, the connection cap, timeouts and header limits, graceful shutdown |
@@ -36,6 +37,7 @@ pub mod app;
 pub mod auth;
 pub mod bedrock;
 pub mod body_budget;
+pub mod calendar;
 pub mod config;
 pub mod gateway;
 pub mod healthcheck;

@@ -30,9 +30,8 @@ use crate::{
     config::{EmfConfig, EmfTarget},
 };
 
-/// The metrics of a pool's line, name and unit: the interval's counts, then the gauges read
-/// from live state.
-const POOL_METRICS: [(&str, &str); 12] = [
+/// The interval's counts, name and unit, first in every line (pool and route).
+const COUNTS: [(&str, &str); 7] = [
     ("Requests", "Count"),
     ("Admitted", "Count"),
     ("Throttles", "Count"),
@@ -40,6 +39,10 @@ const POOL_METRICS: [(&str, &str); 12] = [
     ("TokensReserved", "Count"),
     ("TokensCharged", "Count"),
     ("TokensDemanded", "Count"),
+];
+
+/// The rest of a pool's line: the interval's peaks, then the gauges read from live state.
+const POOL_GAUGES: [(&str, &str); 5] = [
     ("PeakInFlight", "Count"),
     ("QueueWaitMaxMs", "Milliseconds"),
     ("InFlight", "Count"),
@@ -47,17 +50,8 @@ const POOL_METRICS: [(&str, &str); 12] = [
     ("QueuedTokens", "Count"),
 ];
 
-/// The metrics of a route's line.
-const ROUTE_METRICS: [(&str, &str); 8] = [
-    ("Requests", "Count"),
-    ("Admitted", "Count"),
-    ("Throttles", "Count"),
-    ("UpstreamThrottles", "Count"),
-    ("TokensReserved", "Count"),
-    ("TokensCharged", "Count"),
-    ("TokensDemanded", "Count"),
-    ("ReservedInFlight", "Count"),
-];
+/// The rest of a route's line.
+const ROUTE_GAUGES: [(&str, &str); 1] = [("ReservedInFlight", "Count")];
 
 /// One pool's interval counts, and its routes' by name (both outlive reloads).
 #[derive(Debug, Default)]
@@ -165,14 +159,16 @@ impl Emf {
                 .into_iter()
                 .chain([t.peak_in_flight, t.queue_wait_max_ms])
                 .chain(gauges);
-            let line = self.line(timestamp, &[("Pool", &pool.name)], &POOL_METRICS, values);
+            let metrics = [&COUNTS[..], &POOL_GAUGES];
+            let line = self.line(timestamp, &[("Pool", &pool.name)], &metrics, values);
             out.push_str(&line);
             for route in pool.shares.views() {
                 let t = std::mem::take(&mut *lock(&tallies.route(&route.name)));
                 let reserved = u64::try_from(route.reserved_tokens).unwrap_or(0);
                 let values = counts(&t).into_iter().chain([reserved]);
                 let dims = [("Pool", &*pool.name), ("Route", route.name.as_str())];
-                out.push_str(&self.line(timestamp, &dims, &ROUTE_METRICS, values));
+                let metrics = [&COUNTS[..], &ROUTE_GAUGES];
+                out.push_str(&self.line(timestamp, &dims, &metrics, values));
             }
         }
         out
@@ -183,9 +179,10 @@ impl Emf {
         &self,
         timestamp: u64,
         dimensions: &[(&str, &str)],
-        metrics: &[(&str, &str)],
+        metrics: &[&[(&str, &str)]],
         values: impl Iterator<Item = u64>,
     ) -> String {
+        let metrics = || metrics.iter().flat_map(|m| m.iter());
         let mut root = Map::new();
         root.insert(
             "_aws".into(),
@@ -194,14 +191,14 @@ impl Emf {
                 "CloudWatchMetrics": [{
                     "Namespace": self.config.namespace,
                     "Dimensions": [dimensions.iter().map(|(k, _)| *k).collect::<Vec<_>>()],
-                    "Metrics": metrics.iter().map(|(name, unit)| json!({"Name": name, "Unit": unit})).collect::<Vec<_>>(),
+                    "Metrics": metrics().map(|(name, unit)| json!({"Name": name, "Unit": unit})).collect::<Vec<_>>(),
                 }],
             }),
         );
         for (k, v) in dimensions {
             root.insert((*k).into(), Value::from(*v));
         }
-        for ((name, _), value) in metrics.iter().zip(values) {
+        for ((name, _), value) in metrics().zip(values) {
             root.insert((*name).into(), Value::from(value));
         }
         let mut line = Value::Object(root).to_string();

@@ -284,30 +284,14 @@ async fn the_report_adds_up_a_known_load_minute_by_minute() {
         bad.message()
     );
 
-    let url = format!("http://{addr}");
-    let printed = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
-            .args(["report", "--url", &url])
-            .output()
-            .expect("tokengate report runs")
-    })
-    .await
-    .expect("task");
+    let printed = report_command(&["--url", &format!("http://{addr}")]).await;
     assert!(
         printed.status.success(),
         "{}",
         String::from_utf8_lossy(&printed.stderr)
     );
     assert_eq!(String::from_utf8(printed.stdout).expect("utf-8"), md);
-    let url = format!("http://{addr}/");
-    let json = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
-            .args(["report", "--url", &url, "--format", "json"])
-            .output()
-            .expect("tokengate report runs")
-    })
-    .await
-    .expect("task");
+    let json = report_command(&["--url", &format!("http://{addr}/"), "--format", "json"]).await;
     let printed: Value = serde_json::from_slice(&json.stdout).expect("json");
     assert_eq!(printed["pools"], report["pools"]);
     sim.shutdown().await;
@@ -319,19 +303,25 @@ async fn the_report_command_says_what_failed() {
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         l.local_addr().expect("addr")
     };
-    let url = format!("http://{closed}");
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
-            .args(["report", "--url", &url])
-            .output()
-            .expect("tokengate report runs")
-    })
-    .await
-    .expect("task");
+    let out = report_command(&["--url", &format!("http://{closed}")]).await;
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("/v1/quota-report") && stderr.contains("cannot connect"),
         "{stderr}"
     );
+}
+
+/// `tokengate report` with `args`, run to its end.
+async fn report_command(args: &[&str]) -> std::process::Output {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tokengate"))
+            .arg("report")
+            .args(args)
+            .output()
+            .expect("tokengate report runs")
+    })
+    .await
+    .expect("task")
 }

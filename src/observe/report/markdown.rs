@@ -113,28 +113,14 @@ fn span(minutes: u64) -> String {
 
 /// `YYYY-MM-DD HH:MM UTC` of a Unix time.
 pub fn utc(unix_secs: u64) -> String {
-    let days = unix_secs / 86_400;
+    let days = i64::try_from(unix_secs / 86_400).unwrap_or(i64::MAX);
     let secs = unix_secs % 86_400;
-    let (y, m, d) = civil_from_days(days);
+    let (y, m, d) = crate::calendar::civil_from_days(days);
     format!(
         "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
         secs / 3600,
         (secs % 3600) / 60
     )
-}
-
-/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 #[cfg(test)]
