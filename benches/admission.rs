@@ -182,6 +182,7 @@ fn admit_settle(
         operation: Operation::Converse,
         model_id: Some(MODEL),
         body: black_box(body),
+        read: None,
         caller,
     };
     let decision = admission.decide(&facts).now_or_never();

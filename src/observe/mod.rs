@@ -142,10 +142,12 @@ impl Observer {
             t.decided(decision);
         }
         let m = &self.metrics;
-        let op = obs.operation_label();
+        let (api, op) = (obs.api_label(), obs.operation_label());
         let route = obs.route.clone().unwrap_or_else(|| Arc::from(""));
         let count = |pool: &str, outcome: &str| {
-            m.requests.with_label_values(&[pool, op, outcome]).inc();
+            m.requests
+                .with_label_values(&[pool, api, op, outcome])
+                .inc();
         };
         let count_route = |pool: &Pool, outcome: &str| {
             m.route_requests
@@ -285,9 +287,10 @@ impl Observer {
                     .ledger_errors
                     .with_label_values(&[backend])
                     .inc();
+                let (api, op) = (obs.api_label(), obs.operation_label());
                 self.metrics
                     .requests
-                    .with_label_values(&[&pool.name, obs.operation_label(), "ledger_error"])
+                    .with_label_values(&[&pool.name, api, op, "ledger_error"])
                     .inc();
                 tracing::error!(error = %error, pool = %pool.name, "ledger unavailable");
             }

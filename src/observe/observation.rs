@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::{Verdict, trace};
 use crate::{
     admission::{Caller, Pool},
-    bedrock::{Operation, error::X_AMZN_REQUEST_ID},
+    bedrock::{Api, Operation, error::X_AMZN_REQUEST_ID},
 };
 
 /// One request's record, filled in as it goes, consumed when its line is written.
@@ -100,5 +100,10 @@ impl Observation {
 
     pub(super) fn operation_label(&self) -> &'static str {
         self.operation.map_or("unknown", Operation::name)
+    }
+
+    /// The `api` label: the operation's family (`bedrock` for an unknown path).
+    pub(super) fn api_label(&self) -> &'static str {
+        self.operation.map_or(Api::Bedrock, Operation::api).label()
     }
 }

@@ -300,8 +300,9 @@ fn request_name(obs: &Observation) -> String {
     }
 }
 
-/// `gen_ai.operation.name`: `chat` for Converse and the InvokeModel family (model-native bodies
-/// are read as chat), `embeddings` for embedding models, else the operation's own name.
+/// `gen_ai.operation.name`: `chat` for Converse, the InvokeModel family (model-native bodies
+/// are read as chat) and the OpenAI and Anthropic APIs, `embeddings` for embedding models, else
+/// the operation's own name.
 fn operation_name(op: Operation, model: &str) -> &'static str {
     if model.contains("embed") {
         return "embeddings";
@@ -310,7 +311,10 @@ fn operation_name(op: Operation, model: &str) -> &'static str {
         Operation::Converse
         | Operation::ConverseStream
         | Operation::InvokeModel
-        | Operation::InvokeModelWithResponseStream => "chat",
+        | Operation::InvokeModelWithResponseStream
+        | Operation::OpenAIChatCompletions
+        | Operation::OpenAIResponses
+        | Operation::AnthropicMessages => "chat",
         other => other.name(),
     }
 }

@@ -42,7 +42,7 @@ pub struct SimStats {
     /// Bearer and `x-api-key` credentials seen and checked.
     #[serde(default)]
     pub api_keys: ApiKeyStats,
-    /// The `traceparent` headers of the last [`RECENT_TRACEPARENTS`] native calls, oldest
+    /// The `traceparent` headers of the last [`RECENT_TRACEPARENTS`] model calls (any API), oldest
     /// first: what a proxy propagated of its callers' traces.
     #[serde(default)]
     pub traceparents: Vec<String>,

@@ -5,6 +5,7 @@
 //! | module | what it covers |
 //! |---|---|
 //! | `proxy` | every operation through the proxy equals the same call direct to the simulator |
+//! | `apis`, `apis_auth`, `apis_faults` | the OpenAI and Anthropic APIs: settlement, streams, each API's errors; credentials and ceilings; faults and the access log |
 //! | `admission` | rejections and their hints, never-fitting requests, settlement on every path |
 //! | `queue`, `queue_fleet` | the admission queue (paused clock), and a closed-loop SDK fleet against it |
 //! | `routes` | application routes and caller identity: keys, allow-lists, shares, recovery |
@@ -12,7 +13,7 @@
 //! | `ledger_contract`, `ledger_differential`, `redis` | what every ledger backend must do; the memory and Redis ledgers giving the same answers to the same random operations; the shared ledger end to end |
 //! | `reload`, `lifecycle` | config reload; shutdown through the real binary |
 //! | `access_log`, `observability`, `dashboards`, `admin` | what operators see: the log line, metrics, the dashboard and alerts, the admin endpoints |
-//! | `dashboard_prometheus`, `tracing`, `emf`, `quota_report`, `top` | what operators run it with (issue #20): the dashboard and alerts on a real Prometheus, OpenTelemetry spans at OTLP receivers (a speech session's too), CloudWatch EMF lines, the quota report, `tokengate top` in tmux |
+//! | `dashboard_prometheus`, `tracing`, `emf`, `quota_report`, `top` | what operators run it with (issue #20): the dashboard and alerts on a real Prometheus, OpenTelemetry spans at OTLP receivers (every API's calls, a speech session's too), CloudWatch EMF lines, the quota report, `tokengate top` in tmux |
 //! | `bad_input`, `client_faults`, `upstream_faults` | bad requests, misbehaving clients, misbehaving upstreams |
 //! | `security_request`, `security_transport`, `security_bodies` | the attacks of issue #14, one test each |
 //! | `iam_policy` | the README's IAM policy against the forwarded operations |
@@ -24,6 +25,9 @@ mod common;
 mod access_log;
 mod admin;
 mod admission;
+mod apis;
+mod apis_auth;
+mod apis_faults;
 mod bad_input;
 mod bidi;
 mod bidi_raw;

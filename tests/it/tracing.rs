@@ -2,9 +2,10 @@
 //! protobuf definitions (`opentelemetry-proto`): an axum server for OTLP/HTTP and the
 //! collector's own generated gRPC `TraceService`. Each test drives the proxy with real clients
 //! and checks the spans' attributes, their parent/child links, and the `traceparent` the
-//! simulator received upstream. The receivers are in [`receiver`], the bidirectional stream's
-//! session in [`bidi`].
+//! simulator received upstream. The receivers are in [`receiver`]; the bidirectional stream's
+//! session is in [`bidi`], the OpenAI and Anthropic APIs' calls in [`apis`].
 
+mod apis;
 mod bidi;
 mod receiver;
 
