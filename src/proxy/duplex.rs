@@ -102,10 +102,7 @@ pub async fn proxy(
     if let Some(refusal) = answer::refusal(&decision, OPERATION) {
         return refusal;
     }
-    let region = policy
-        .admission
-        .region_of(&decision, model_id)
-        .unwrap_or_else(|| state.upstream.signer().default_region().to_string());
+    let region = super::region(state, policy, &decision, model_id);
     let mut headers = BEDROCK_RUNTIME.forwarded(&parts.headers, identity.signed_headers());
     record.propagate_trace(&parts.headers, identity.signed_headers(), &mut headers);
     let in_flight = match decision {

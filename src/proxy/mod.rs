@@ -122,10 +122,7 @@ async fn proxy(
     if let Some(refusal) = answer::refusal(&decision, operation) {
         return refusal;
     }
-    let region = policy
-        .admission
-        .region_of(&decision, target.model_id.as_deref())
-        .unwrap_or_else(|| state.upstream.signer().default_region().to_string());
+    let region = region(state, policy, &decision, target.model_id.as_deref());
     let admitted = match decision {
         Decision::Admit(admitted) => Some(admitted),
         _ => None,
@@ -211,4 +208,18 @@ async fn read_body(
         Ok(Err(e)) => Err(e.into_bedrock().into_response_in(dialect)),
         Err(_) => Err(answer::body_timeout(state.body_read_timeout, dialect)),
     }
+}
+
+/// The Region a decided request goes to: its pool's (the one it was admitted in), else
+/// `upstream.region` ([`crate::admission::Admission::region_of`]).
+fn region(
+    state: &AppState,
+    policy: &Policy,
+    decision: &Decision,
+    model_id: Option<&str>,
+) -> String {
+    policy
+        .admission
+        .region_of(decision, model_id)
+        .unwrap_or_else(|| state.upstream.signer().default_region().to_string())
 }
