@@ -134,6 +134,6 @@ fn every_scenario_runs_quick_on_both_sides() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 6, "six scenarios");
+    assert_eq!(seen, 8, "eight scenarios");
     let _ = std::fs::remove_dir_all(&out);
 }
