@@ -13,6 +13,7 @@
 //! |---|---|
 //! | [`config`] | raw TOML config, validation into typed config, error messages that name the key |
 //! | [`bedrock`] | the wire format: operations and paths, modelId parsing, maxTokens and usage extraction, event-stream frames, AWS error shapes |
+//! | [`sagemaker`] | the `sagemaker-runtime` wire format (endpoint paths, container payloads, error names) and the control plane's describe calls |
 //! | [`admission`] | pool resolution, estimates, the admit/reject decision, retry hints, reconciliation |
 //! | [`ledger`] | the [`ledger::Ledger`] trait, bucket arithmetic, the memory and Redis backends, the local-share fallback |
 //! | [`upstream`] | SigV4 re-signing, the pooled HTTPS client, metered streaming pass-through |
@@ -40,6 +41,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod observe;
 pub mod proxy;
+pub mod sagemaker;
 pub mod server;
 pub mod simulator;
 pub mod state;

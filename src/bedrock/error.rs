@@ -149,10 +149,17 @@ impl std::fmt::Display for BedrockError {
     }
 }
 
+/// Marks a response tokengate answered itself (never upstream's), in its extensions: an answer
+/// to a `sagemaker-runtime` call is renamed to that service's error names on its way out
+/// ([`crate::sagemaker::error::own_answer`]).
+#[derive(Debug, Clone, Copy)]
+pub struct OwnAnswer(pub ErrorCode);
+
 impl IntoResponse for BedrockError {
     fn into_response(self) -> Response {
         let body = self.body();
         let mut response = (self.code.status(), body).into_response();
+        response.extensions_mut().insert(OwnAnswer(self.code));
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,

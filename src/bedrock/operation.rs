@@ -1,5 +1,9 @@
 //! Operations and their REST paths.
 //!
+//! The list also holds the two `sagemaker-runtime` invocations tokengate admits for endpoint
+//! pools (InvokeEndpoint, InvokeEndpointWithResponseStream): they are metered, observed and
+//! labelled like the model calls; their paths are parsed in [`crate::sagemaker::operation`].
+//!
 //! SDKs percent-encode the modelId in the path (`:` as `%3A`, `/` as `%2F`, so ARNs stay one
 //! segment). We route on the raw path: the model segment is everything between `/model/` and the
 //! last `/{operation}`, decoded exactly once. The raw path is forwarded upstream unchanged.
@@ -21,10 +25,14 @@ pub enum Operation {
     StartAsyncInvoke,
     GetAsyncInvoke,
     ListAsyncInvokes,
+    /// sagemaker-runtime `POST /endpoints/{EndpointName}/invocations`.
+    InvokeEndpoint,
+    /// sagemaker-runtime `POST /endpoints/{EndpointName}/invocations-response-stream`.
+    InvokeEndpointWithResponseStream,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 11] = [
+    pub const ALL: [Operation; 13] = [
         Operation::Converse,
         Operation::ConverseStream,
         Operation::InvokeModel,
@@ -36,6 +44,8 @@ impl Operation {
         Operation::StartAsyncInvoke,
         Operation::GetAsyncInvoke,
         Operation::ListAsyncInvokes,
+        Operation::InvokeEndpoint,
+        Operation::InvokeEndpointWithResponseStream,
     ];
 
     /// The position of this operation in [`Operation::ALL`].
@@ -57,6 +67,8 @@ impl Operation {
             Operation::StartAsyncInvoke => "StartAsyncInvoke",
             Operation::GetAsyncInvoke => "GetAsyncInvoke",
             Operation::ListAsyncInvokes => "ListAsyncInvokes",
+            Operation::InvokeEndpoint => "InvokeEndpoint",
+            Operation::InvokeEndpointWithResponseStream => "InvokeEndpointWithResponseStream",
         }
     }
 
@@ -76,7 +88,8 @@ impl Operation {
     }
 
     /// Whether the call draws on the model's tokens-per-minute quota (Bedrock's on-demand
-    /// throughput). CountTokens is free of charge; guardrails and async jobs are billed apart.
+    /// throughput), or on an endpoint's copies. CountTokens is free of charge; guardrails and
+    /// async jobs are billed apart.
     pub fn consumes_quota(self) -> bool {
         matches!(
             self,
@@ -85,6 +98,14 @@ impl Operation {
                 | Operation::InvokeModel
                 | Operation::InvokeModelWithResponseStream
                 | Operation::InvokeModelWithBidirectionalStream
+        ) || self.is_endpoint()
+    }
+
+    /// Whether it is a sagemaker-runtime call to a real-time endpoint.
+    pub fn is_endpoint(self) -> bool {
+        matches!(
+            self,
+            Operation::InvokeEndpoint | Operation::InvokeEndpointWithResponseStream
         )
     }
 
@@ -95,6 +116,7 @@ impl Operation {
             Operation::ConverseStream
                 | Operation::InvokeModelWithResponseStream
                 | Operation::InvokeModelWithBidirectionalStream
+                | Operation::InvokeEndpointWithResponseStream
         )
     }
 
@@ -122,6 +144,10 @@ impl Operation {
             Operation::ApplyGuardrail => Some("bedrock:ApplyGuardrail"),
             Operation::GetAsyncInvoke => Some("bedrock:GetAsyncInvoke"),
             Operation::ListAsyncInvokes => Some("bedrock:ListAsyncInvokes"),
+            // The sagemaker-runtime service model documents both as needing this one action.
+            Operation::InvokeEndpoint | Operation::InvokeEndpointWithResponseStream => {
+                Some("sagemaker:InvokeEndpoint")
+            }
             Operation::InvokeGuardrailChecks | Operation::InvokeModelWithBidirectionalStream => {
                 None
             }
