@@ -3,6 +3,7 @@
 //! Every error names the key at fault and says what to write instead, so that
 //! `tokengate check-config FILE` is enough to fix a file.
 
+pub mod endpoints;
 pub mod raw;
 pub mod routes;
 
@@ -16,6 +17,7 @@ use std::{
 use http::Uri;
 
 use crate::simulator::SimulatorConfig;
+pub use endpoints::EndpointConfig;
 use raw::{RawConfig, RawPool};
 pub use routes::{AuthConfig, AuthMode, MaxTokensPolicy, RouteConfig, Secret, ShareConfig};
 
@@ -49,6 +51,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// At least one: a config without `[[routes]]` has the implicit default route.
     pub routes: Vec<RouteConfig>,
+    /// `[[endpoints]]`: SageMaker endpoint pools.
+    pub endpoints: Vec<EndpointConfig>,
     pub simulator: SimulatorConfig,
 }
 
@@ -195,6 +199,8 @@ pub struct PoolConfig {
     pub retry_reserve: f64,
     /// Decide and count, but forward everything.
     pub shadow: bool,
+    /// An endpoint pool's endpoint (`[[endpoints]]`); `None` for a Bedrock pool.
+    pub endpoint: Option<EndpointConfig>,
 }
 
 impl PoolConfig {
@@ -354,7 +360,13 @@ impl Config {
         for (i, pool) in raw.pools.into_iter().enumerate() {
             pools.push(validate_pool(i, pool, &upstream.region)?);
         }
-        check_pools_disjoint(&pools)?;
+        let endpoints = endpoints::validate(raw.endpoints, &upstream.region, &upstream.endpoint)?;
+        let all_pools: Vec<PoolConfig> = pools
+            .iter()
+            .cloned()
+            .chain(endpoints.iter().map(EndpointConfig::pool))
+            .collect();
+        check_pools_disjoint(&all_pools)?;
         for (profile, model) in &admission.application_profiles {
             if !pools.iter().any(|p| p.models.contains(model)) {
                 return Err(invalid(
@@ -366,7 +378,7 @@ impl Config {
         let (auth, routes) = routes::validate(
             raw.auth,
             raw.routes,
-            &pools,
+            &all_pools,
             &admission.application_profiles,
             server.tls.is_some(),
             &|var| std::env::var(var).ok(),
@@ -380,8 +392,18 @@ impl Config {
             pools,
             auth,
             routes,
+            endpoints,
             simulator: raw.simulator.unwrap_or_default(),
         })
+    }
+
+    /// Every pool admission holds: the `[[pools]]`, then one per `[[endpoints]]` entry.
+    pub fn admission_pools(&self) -> Vec<PoolConfig> {
+        self.pools
+            .iter()
+            .cloned()
+            .chain(self.endpoints.iter().map(EndpointConfig::pool))
+            .collect()
     }
 }
 
@@ -521,42 +543,27 @@ fn positive(key: &str, v: u64) -> Result<u64, ConfigError> {
     }
 }
 
-fn validate_upstream(raw: raw::RawUpstream) -> Result<UpstreamConfig, ConfigError> {
-    if raw.region.is_empty()
-        || !raw
-            .region
+/// `region` if it looks like a Region name.
+fn region(key: &str, region: String) -> Result<String, ConfigError> {
+    let ok = !region.is_empty()
+        && region
             .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-    {
-        return Err(invalid(
-            "upstream.region",
-            format!("{:?} is not a Region name like \"us-east-1\"", raw.region),
-        ));
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if ok {
+        Ok(region)
+    } else {
+        Err(invalid(
+            key,
+            format!("{region:?} is not a Region name like \"us-east-1\""),
+        ))
     }
-    let endpoint = match raw.endpoint.as_deref() {
-        None => Endpoint::Aws,
-        Some("simulated") => Endpoint::Simulated,
-        Some(url) => {
-            let uri: Uri = url
-                .parse()
-                .map_err(|_| invalid("upstream.endpoint", format!("{url:?} is not a URL")))?;
-            match (uri.scheme_str(), uri.authority()) {
-                (Some("http" | "https"), Some(_)) if uri.path() == "/" || uri.path().is_empty() => {
-                    Endpoint::Url(uri)
-                }
-                _ => {
-                    return Err(invalid(
-                        "upstream.endpoint",
-                        format!(
-                            "{url:?}: write \"simulated\" or a base URL such as \"http://127.0.0.1:9000\" (no path)"
-                        ),
-                    ));
-                }
-            }
-        }
-    };
+}
+
+fn validate_upstream(raw: raw::RawUpstream) -> Result<UpstreamConfig, ConfigError> {
+    let region = region("upstream.region", raw.region)?;
+    let endpoint = parse_endpoint("upstream.endpoint", raw.endpoint.as_deref())?;
     Ok(UpstreamConfig {
-        region: raw.region,
+        region,
         endpoint,
         connect_timeout: Duration::from_secs(positive(
             "upstream.connect_timeout_secs",
@@ -573,6 +580,63 @@ fn validate_upstream(raw: raw::RawUpstream) -> Result<UpstreamConfig, ConfigErro
     })
 }
 
+/// An upstream base URL: absent for AWS, `"simulated"`, or a URL without a path.
+fn parse_endpoint(key: &str, value: Option<&str>) -> Result<Endpoint, ConfigError> {
+    let Some(url) = value else {
+        return Ok(Endpoint::Aws);
+    };
+    if url == "simulated" {
+        return Ok(Endpoint::Simulated);
+    }
+    let uri: Uri = url
+        .parse()
+        .map_err(|_| invalid(key, format!("{url:?} is not a URL")))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http" | "https"), Some(_)) if uri.path() == "/" || uri.path().is_empty() => {
+            Ok(Endpoint::Url(uri))
+        }
+        _ => Err(invalid(
+            key,
+            format!(
+                "{url:?}: write \"simulated\" or a base URL such as \"http://127.0.0.1:9000\" (no path)"
+            ),
+        )),
+    }
+}
+
+/// A pool's name (also its metrics label): letters, digits, '-', '_' and '.'.
+fn is_pool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// `max_wait_ms` and `max_queue` of a pool or endpoint; `key` names a field of the table.
+fn queue_settings(
+    key: &dyn Fn(&str) -> String,
+    max_wait_ms: Option<u64>,
+    max_queue: Option<usize>,
+) -> Result<(Duration, usize), ConfigError> {
+    let max_wait_ms = max_wait_ms.unwrap_or(DEFAULT_MAX_WAIT_MS);
+    if max_wait_ms > MAX_WAIT_LIMIT_MS {
+        return Err(invalid(
+            key("max_wait_ms"),
+            format!(
+                "{max_wait_ms} is longer than {MAX_WAIT_LIMIT_MS} ms; SDK read timeouts and retry budgets make longer waits useless"
+            ),
+        ));
+    }
+    let max_queue = max_queue.unwrap_or(DEFAULT_MAX_QUEUE);
+    if max_queue == 0 && max_wait_ms > 0 {
+        return Err(invalid(
+            key("max_queue"),
+            "must be greater than zero when max_wait_ms is (set max_wait_ms = 0 to disable queueing)",
+        ));
+    }
+    Ok((Duration::from_millis(max_wait_ms), max_queue))
+}
+
 fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolConfig, ConfigError> {
     let key = |field: &str| {
         if raw.name.is_empty() {
@@ -581,12 +645,7 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
             format!("pools[{i}] ({}).{field}", raw.name)
         }
     };
-    if raw.name.is_empty()
-        || !raw
-            .name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    {
+    if !is_pool_name(&raw.name) {
         return Err(invalid(
             key("name"),
             "must be non-empty letters, digits, '-', '_' or '.'",
@@ -645,22 +704,7 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
             ));
         }
     };
-    let max_wait_ms = raw.max_wait_ms.unwrap_or(DEFAULT_MAX_WAIT_MS);
-    if max_wait_ms > MAX_WAIT_LIMIT_MS {
-        return Err(invalid(
-            key("max_wait_ms"),
-            format!(
-                "{max_wait_ms} is longer than {MAX_WAIT_LIMIT_MS} ms; SDK read timeouts and retry budgets make longer waits useless"
-            ),
-        ));
-    }
-    let max_queue = raw.max_queue.unwrap_or(DEFAULT_MAX_QUEUE);
-    if max_queue == 0 && max_wait_ms > 0 {
-        return Err(invalid(
-            key("max_queue"),
-            "must be greater than zero when max_wait_ms is (set max_wait_ms = 0 to disable queueing)",
-        ));
-    }
+    let (max_wait, max_queue) = queue_settings(&key, raw.max_wait_ms, raw.max_queue)?;
     let retry_reserve = fraction(&key("retry_reserve"), raw.retry_reserve.unwrap_or(0.0), 0.5)?;
     let pool = PoolConfig {
         name: raw.name.clone(),
@@ -673,10 +717,11 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
         default_max_tokens,
         headroom,
         input_estimate,
-        max_wait: Duration::from_millis(max_wait_ms),
+        max_wait,
         max_queue,
         retry_reserve,
         shadow: raw.shadow.unwrap_or(false),
+        endpoint: None,
     };
     if default_max_tokens >= pool.usable_tokens_per_minute() {
         return Err(invalid(
@@ -690,20 +735,31 @@ fn validate_pool(i: usize, raw: RawPool, default_region: &str) -> Result<PoolCon
     Ok(pool)
 }
 
+/// Pool names are unique, and a model (or an endpoint pool's name, which route allow-lists
+/// share with model ids) belongs to one pool. `pools` holds `[[pools]]` then `[[endpoints]]`.
 fn check_pools_disjoint(pools: &[PoolConfig]) -> Result<(), ConfigError> {
     let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
     let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+    let bedrock = pools.iter().filter(|p| p.endpoint.is_none()).count();
     for (i, pool) in pools.iter().enumerate() {
+        // An endpoint pool's one "model" is its name.
+        let (table, models_key) = match pool.endpoint {
+            None => (format!("pools[{i}]"), "models"),
+            Some(_) => (format!("endpoints[{}]", i - bedrock), "name"),
+        };
         if names.insert(&pool.name, i).is_some() {
             return Err(invalid(
-                format!("pools[{i}].name"),
-                format!("{:?} names two pools; pool names must be unique", pool.name),
+                format!("{table}.name"),
+                format!(
+                    "{:?} names two pools (or endpoints); pool names must be unique",
+                    pool.name
+                ),
             ));
         }
         for model in &pool.models {
             if let Some(other) = seen.insert(model, &pool.name) {
                 return Err(invalid(
-                    format!("pools[{i}] ({}).models", pool.name),
+                    format!("{table} ({}).{models_key}", pool.name),
                     format!("{model:?} is already in pool {other:?}; a model belongs to one pool"),
                 ));
             }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+pub use super::endpoints::RawEndpoint;
 pub use super::routes::{RawAuth, RawRoute, RawShare};
 use crate::simulator::SimulatorConfig;
 
@@ -25,6 +26,8 @@ pub struct RawConfig {
     pub auth: RawAuth,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
+    #[serde(default)]
+    pub endpoints: Vec<RawEndpoint>,
     #[serde(default)]
     pub simulator: Option<SimulatorConfig>,
 }
