@@ -182,6 +182,7 @@ fn admission(c: &mut Criterion) {
                 model_id: Some(MODEL),
                 body: black_box(&body),
                 caller: &caller,
+                endpoint: None,
             };
             let decision = admission.decide(&facts).now_or_never();
             let Some(decision) = decision else {

@@ -17,6 +17,7 @@ use crate::{
     },
     bedrock::{BedrockError, ErrorCode, Operation, TargetError},
     ledger::Limit,
+    sagemaker::EndpointTargetError,
 };
 
 pub const X_TOKENGATE_REASON: HeaderName = HeaderName::from_static("x-tokengate-reason");
@@ -36,6 +37,10 @@ pub fn refusal(decision: &Decision) -> Option<Response> {
             "tokengate has no quota pool for model {model:?}: add it to the models list of a [[pools]] entry, \
              or set [admission] unknown_models = \"pass\" to forward unknown models uncounted"
         )),
+        Decision::UnknownEndpoint {
+            endpoint,
+            inference_component,
+        } => unknown_endpoint(endpoint, inference_component.as_deref()),
         Decision::Unavailable(u) => unavailable(u),
     };
     Some(error.into_response())
@@ -81,6 +86,23 @@ fn throttle(t: &Throttle) -> BedrockError {
     retryable(ErrorCode::Throttling, message, t.hint)
         .with_header(X_TOKENGATE_REASON, t.reason())
         .with_header(X_TOKENGATE_POOL, name)
+}
+
+fn unknown_endpoint(endpoint: &str, component: Option<&str>) -> BedrockError {
+    let (what, keys) = match component {
+        Some(ic) => (
+            format!("endpoint {endpoint:?} with inference component {ic:?}"),
+            format!("endpoint = {endpoint:?} and inference_component = {ic:?}"),
+        ),
+        None => (
+            format!("endpoint {endpoint:?} (no inference component)"),
+            format!("endpoint = {endpoint:?} and no inference_component"),
+        ),
+    };
+    BedrockError::validation(format!(
+        "tokengate has no endpoint pool for {what}: add an [[endpoints]] entry with {keys}, \
+         or set [admission] unknown_models = \"pass\" to forward it uncounted"
+    ))
 }
 
 fn limit_noun(limit: Limit) -> &'static str {
@@ -148,14 +170,15 @@ pub fn upstream_throttled(headers: &mut HeaderMap, hint: Duration) {
     headers.insert(X_TOKENGATE_REASON, HeaderValue::from_static("upstream"));
 }
 
-/// No answer from upstream: a retryable 503 (with a hint when the request was admitted in a
-/// pool).
+/// No answer from `service` (`bedrock-runtime`, `sagemaker-runtime`): a retryable 503 (with a
+/// hint when the request was admitted in a pool).
 pub fn upstream_unreachable(
+    service: &str,
     error: &dyn std::fmt::Display,
     pool: Option<&str>,
     hint: Duration,
 ) -> Response {
-    let message = format!("tokengate could not get an answer from bedrock-runtime: {error}");
+    let message = format!("tokengate could not get an answer from {service}: {error}");
     match pool {
         None => BedrockError::new(ErrorCode::ServiceUnavailable, message),
         Some(pool) => retryable(ErrorCode::ServiceUnavailable, message, hint)
@@ -177,6 +200,20 @@ pub fn target_error(e: TargetError) -> Response {
             BedrockError::validation(format!(
                 "{e}; send the modelId percent-encoded once, as the AWS SDKs do (':' as %3A, '/' as %2F)"
             ))
+        }
+    }
+    .into_response()
+}
+
+/// A path under `/endpoints/` that is not a call tokengate forwards, or a bad endpoint or
+/// inference component name.
+pub fn endpoint_target_error(e: &EndpointTargetError) -> Response {
+    match e {
+        EndpointTargetError::UnknownOperation { .. } => {
+            BedrockError::new(ErrorCode::UnknownOperation, e.to_string())
+        }
+        EndpointTargetError::BadEndpointName(_) | EndpointTargetError::BadInferenceComponent(_) => {
+            BedrockError::validation(e.to_string())
         }
     }
     .into_response()

@@ -30,7 +30,10 @@ use crate::{
     server,
     simulator::{self, SimulatorHandle},
     state::{AppState, Policy},
-    upstream::{Signer, Upstream},
+    upstream::{
+        Signer, Upstream,
+        sagemaker::{SageMakerUpstreams, Service, Timeouts},
+    },
 };
 
 /// Why the proxy could not start.
@@ -52,6 +55,8 @@ pub enum StartError {
     Listener(#[from] io::Error),
     #[error("cannot listen on {addr} (server.admin_listen): {source}")]
     AdminListener { addr: SocketAddr, source: io::Error },
+    #[error("endpoint pool {pool:?}: {error}")]
+    Endpoint { pool: String, error: String },
 }
 
 /// Overrides for embedding and tests.
@@ -82,6 +87,8 @@ pub struct Gateway {
     /// Admission controllers replaced by reloads, whose queues may still hold waiters: closed at
     /// shutdown like the current one.
     retired: Mutex<Vec<Weak<Admission>>>,
+    /// Stops the endpoint copies refreshers ([`crate::copies`]).
+    refreshers: CancellationToken,
 }
 
 /// Why a config reload was refused (the running config stays).
@@ -89,6 +96,8 @@ pub struct Gateway {
 pub enum ReloadError {
     #[error("{0}")]
     Invalid(#[from] crate::config::ConfigError),
+    #[error("{0}")]
+    Endpoint(String),
 }
 
 /// The sections a reload cannot change in a running process: listeners, the upstream client,
@@ -152,8 +161,21 @@ impl Gateway {
             None => None,
         };
         let deadline = CancellationToken::new();
-        let (upstream, simulator) = connect_upstream(&config, options.credentials).await?;
+        let connected = connect_upstream(&config, options.credentials).await?;
+        let (upstream, simulator) = (connected.upstream, connected.simulator);
         let upstream = upstream.with_deadline(deadline.clone());
+        let sagemaker = Arc::new(SageMakerUpstreams::new(
+            connected.credentials,
+            connected.simulated,
+            config.upstream.region.clone(),
+            Timeouts {
+                connect: config.upstream.connect_timeout,
+                response: config.upstream.response_timeout,
+                idle: config.upstream.idle_timeout,
+            },
+            deadline.clone(),
+        ));
+        endpoint_clients(&config, &sagemaker)?;
         let registry = options.registry.unwrap_or_default();
         let metrics = Arc::new(Metrics::new(&registry)?);
         let clock = options.clock.unwrap_or_default();
@@ -165,9 +187,12 @@ impl Gateway {
         let upstream = Arc::new(upstream);
         let policy = build_policy(&config, ledger, &upstream, &metrics);
         let ready = Arc::new(AtomicBool::new(false));
+        let refreshers = CancellationToken::new();
+        crate::copies::follow(&policy.admission, &sagemaker, &refreshers);
         let state = Arc::new(AppState {
             policy: arc_swap::ArcSwap::from_pointee(policy),
             upstream,
+            sagemaker,
             metrics,
             registry,
             ledger_publications: Default::default(),
@@ -203,6 +228,7 @@ impl Gateway {
             accept_grace: config.server.accept_grace,
             config: Mutex::new(config),
             retired: Mutex::new(Vec::new()),
+            refreshers,
         })
     }
 
@@ -224,6 +250,9 @@ impl Gateway {
             tracing::warn!(sections = ?pending, "config reload: these sections changed and take effect at the next restart");
         }
         let old = self.state.policy();
+        if let Err(e) = endpoint_clients(&new, &self.state.sagemaker) {
+            return Err(ReloadError::Endpoint(e.to_string()));
+        }
         let policy = build_policy(
             &new,
             old.admission.ledger().clone(),
@@ -235,6 +264,7 @@ impl Gateway {
                 pool.inherit(previous);
             }
         }
+        crate::copies::follow(&policy.admission, &self.state.sagemaker, &self.refreshers);
         self.state.policy.store(Arc::new(policy));
         let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
         retired.retain(|w| w.strong_count() > 0);
@@ -284,6 +314,7 @@ impl Gateway {
     /// answered "not ready" throughout) and the in-process simulator stop.
     pub async fn shutdown(mut self) -> io::Result<ShutdownReport> {
         self.state.ready.store(false, Ordering::Release);
+        self.refreshers.cancel();
         if !self.accept_grace.is_zero() {
             tracing::info!(
                 accept_grace_secs = self.accept_grace.as_secs_f64(),
@@ -361,12 +392,21 @@ impl ShutdownReport {
     }
 }
 
+/// The bedrock-runtime client, what it signs with, and the simulator it may talk to.
+struct Connected {
+    upstream: Upstream,
+    simulator: Option<SimulatorHandle>,
+    credentials: SharedCredentialsProvider,
+    /// The in-process simulator's base URL.
+    simulated: Option<http::Uri>,
+}
+
 /// The upstream client of `config`, signing with `credentials` (else the AWS default chain), and
 /// the in-process simulator when the endpoint is `"simulated"`.
 async fn connect_upstream(
     config: &Config,
     credentials: Option<SharedCredentialsProvider>,
-) -> Result<(Upstream, Option<SimulatorHandle>), StartError> {
+) -> Result<Connected, StartError> {
     let up = &config.upstream;
     let (base, simulator, default_credentials) = match &up.endpoint {
         Endpoint::Simulated => {
@@ -384,13 +424,14 @@ async fn connect_upstream(
         Some(p) => p,
         None => default_chain(&up.region).await?,
     };
-    let signer = Signer::new(provider, &up.region);
+    let signer = Signer::new(provider.clone(), &up.region);
     signer.credentials().await.map_err(|e| {
         StartError::Credentials(format!(
             "{e}. tokengate signs upstream requests with its own AWS credentials from the default chain \
              (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity, container or instance role)"
         ))
     })?;
+    let simulated = simulator.as_ref().map(|_| base.clone());
     let upstream = Upstream::new(
         base,
         signer,
@@ -399,7 +440,32 @@ async fn connect_upstream(
         up.idle_timeout,
     )
     .map_err(|e| StartError::Upstream(e.to_string()))?;
-    Ok((upstream, simulator))
+    Ok(Connected {
+        upstream,
+        simulator,
+        credentials: provider,
+        simulated,
+    })
+}
+
+/// Makes the sagemaker-runtime and control plane clients of every endpoint pool now, so that a
+/// destination that cannot be reached (no simulator to be `"simulated"`) fails the start, or the
+/// reload, rather than a request.
+fn endpoint_clients(config: &Config, upstreams: &SageMakerUpstreams) -> Result<(), StartError> {
+    for e in &config.endpoints {
+        for (service, endpoint) in [
+            (Service::Runtime, &e.runtime),
+            (Service::Control, &e.control),
+        ] {
+            upstreams
+                .client(service, endpoint, &e.region)
+                .map_err(|error| StartError::Endpoint {
+                    pool: e.name.clone(),
+                    error: error.to_string(),
+                })?;
+        }
+    }
+    Ok(())
 }
 
 /// The built-in simulator on loopback, its URL, and the credentials it expects.
@@ -441,7 +507,7 @@ fn build_policy(
     metrics: &Arc<Metrics>,
 ) -> Policy {
     let admission = Admission::new(
-        &config.pools,
+        &config.admission_pools(),
         &config.routes,
         config.admission.clone(),
         ledger,

@@ -26,6 +26,7 @@
 //! | [`observe`] | what happened, recorded: metrics and the access log |
 //! | [`state`] | what request handlers share: the reloadable policy and the process-wide parts |
 //! | [`gateway`] | assembling a running proxy from a config |
+//! | [`copies`] | following endpoint pools' copies from the SageMaker control plane |
 //! | [`server`] | the listener: HTTP/1.1 and h2c on one port, optional TLS, graceful shutdown |
 //! | [`healthcheck`] | `tokengate healthcheck`: the container image's probe (no shell, no curl) |
 
@@ -35,6 +36,7 @@ pub mod app;
 pub mod auth;
 pub mod bedrock;
 pub mod config;
+pub mod copies;
 pub mod gateway;
 pub mod healthcheck;
 pub mod ledger;

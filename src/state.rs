@@ -9,6 +9,7 @@ use prometheus::Registry;
 use crate::{
     admission::Admission, auth::Authenticator, metrics::Metrics, observe::Observer,
     observe::publish::LedgerPublications, upstream::Upstream,
+    upstream::sagemaker::SageMakerUpstreams,
 };
 
 /// What a config reload replaces: pools, routes, who may call, and the metric series that go
@@ -38,6 +39,8 @@ impl Policy {
 pub struct AppState {
     pub policy: ArcSwap<Policy>,
     pub upstream: Arc<Upstream>,
+    /// The sagemaker-runtime and control plane clients of endpoint pools.
+    pub sagemaker: Arc<SageMakerUpstreams>,
     pub metrics: Arc<Metrics>,
     pub registry: Registry,
     /// Counts the ledger keeps, published at each scrape.

@@ -60,6 +60,7 @@ async fn admit(adm: &Admission, max_tokens: u64) -> Result<Hold, Refused> {
             model_id: Some("m.x"),
             body: &body(max_tokens),
             caller: &caller,
+            endpoint: None,
         })
         .await;
     match decision {

@@ -15,6 +15,7 @@ pub mod advice;
 pub mod body;
 mod ceiling;
 pub mod decision;
+pub mod endpoint;
 pub mod estimate;
 pub mod hint;
 pub mod hold;
@@ -33,6 +34,7 @@ use crate::{
     bedrock::{ModelRef, Operation},
     config::{AdmissionConfig, InputEstimate, PoolConfig, RouteConfig, UnknownModels},
     ledger::{Ledger, PoolSnapshot},
+    sagemaker::EndpointTarget,
 };
 pub use decision::{
     Admitted, Decision, Invalid, NeverFits, NotAllowed, Pass, Problem, QueueRefusal, ShadowReason,
@@ -51,6 +53,8 @@ pub struct Facts<'a> {
     /// The whole request body.
     pub body: &'a Bytes,
     pub caller: &'a Caller,
+    /// A sagemaker-runtime call's endpoint and inference component (its `model_id` is `None`).
+    pub endpoint: Option<&'a EndpointTarget>,
 }
 
 /// The admission controller: pools, routes and the ledger they reserve in.
@@ -125,6 +129,9 @@ impl Admission {
 
     /// Decides a request: admitted (holding a reservation), passed, or refused with the reason.
     pub async fn decide(&self, facts: &Facts<'_>) -> Decision {
+        if let Some(target) = facts.endpoint {
+            return self.decide_endpoint(facts, target).await;
+        }
         let (Some(model_id), true) = (facts.model_id, facts.operation.consumes_quota()) else {
             return Decision::Pass(Pass::NotMetered);
         };
@@ -139,23 +146,8 @@ impl Admission {
         };
         let route = &facts.caller.route;
         let shadow = pool.config.shadow || route.config.shadow;
-        // Shadow mode forwards what enforcement would refuse, and says why.
-        let refuse = |decision: Decision, reason: ShadowReason| {
-            if shadow {
-                Decision::Pass(Pass::Shadow {
-                    pool: pool.clone(),
-                    reason,
-                })
-            } else {
-                decision
-            }
-        };
-        if !route.allows(configured) {
-            let refusal = Decision::NotAllowed(NotAllowed {
-                pool: pool.clone(),
-                route: route.name.clone(),
-                model: model_id.to_string(),
-            });
+        let refuse = |decision, reason| unless_shadow(shadow, pool, decision, reason);
+        if let Some(refusal) = not_allowed(pool, route, configured, model_id) {
             return refuse(refusal, ShadowReason::NotAllowed);
         }
         let invalid = |problem| {
@@ -172,21 +164,13 @@ impl Admission {
             Ok(body) => body,
             Err(problem) => return refuse(invalid(problem), ShadowReason::MaxTokensCeiling),
         };
-        let granted = if shadow {
-            self.reserve_shadow(pool, estimate, facts.caller).await
-        } else {
-            self.reserve(pool, estimate, facts.caller).await
-        };
         let prepared = reserve::Prepared {
             estimate,
             configured_model: configured,
             body,
             count_tokens_failed: count_failed,
         };
-        match granted {
-            Ok(granted) => Decision::Admit(self.admitted(pool, granted, prepared, facts.caller)),
-            Err(refusal) => refusal,
-        }
+        self.take(pool, prepared, facts.caller, shadow).await
     }
 
     /// The reservation's estimate: `maxTokens` from the body (or the pool's default) and the
@@ -243,7 +227,7 @@ impl Admission {
                 models: pool.config.models.clone(),
                 region: pool.config.region.clone(),
                 tokens_per_minute: pool.config.tokens_per_minute,
-                usable_tokens_per_minute: pool.config.usable_tokens_per_minute(),
+                usable_tokens_per_minute: pool.capacity(),
                 effective_tokens_per_minute: limits.tokens_per_minute,
                 requests_per_minute: limits.requests_per_minute,
                 max_concurrency: limits.max_concurrency,
@@ -263,6 +247,7 @@ impl Admission {
                 queue: pool.queue.view(),
                 max_tokens_advice: pool.advice.view(),
                 routes: pool.shares.views(),
+                endpoint: pool.endpoint_view(),
             });
         }
         out
@@ -274,6 +259,41 @@ impl Admission {
             pool.queue.close();
         }
     }
+}
+
+/// `decision`, or in shadow mode the pass that forwards what enforcement would refuse, saying
+/// why.
+fn unless_shadow(
+    shadow: bool,
+    pool: &Arc<Pool>,
+    decision: Decision,
+    reason: ShadowReason,
+) -> Decision {
+    if shadow {
+        Decision::Pass(Pass::Shadow {
+            pool: pool.clone(),
+            reason,
+        })
+    } else {
+        decision
+    }
+}
+
+/// The refusal of a route that may not call `configured` (the pool's key for what `requested`
+/// names), if it may not.
+fn not_allowed(
+    pool: &Arc<Pool>,
+    route: &Route,
+    configured: &str,
+    requested: &str,
+) -> Option<Decision> {
+    (!route.allows(configured)).then(|| {
+        Decision::NotAllowed(NotAllowed {
+            pool: pool.clone(),
+            route: route.name.clone(),
+            model: requested.to_string(),
+        })
+    })
 }
 
 /// One pool in `GET /v1/pools`.
@@ -303,6 +323,9 @@ pub struct PoolView {
     pub max_tokens_advice: Vec<advice::MaxTokensAdvice>,
     /// Each route's share of this pool and what it used, in slot order.
     pub routes: Vec<routes::RouteView>,
+    /// An endpoint pool's copies and scaling signal; absent for a Bedrock pool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<endpoint::EndpointView>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -13,9 +13,15 @@ use std::{
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::{advice::PoolAdvice, hint::PoolHistory, queue::AdmissionQueue, routes::PoolShares};
+use super::{
+    advice::PoolAdvice,
+    endpoint::{self, EndpointCopies, EndpointIndex},
+    hint::PoolHistory,
+    queue::AdmissionQueue,
+    routes::PoolShares,
+};
 use crate::{
-    bedrock::{ModelRef, model_id::application_profile_id},
+    bedrock::{ModelRef, Usage, model_id::application_profile_id},
     config::{AdmissionConfig, PoolConfig, RouteConfig},
     ledger::{Limit, Limits},
 };
@@ -60,6 +66,8 @@ pub struct Pool {
     /// Burndown excess of streams in flight: what their output so far will cost beyond their
     /// reservations (see [`Pool::pending_excess`]).
     pending_excess: AtomicU64,
+    /// An endpoint pool's copies serving now ([`super::endpoint`]); `None` for Bedrock pools.
+    pub(super) copies: Option<EndpointCopies>,
 }
 
 #[derive(Debug)]
@@ -162,6 +170,10 @@ impl Pool {
         routes: &[RouteConfig],
         admission: &AdmissionConfig,
     ) -> Pool {
+        let copies = config
+            .endpoint
+            .as_ref()
+            .map(|e| EndpointCopies::new(e.copies));
         Pool {
             name: Arc::from(config.name.as_str()),
             id,
@@ -181,6 +193,7 @@ impl Pool {
             }),
             counts: PoolCounts::default(),
             pending_excess: AtomicU64::new(0),
+            copies,
         }
     }
 
@@ -217,6 +230,7 @@ impl Pool {
         for (to, from) in self.counts.all().into_iter().zip(previous.counts.all()) {
             to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
         }
+        self.inherit_copies(previous);
     }
 
     /// The limit factor now: 1.0, or less while regrowing after upstream throttles.
@@ -228,14 +242,51 @@ impl Pool {
         }
     }
 
-    /// The limits admission applies now.
+    /// The limits admission applies now. An endpoint pool's follow its copies; throttle
+    /// feedback shrinks its concurrency as well as its tokens.
     pub fn limits(&self) -> Limits {
-        let usable = self.config.usable_tokens_per_minute();
-        let tokens = ((usable as f64) * self.limit_factor()).floor() as u64;
+        let factor = self.limit_factor();
+        let tokens = ((self.capacity() as f64) * factor).floor() as u64;
+        let max_concurrency = match (self.endpoint_config(), self.copies()) {
+            (Some(e), Some(copies)) => {
+                let full = e.max_concurrency(copies);
+                ((f64::from(full) * factor).floor() as u32).max(u32::from(full > 0))
+            }
+            _ => self.config.max_concurrency,
+        };
         Limits {
             tokens_per_minute: tokens.max(1),
             requests_per_minute: self.config.requests_per_minute,
-            max_concurrency: self.config.max_concurrency,
+            max_concurrency,
+        }
+    }
+
+    /// Tokens per minute the pool holds at most now, before throttle feedback: the configured
+    /// quota after headroom, or an endpoint's envelope at the copies serving.
+    pub fn capacity(&self) -> u64 {
+        match (self.endpoint_config(), self.copies()) {
+            (Some(e), Some(copies)) => e.tokens_per_minute(copies),
+            _ => self.config.usable_tokens_per_minute(),
+        }
+    }
+
+    /// Whether a reservation of `tokens` fits the bucket at all (else it could never be
+    /// admitted). An endpoint scaled to zero is judged as one copy: it refuses for now, not
+    /// forever.
+    pub fn can_ever_hold(&self, tokens: u64) -> bool {
+        match (self.endpoint_config(), self.copies()) {
+            (Some(e), Some(copies)) => tokens <= e.tokens_per_minute(copies.max(1)),
+            _ => self.config.can_ever_hold(tokens),
+        }
+    }
+
+    /// The charge of a request that reported `usage`: Bedrock's (`input + cacheWrite + output
+    /// x burndown`), or for an endpoint the tokens it generated.
+    pub fn charge(&self, usage: &Usage) -> u64 {
+        if self.config.endpoint.is_some() {
+            usage.output_tokens
+        } else {
+            usage.charge(self.config.output_burndown)
         }
     }
 
@@ -290,6 +341,15 @@ impl Pool {
         }
     }
 
+    /// Learns a typical duration from a request settled without usage: an endpoint's container
+    /// may report none, and concurrency hints need the duration all the same.
+    pub fn learn_duration(&self, duration: Duration) {
+        if self.config.endpoint.is_some() {
+            let mut l = lock(&self.learned);
+            l.duration_secs = ewma(l.duration_secs, duration.as_secs_f64());
+        }
+    }
+
     pub fn calibration_ratio(&self) -> f64 {
         lock(&self.learned).input_multiplier
     }
@@ -339,6 +399,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct PoolTable {
     pools: Vec<Arc<Pool>>,
     by_model: HashMap<String, usize>,
+    by_endpoint: EndpointIndex,
     /// Application inference profile (ARN or id) -> model id.
     profiles: HashMap<String, String>,
 }
@@ -350,12 +411,20 @@ impl PoolTable {
         admission: &AdmissionConfig,
     ) -> PoolTable {
         let mut by_model = HashMap::new();
+        let mut by_endpoint = EndpointIndex::new();
         let pools: Vec<Arc<Pool>> = pools
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                for m in &p.models {
-                    by_model.insert(m.clone(), i);
+                match endpoint::index_key(p) {
+                    Some(key) => {
+                        by_endpoint.insert(key, i);
+                    }
+                    None => {
+                        for m in &p.models {
+                            by_model.insert(m.clone(), i);
+                        }
+                    }
                 }
                 Arc::new(Pool::new(i, p.clone(), routes, admission))
             })
@@ -368,8 +437,15 @@ impl PoolTable {
         PoolTable {
             pools,
             by_model,
+            by_endpoint,
             profiles,
         }
+    }
+
+    /// The endpoint pool of a call to `endpoint` naming `component` (or none).
+    pub fn resolve_endpoint(&self, endpoint: &str, component: Option<&str>) -> Option<&Arc<Pool>> {
+        let key = (endpoint.to_string(), component.map(str::to_string));
+        self.pools.get(*self.by_endpoint.get(&key)?)
     }
 
     pub fn pools(&self) -> &[Arc<Pool>] {

@@ -32,6 +32,26 @@ pub(super) struct Granted {
 }
 
 impl Admission {
+    /// Reserves what `prepared` estimated in `pool` (in shadow mode, without waiting or
+    /// refusing) and admits the request holding it, or refuses it.
+    pub(super) async fn take(
+        &self,
+        pool: &Arc<Pool>,
+        prepared: Prepared<'_>,
+        caller: &Caller,
+        shadow: bool,
+    ) -> Decision {
+        let granted = if shadow {
+            self.reserve_shadow(pool, prepared.estimate, caller).await
+        } else {
+            self.reserve(pool, prepared.estimate, caller).await
+        };
+        match granted {
+            Ok(granted) => Decision::Admit(self.admitted(pool, granted, prepared, caller)),
+            Err(refusal) => refusal,
+        }
+    }
+
     /// Reserves `estimate` in `pool`: at once, or after waiting in the pool's queue.
     pub(super) async fn reserve(
         &self,
@@ -40,7 +60,7 @@ impl Admission {
         caller: &Caller,
     ) -> Result<Granted, Decision> {
         let tokens = estimate.reservation();
-        if !pool.config.can_ever_hold(tokens) {
+        if !pool.can_ever_hold(tokens) {
             return Err(self.never_fits(pool, &estimate));
         }
         // While requests wait in this pool, newcomers queue behind them instead of taking the
@@ -89,7 +109,7 @@ impl Admission {
                 reason,
             })
         };
-        if !pool.config.can_ever_hold(estimate.reservation()) {
+        if !pool.can_ever_hold(estimate.reservation()) {
             return Err(waived(ShadowReason::NeverFits));
         }
         match self.try_reserve(pool, estimate.reservation(), caller).await {
@@ -174,7 +194,7 @@ impl Admission {
             reserving: estimate.reservation(),
             input: estimate.input,
             max_tokens: estimate.max_tokens,
-            capacity: pool.config.usable_tokens_per_minute(),
+            capacity: pool.capacity(),
         })
     }
 

@@ -82,6 +82,13 @@ pub struct Metrics {
     pub max_tokens_clamped: IntCounterVec,
     /// Requests that failed identification, by reason (never said to the caller).
     pub auth_failures: IntCounterVec,
+    // === Endpoint pools (see `admission::endpoint`, `copies`) ===
+    /// Copies serving an endpoint pool now.
+    pub endpoint_copies: IntGaugeVec,
+    /// (In flight + queued) / copies: the scaling signal.
+    pub endpoint_demand_per_copy: GaugeVec,
+    /// Reads of the copies from the control plane, by result: ok, error.
+    pub endpoint_copy_refreshes: IntCounterVec,
     /// Every metric registered, for [`Metrics::families`].
     families: Arc<[Family]>,
 }
@@ -181,6 +188,9 @@ impl Metrics {
             shadow_rejections: r.counter("tokengate_shadow_rejections_total", "Requests forwarded in shadow mode that enforcement would have turned away, by reason.", &["pool", "route", "reason"])?,
             max_tokens_clamped: r.counter("tokengate_max_tokens_clamped_total", "Requests whose maxTokens was lowered to the route's max_tokens_ceiling.", &["pool", "route"])?,
             auth_failures: r.counter("tokengate_auth_failures_total", "Requests that failed identification, by auth mode and reason.", &["mode", "reason"])?,
+            endpoint_copies: r.int_gauge("tokengate_endpoint_copies", "Copies serving an endpoint pool now (the concurrency limit is copies x max_concurrency_per_copy).", &["pool"])?,
+            endpoint_demand_per_copy: r.gauge("tokengate_endpoint_demand_per_copy", "An endpoint pool's requests in flight plus queued, per copy serving: the signal to scale the endpoint on.", &["pool"])?,
+            endpoint_copy_refreshes: r.counter("tokengate_endpoint_copy_refreshes_total", "Reads of an endpoint pool's copies from the SageMaker control plane, by result: ok, error.", &["pool", "result"])?,
             families: r.families.take().into(),
         })
         .inspect(Metrics::init_global_series)

@@ -8,14 +8,15 @@ use std::sync::Arc;
 use axum::{body::Body, response::Response};
 use http::{StatusCode, header, request::Parts};
 
-use super::meter::{InFlight, Meter, MeteredBody};
+use super::meter::{ExceptionFrame, InFlight, Meter, MeteredBody, UsageReader};
 use crate::{
     admission::{Admitted, hint},
     answer,
-    bedrock::{ErrorCode, Operation, UsageObserver, eventstream, usage::ResponseKind},
+    bedrock::{ErrorCode, Operation, eventstream},
     observe::Observation,
-    state::{AppState, Policy},
-    upstream::{UpstreamError, is_hop_by_hop},
+    sagemaker,
+    state::Policy,
+    upstream::{Upstream, UpstreamError, is_hop_by_hop},
 };
 
 /// The request to send upstream.
@@ -25,11 +26,12 @@ pub struct Outgoing<'a> {
     pub operation: Operation,
     /// The caller's body (replaced by admission's rewrite, if it made one).
     pub body: bytes::Bytes,
+    /// Where it goes: bedrock-runtime, or the endpoint's sagemaker-runtime.
+    pub upstream: &'a Upstream,
 }
 
 /// Forwards `request`; an `admitted` request takes `obs` along, to be written at settlement.
 pub async fn forward(
-    state: &AppState,
     policy: &Arc<Policy>,
     request: Outgoing<'_>,
     admitted: Option<Admitted>,
@@ -47,14 +49,14 @@ pub async fn forward(
         .uri
         .path_and_query()
         .map_or(parts.uri.path(), |p| p.as_str());
-    let sent = state
+    let sent = request
         .upstream
         .send(parts.method.clone(), path_and_query, &parts.headers, body)
         .await;
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     let response = match sent {
         Ok(response) => response,
-        Err(e) => return unreachable(policy, in_flight, &e),
+        Err(e) => return unreachable(policy, in_flight, &e, request.operation),
     };
     let status = response.status();
     policy.observer.upstream_response(pool.as_deref(), status);
@@ -82,8 +84,7 @@ pub async fn forward(
         }
         Some(mut f) => {
             f.answered(status, &head.headers);
-            ResponseKind::for_operation(request.operation).map(|kind| {
-                let mut usage = UsageObserver::new(kind);
+            UsageReader::for_operation(request.operation).map(|mut usage| {
                 if let Some(u) = usage.on_headers(&head.headers) {
                     f.settle_usage(&u);
                 }
@@ -92,13 +93,18 @@ pub async fn forward(
         }
         None => None,
     };
+    let exception: ExceptionFrame = if request.operation.is_endpoint() {
+        sagemaker::error::stream_exception_frame
+    } else {
+        eventstream::exception_frame
+    };
     let body = MeteredBody::new(
         incoming,
         meter,
         policy.observer.clone(),
         pool,
-        &state.upstream,
-        event_stream,
+        request.upstream,
+        event_stream.then_some(exception),
     );
     Response::from_parts(head, Body::new(body))
 }
@@ -128,16 +134,27 @@ fn refused(
 }
 
 /// No response from upstream: a retryable 503, settled by the rule for the failure.
-fn unreachable(policy: &Policy, in_flight: Option<InFlight>, error: &UpstreamError) -> Response {
+fn unreachable(
+    policy: &Policy,
+    in_flight: Option<InFlight>,
+    error: &UpstreamError,
+    operation: Operation,
+) -> Response {
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     policy
         .observer
         .upstream_error(pool.as_deref(), error.kind(), error);
+    let service = if operation.is_endpoint() {
+        "sagemaker-runtime"
+    } else {
+        "bedrock-runtime"
+    };
     let Some(mut in_flight) = in_flight else {
-        return answer::upstream_unreachable(error, None, hint::UNAVAILABLE_WAIT);
+        return answer::upstream_unreachable(service, error, None, hint::UNAVAILABLE_WAIT);
     };
     let hint = policy.admission.hint(hint::UNAVAILABLE_WAIT);
-    let response = answer::upstream_unreachable(error, pool.as_deref().map(|p| &*p.name), hint);
+    let response =
+        answer::upstream_unreachable(service, error, pool.as_deref().map(|p| &*p.name), hint);
     in_flight.answered(response.status(), response.headers());
     match error {
         // No answer yet, but the request may be running upstream: charge the reservation.

@@ -1,11 +1,13 @@
 //! Step 5: the response body on its way back to the client, metered as it passes.
 //!
-//! Each frame from upstream is handed to the client as is. On the way, a [`UsageObserver`] reads
-//! it, and the request's reservation is settled the moment usage is known, not when the
-//! connection closes. The body also enforces the idle timeout between chunks.
+//! Each frame from upstream is handed to the client as is. On the way, a [`UsageReader`] reads
+//! it (Bedrock's [`UsageObserver`], or an endpoint container's [`PayloadUsage`]), and the
+//! request's reservation is settled the moment usage is known, not when the connection closes.
+//! The body also enforces the idle timeout between chunks.
 //!
 //! When the upstream fails mid-body (connection reset, stream cut, idle timeout), an event stream
-//! ends with a `modelStreamErrorException` frame, the only way a stream that answered 200 can
+//! ends with a `modelStreamErrorException` frame (an endpoint's: `ModelStreamError`), the only
+//! way a stream that answered 200 can
 //! report an error; a plain body ends with an error, which aborts the response so the client sees
 //! a truncated body rather than a complete-looking one. Either way the reservation is settled by
 //! the `no_usage` rule. If the client hangs up, the body is dropped and settles the same way.
@@ -35,12 +37,67 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::{
     admission::{Hold, Pool, Settled},
-    bedrock::{ErrorCode, Usage, UsageObserver, eventstream::exception_frame},
+    bedrock::{ErrorCode, Operation, Usage, UsageObserver, usage::ResponseKind},
     observe::{Observation, Observer},
+    sagemaker::PayloadUsage,
     upstream::Upstream,
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The frame that ends an event stream early, in the dialect of the API that streams it.
+pub type ExceptionFrame = fn(ErrorCode, &str) -> Bytes;
+
+/// Where a response's usage is read from.
+#[derive(Debug)]
+pub enum UsageReader {
+    /// A bedrock-runtime model call.
+    Bedrock(UsageObserver),
+    /// A sagemaker-runtime endpoint call: the container's payload.
+    Endpoint(PayloadUsage),
+}
+
+impl UsageReader {
+    /// The reader for a response to `operation`, if its usage is read at all.
+    pub fn for_operation(operation: Operation) -> Option<UsageReader> {
+        if operation.is_endpoint() {
+            return Some(UsageReader::Endpoint(PayloadUsage::new(
+                operation.is_streaming(),
+            )));
+        }
+        ResponseKind::for_operation(operation)
+            .map(|kind| UsageReader::Bedrock(UsageObserver::new(kind)))
+    }
+
+    /// The response head: Bedrock's InvokeModel may carry its usage there.
+    pub fn on_headers(&mut self, headers: &http::HeaderMap) -> Option<Usage> {
+        match self {
+            UsageReader::Bedrock(u) => u.on_headers(headers),
+            UsageReader::Endpoint(_) => None,
+        }
+    }
+
+    fn on_data(&mut self, data: &[u8]) -> Option<Usage> {
+        match self {
+            UsageReader::Bedrock(u) => u.on_data(data),
+            UsageReader::Endpoint(u) => u.on_data(data),
+        }
+    }
+
+    fn on_end(&mut self) -> Option<Usage> {
+        match self {
+            UsageReader::Bedrock(u) => u.on_end(),
+            UsageReader::Endpoint(u) => u.on_end(),
+        }
+    }
+
+    fn output_tokens_seen(&self) -> u64 {
+        match self {
+            UsageReader::Bedrock(u) => u.output_tokens_seen(),
+            UsageReader::Endpoint(u) => u.output_tokens_seen(),
+        }
+    }
+}
 
 /// An admitted request on its way: its reservation and its record. Every settlement goes
 /// through here and is observed once.
@@ -120,12 +177,12 @@ impl Drop for InFlight {
 /// Reads usage out of a response in flight and settles its reservation with it.
 #[derive(Debug)]
 pub struct Meter {
-    usage: UsageObserver,
+    usage: UsageReader,
     in_flight: InFlight,
 }
 
 impl Meter {
-    pub fn new(usage: UsageObserver, in_flight: InFlight) -> Meter {
+    pub fn new(usage: UsageReader, in_flight: InFlight) -> Meter {
         Meter { usage, in_flight }
     }
 
@@ -190,7 +247,8 @@ pin_project! {
         deadline: CancellationToken,
         #[pin]
         deadline_passed: WaitForCancellationFutureOwned,
-        event_stream: bool,
+        // How an event stream ends early; `None` for a plain body.
+        event_stream: Option<ExceptionFrame>,
         finished: bool,
     }
 }
@@ -206,14 +264,14 @@ impl std::fmt::Debug for MeteredBody {
 impl MeteredBody {
     /// Wraps `inner`, a response of `upstream` (whose idle timeout and drain deadline apply).
     /// `meter` is `None` for responses that settle nothing (uncounted calls, error responses
-    /// already settled).
+    /// already settled). `event_stream` is how an event stream ends early (`None`: a plain body).
     pub fn new(
         inner: Incoming,
         meter: Option<Meter>,
         observer: Arc<Observer>,
         pool: Option<Arc<Pool>>,
         upstream: &Upstream,
-        event_stream: bool,
+        event_stream: Option<ExceptionFrame>,
     ) -> MeteredBody {
         let idle_timeout = upstream.idle_timeout;
         let deadline = upstream.deadline().clone();
@@ -331,10 +389,11 @@ impl Body for MeteredBody {
         if let Some(meter) = this.meter.as_mut() {
             meter.cut();
         }
-        if *this.event_stream {
-            Poll::Ready(Some(Ok(Frame::data(exception_frame(code, &message)))))
-        } else {
-            Poll::Ready(Some(Err(message.into())))
+        match this.event_stream {
+            Some(exception_frame) => {
+                Poll::Ready(Some(Ok(Frame::data(exception_frame(code, &message)))))
+            }
+            None => Poll::Ready(Some(Err(message.into()))),
         }
     }
 
@@ -343,7 +402,7 @@ impl Body for MeteredBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.event_stream {
+        if self.event_stream.is_some() {
             SizeHint::default()
         } else {
             self.inner.size_hint()

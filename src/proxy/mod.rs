@@ -1,6 +1,8 @@
 //! The life of a proxied request, step by step (see ARCHITECTURE.md, "The life of a request"):
 //!
-//! 1. **Target**: the operation and modelId from the raw path ([`crate::bedrock::Target`]).
+//! 1. **Target**: the operation and modelId from the raw path ([`crate::bedrock::Target`]), or
+//!    for a sagemaker-runtime call the endpoint and inference component
+//!    ([`crate::sagemaker::EndpointTarget`]): a [`Call`].
 //! 2. **Caller**: who is calling, from the head, and in sigv4 mode from the signed body too
 //!    ([`caller`]); the body is read (bounded) in between.
 //! 3. **Decide**: [`crate::admission::Admission::decide`] returns a pure [`Decision`].
@@ -9,7 +11,8 @@
 //!
 //! Every step records what happened through the policy's [`crate::observe::Observer`]: an
 //! admitted request's access-log line is written at its settlement, any other request's when
-//! its answer is ready.
+//! its answer is ready. tokengate's own answers to endpoint calls carry sagemaker-runtime's
+//! error names ([`crate::sagemaker::error::own_answer`]).
 
 pub mod caller;
 pub mod count_tokens;
@@ -24,21 +27,76 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use bytes::Bytes;
+use http::request::Parts;
 
 use crate::{
     admission::{Decision, Facts},
     answer::{self, BodyReadError},
-    bedrock::Target,
+    bedrock::{Operation, Target, TargetError},
     observe::{Observation, Verdict},
+    sagemaker::{self, EndpointTarget},
     state::{AppState, Policy},
+    upstream::{Upstream, sagemaker::Service},
 };
 
-/// Handles every `bedrock-runtime` call.
+/// What a request calls: a `bedrock-runtime` operation, or a SageMaker endpoint.
+#[derive(Debug)]
+pub enum Call {
+    Model(Target),
+    Endpoint(EndpointTarget),
+}
+
+impl Call {
+    /// Reads the call from the request line (and the inference component header).
+    fn parse(parts: &Parts) -> Result<Call, CallError> {
+        let path = parts.uri.path();
+        if let Some(endpoint) = EndpointTarget::parse(&parts.method, path, &parts.headers) {
+            return endpoint.map(Call::Endpoint).map_err(CallError::Endpoint);
+        }
+        Target::parse(&parts.method, path)
+            .map(Call::Model)
+            .map_err(CallError::Model)
+    }
+
+    pub fn operation(&self) -> Operation {
+        match self {
+            Call::Model(t) => t.operation,
+            Call::Endpoint(t) => t.operation,
+        }
+    }
+
+    /// What the access log records as the model: the modelId, or `endpoint[/component]`.
+    fn label(&self) -> Option<String> {
+        match self {
+            Call::Model(t) => t.model_id.clone(),
+            Call::Endpoint(t) => Some(match &t.inference_component {
+                Some(ic) => format!("{}/{ic}", t.endpoint),
+                None => t.endpoint.clone(),
+            }),
+        }
+    }
+}
+
+/// Why a request line is not a call tokengate serves.
+#[derive(Debug)]
+enum CallError {
+    Model(TargetError),
+    Endpoint(sagemaker::EndpointTargetError),
+}
+
+/// Handles every `bedrock-runtime` and `sagemaker-runtime` call.
 pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
     // One policy generation for the whole request, whatever a reload does meanwhile.
     let policy = state.policy();
     let mut obs = Some(Observation::start());
-    let response = proxy(&state, &policy, request, &mut obs).await;
+    let endpoint_call = request
+        .uri()
+        .path()
+        .starts_with(sagemaker::operation::PATH_PREFIX);
+    let mut response = proxy(&state, &policy, request, &mut obs).await;
+    if endpoint_call {
+        response = sagemaker::error::own_answer(response);
+    }
     if let Some(mut obs) = obs {
         obs.answered(response.status(), response.headers());
         policy.observer.finished(obs);
@@ -58,13 +116,15 @@ async fn proxy(
     // Until admission decides, an answer refuses the request itself (its path, its
     // credentials, its body).
     record.refused(Verdict::Invalid);
-    let target = match Target::parse(&parts.method, parts.uri.path()) {
-        Ok(t) => t,
-        Err(e) => return answer::target_error(e),
+    let call = match Call::parse(&parts) {
+        Ok(call) => call,
+        Err(CallError::Model(e)) => return answer::target_error(e),
+        Err(CallError::Endpoint(e)) => return answer::endpoint_target_error(&e),
     };
-    record.target(target.operation, target.model_id.as_deref());
-    if !target.operation.forwarded() {
-        return answer::not_forwarded(target.operation);
+    let operation = call.operation();
+    record.target(operation, call.label().as_deref());
+    if !operation.forwarded() {
+        return answer::not_forwarded(operation);
     }
     let identified = match caller::identify_head(policy, &parts) {
         Ok(identified) => identified,
@@ -79,29 +139,59 @@ async fn proxy(
         Err(refusal) => return refusal.into_response(),
     };
     record.route(&caller.route.name);
+    let (model_id, endpoint) = match &call {
+        Call::Model(t) => (t.model_id.as_deref(), None),
+        Call::Endpoint(t) => (None, Some(t)),
+    };
     let decision = policy
         .admission
         .decide(&Facts {
-            operation: target.operation,
-            model_id: target.model_id.as_deref(),
+            operation,
+            model_id,
             body: &body,
             caller: &caller,
+            endpoint,
         })
         .await;
     policy.observer.decided(record, &decision);
     if let Some(refusal) = answer::refusal(&decision) {
         return refusal;
     }
+    let upstream = match upstream_of(state, &call, &decision) {
+        Ok(upstream) => upstream,
+        Err(e) => {
+            return answer::upstream_unreachable("sagemaker-runtime", &e, None, Default::default());
+        }
+    };
     let admitted = match decision {
         Decision::Admit(admitted) => Some(admitted),
         _ => None,
     };
     let request = forward::Outgoing {
         parts: &parts,
-        operation: target.operation,
+        operation,
         body,
+        upstream: &upstream,
     };
-    forward::forward(state, policy, request, admitted, obs).await
+    forward::forward(policy, request, admitted, obs).await
+}
+
+/// Where a call goes: bedrock-runtime, or the sagemaker-runtime of its endpoint's pool (of
+/// `upstream.region` for an endpoint in no pool).
+fn upstream_of(
+    state: &AppState,
+    call: &Call,
+    decision: &Decision,
+) -> Result<Arc<Upstream>, crate::upstream::UpstreamError> {
+    if let Call::Model(_) = call {
+        return Ok(state.upstream.clone());
+    }
+    match decision.pool().and_then(|p| p.endpoint_config()) {
+        Some(e) => state
+            .sagemaker
+            .client(Service::Runtime, &e.runtime, &e.region),
+        None => state.sagemaker.default_runtime(),
+    }
 }
 
 /// Reads the whole request body, within `server.max_body_bytes` and

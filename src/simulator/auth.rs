@@ -59,6 +59,17 @@ pub(crate) fn check(
     body: &[u8],
     sigv4_only: bool,
 ) -> Result<(), BedrockError> {
+    check_for(sim, parts, body, sigv4_only, "bedrock")
+}
+
+/// [`check`] for a request that must be signed for `service` (`sagemaker` for endpoints).
+pub(crate) fn check_for(
+    sim: &Inner,
+    parts: &Parts,
+    body: &[u8],
+    sigv4_only: bool,
+    service: &str,
+) -> Result<(), BedrockError> {
     let authorization = parts
         .headers
         .get(header::AUTHORIZATION)
@@ -112,9 +123,9 @@ pub(crate) fn check(
     );
     // Signed for another service (e.g. `bedrock-runtime`): refused, as AWS refuses it.
     let result = result.and_then(|signed| match signed.service.as_str() {
-        "bedrock" => Ok(()),
+        s if s == service => Ok(()),
         other => Err(SigV4Error::Malformed(format!(
-            "Credential should be scoped to correct service: 'bedrock', not '{other}'."
+            "Credential should be scoped to correct service: '{service}', not '{other}'."
         ))),
     });
     sim.sigv4.record(result.is_ok());

@@ -63,6 +63,8 @@ pub struct SimulatorConfig {
     pub max_output_tokens: Option<u64>,
     /// When set, every request must be SigV4-signed (service `bedrock`) with this key.
     pub verify_sigv4: Option<SigV4Key>,
+    /// SageMaker endpoints, `[[simulator.endpoints]]` ([`super::sagemaker`]).
+    pub endpoints: Vec<super::sagemaker::EndpointSimConfig>,
 }
 
 impl Default for SimulatorConfig {
@@ -90,6 +92,7 @@ impl Default for SimulatorConfig {
             stall_ms: 5000,
             max_output_tokens: None,
             verify_sigv4: None,
+            endpoints: Vec::new(),
         }
     }
 }
@@ -169,6 +172,7 @@ impl SimulatorConfig {
         }
         self.validate_quotas()?;
         self.validate_credentials()?;
+        super::sagemaker::config::validate(&self.endpoints)?;
         if self.output_tokens_min > self.output_tokens_max {
             return key(
                 "output_tokens_min",

@@ -6,6 +6,7 @@
 //! know pass through untouched); the raw, percent-encoded path is forwarded unchanged. Response
 //! bodies stream through frame by frame; nothing buffers a whole response.
 
+pub mod sagemaker;
 pub mod signer;
 
 use std::time::Duration;
@@ -21,7 +22,7 @@ use hyper_util::{
 };
 use tokio_util::sync::CancellationToken;
 
-pub use signer::Signer;
+pub use signer::{SAGEMAKER_SIGNING_NAME, Signer};
 
 /// Why a request got no response from upstream.
 #[derive(Debug, thiserror::Error)]

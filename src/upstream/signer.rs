@@ -24,11 +24,15 @@ use super::UpstreamError;
 const REFRESH_MARGIN: Duration = Duration::from_secs(300);
 /// The SigV4 signing name of bedrock-runtime.
 pub const SIGNING_NAME: &str = "bedrock";
+/// The SigV4 signing name of sagemaker-runtime and the SageMaker control plane.
+pub const SAGEMAKER_SIGNING_NAME: &str = "sagemaker";
 
 #[derive(Debug)]
 pub struct Signer {
     provider: SharedCredentialsProvider,
     region: String,
+    /// The service the signature is scoped to: `bedrock` unless [`Signer::for_service`] says.
+    service: &'static str,
     cached: RwLock<Option<Credentials>>,
     refresh: tokio::sync::Mutex<()>,
 }
@@ -38,9 +42,16 @@ impl Signer {
         Signer {
             provider,
             region: region.into(),
+            service: SIGNING_NAME,
             cached: RwLock::new(None),
             refresh: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Signs for `service` instead of `bedrock` (`sagemaker` for endpoint calls).
+    pub fn for_service(mut self, service: &'static str) -> Signer {
+        self.service = service;
+        self
     }
 
     fn fresh(&self) -> Option<Credentials> {
@@ -83,7 +94,7 @@ impl Signer {
         let params = v4::SigningParams::builder()
             .identity(&identity)
             .region(&self.region)
-            .name(SIGNING_NAME)
+            .name(self.service)
             .time(SystemTime::now())
             .settings(SigningSettings::default())
             .build()
