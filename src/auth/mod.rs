@@ -151,8 +151,14 @@ impl Authenticator {
         }
     }
 
-    /// Verifies the SDK's SigV4 signature over the head and `body`.
-    pub fn identify_signed(&self, parts: &Parts, body: &[u8]) -> Result<Arc<str>, BedrockError> {
+    /// Verifies the SDK's SigV4 signature over the head and `body`; its credential scope must
+    /// name `service` (`bedrock`, or `sagemaker` for an endpoint call), as AWS requires.
+    pub fn identify_signed(
+        &self,
+        parts: &Parts,
+        body: &[u8],
+        service: &str,
+    ) -> Result<Arc<str>, BedrockError> {
         let path_and_query = parts
             .uri
             .path_and_query()
@@ -171,6 +177,10 @@ impl Authenticator {
             tracing::debug!(error = %e, "SigV4 verification failed");
             self.fail(AuthFailure::from(&e))
         })?;
+        if verified.service != service {
+            tracing::debug!(signed = %verified.service, expected = service, "SigV4 scope names another service");
+            return Err(self.fail(AuthFailure::Malformed));
+        }
         self.keys
             .get(&verified.access_key_id)
             .map(|(_, route)| route.clone())

@@ -13,16 +13,18 @@ pub fn identify_head(policy: &Policy, parts: &Parts) -> Result<Option<Arc<str>>,
     policy.auth.identify_head(parts).transpose()
 }
 
-/// The caller: the route named by the head, or verified from the signed request.
+/// The caller: the route named by the head, or verified from the signed request (signed for
+/// `service`: `bedrock`, or `sagemaker` for an endpoint call).
 pub fn identify(
     policy: &Policy,
     from_head: Option<Arc<str>>,
     parts: &Parts,
     body: &[u8],
+    service: &str,
 ) -> Result<Caller, BedrockError> {
     let name = match from_head {
         Some(name) => name,
-        None => policy.auth.identify_signed(parts, body)?,
+        None => policy.auth.identify_signed(parts, body, service)?,
     };
     let route = policy
         .admission

@@ -134,7 +134,11 @@ async fn proxy(
         Ok(body) => body,
         Err(e) => return answer::body_error(&e),
     };
-    let caller = match caller::identify(policy, identified, &parts, &body) {
+    let service = match call {
+        Call::Model(_) => crate::upstream::signer::SIGNING_NAME,
+        Call::Endpoint(_) => crate::upstream::SAGEMAKER_SIGNING_NAME,
+    };
+    let caller = match caller::identify(policy, identified, &parts, &body, service) {
         Ok(caller) => caller,
         Err(refusal) => return refusal.into_response(),
     };

@@ -2,6 +2,7 @@
 //! ledger-returns-to-zero check every test ends with.
 #![allow(dead_code)]
 
+pub mod endpoints;
 pub mod fleet;
 pub mod redis_server;
 pub mod scrape;

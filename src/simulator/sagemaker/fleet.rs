@@ -14,7 +14,7 @@ use std::sync::{
 };
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::config::EndpointSimConfig;
 
@@ -41,7 +41,7 @@ struct Counts {
 }
 
 /// A fleet in `GET /_sim/sagemaker`.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct FleetStats {
     pub endpoint: String,
     pub inference_component: Option<String>,
