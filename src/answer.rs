@@ -117,6 +117,15 @@ fn limit_noun(limit: Limit) -> &'static str {
 fn never_fits(n: &NeverFits) -> BedrockError {
     let name = &*n.pool.name;
     let fits = n.capacity.saturating_sub(n.input);
+    if n.pool.endpoint_config().is_some() {
+        return BedrockError::validation(format!(
+            "this request may generate {} tokens but endpoint pool {name:?} generates at most {} a minute with the copies \
+             serving now (its token envelope), so it cannot be admitted; set max_tokens (or parameters.max_new_tokens) \
+             to at most {fits}",
+            n.max_tokens, n.capacity
+        ))
+        .with_header(X_TOKENGATE_POOL, name);
+    }
     BedrockError::validation(format!(
         "this request reserves {} tokens (about {} input + {} maxTokens) but pool {name:?} holds at most {} \
          tokens per minute, so it can never be admitted; set maxTokens to at most {fits}, or shorten the input",

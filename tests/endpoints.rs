@@ -43,6 +43,11 @@ async fn both_operations_are_admitted_within_the_per_copy_limit() {
         serde_json::from_slice(whole.body().expect("body").as_ref()).expect("json");
     assert_eq!(answer["usage"]["completion_tokens"], 12);
     assert_eq!(whole.invoked_production_variant(), Some("AllTraffic"));
+    assert_eq!(
+        whole.custom_attributes(),
+        Some("trace=abc"),
+        "passed both ways"
+    );
 
     let streamed = c
         .invoke_endpoint_with_response_stream()

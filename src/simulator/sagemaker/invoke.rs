@@ -37,6 +37,8 @@ use crate::simulator::request::{self, input_tokens, input_tokens_of, positive};
 use crate::simulator::shapes::{Framing, Usage};
 use crate::simulator::stream::{self, Paced};
 
+const CUSTOM_ATTRIBUTES: &str = "x-amzn-sagemaker-custom-attributes";
+
 /// The largest request body (the service model's `BodyBlob`).
 pub const MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
 
@@ -178,6 +180,10 @@ pub(super) async fn invoke(
     };
     let h = response.headers_mut();
     h.insert("x-amzn-invoked-production-variant", variant);
+    // The container echoes the caller's custom attributes (as a container may answer its own).
+    if let Some(attributes) = parts.headers.get(CUSTOM_ATTRIBUTES) {
+        h.insert(CUSTOM_ATTRIBUTES, attributes.clone());
+    }
     if let Ok(id) = HeaderValue::from_str(&request_id) {
         h.insert(X_AMZN_REQUEST_ID, id);
     }
