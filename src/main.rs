@@ -54,7 +54,12 @@ fn main() -> ExitCode {
     if let Command::CheckConfig { file } = &cli.command {
         return match Config::load(file) {
             Ok(config) => {
-                println!("{}: ok ({} pools)", file.display(), config.pools.len());
+                println!(
+                    "{}: ok ({} pools, {} endpoints)",
+                    file.display(),
+                    config.pools.len(),
+                    config.endpoints.len()
+                );
                 ExitCode::SUCCESS
             }
             Err(e) => {

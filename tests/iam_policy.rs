@@ -1,6 +1,7 @@
 //! The IAM policy in README.md ("IAM policy") grants exactly the actions the forwarded operations
-//! need, as `Operation::iam_action` records them, and the README's table of operations says the
-//! same as that function.
+//! need, as `Operation::iam_action` records them (and what endpoint pools need beyond them,
+//! `sagemaker::IAM_ACTIONS`), and the README's table of operations says the same as that
+//! function.
 
 use std::collections::BTreeSet;
 
@@ -24,6 +25,7 @@ fn needed_actions() -> BTreeSet<&'static str> {
         .into_iter()
         .filter(|op| op.forwarded())
         .filter_map(Operation::iam_action)
+        .chain(tokengate::sagemaker::IAM_ACTIONS)
         .collect()
 }
 

@@ -20,11 +20,6 @@ use serde::Deserialize;
 pub const CONTENT_TYPE: &str = "application/x-amz-json-1.1";
 /// The header naming the operation.
 pub const TARGET_HEADER: &str = "x-amz-target";
-/// The IAM actions the copies refresher needs.
-pub const IAM_ACTIONS: [&str; 2] = [
-    "sagemaker:DescribeEndpoint",
-    "sagemaker:DescribeInferenceComponent",
-];
 
 /// One describe call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,4 +17,14 @@ pub mod operation;
 pub mod payload;
 
 pub use operation::{EndpointTarget, EndpointTargetError};
+
+/// IAM actions endpoint pools need beyond the invocations' own ([`crate::bedrock::Operation::iam_action`]):
+/// the copies refresher's describe calls, and `sagemaker:InvokeEndpointWithResponseStream`, which
+/// the Service Authorization Reference lists as an action of its own while the API reference
+/// says the stream needs `sagemaker:InvokeEndpoint` (the README's policy grants both).
+pub const IAM_ACTIONS: [&str; 3] = [
+    "sagemaker:DescribeEndpoint",
+    "sagemaker:DescribeInferenceComponent",
+    "sagemaker:InvokeEndpointWithResponseStream",
+];
 pub use payload::PayloadUsage;

@@ -8,16 +8,21 @@ ends with the ledger at zero."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import threading
 import time
+import tomllib
 import urllib.request
 
 import boto3
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from botocore.validate import ParamValidator
 
-from conftest import Proxy, Simulator, http_json, write_config
+from conftest import REPO_ROOT, Proxy, Simulator, http_json, write_config
 
 ENDPOINT = "llm-prod"
 POOL = "summarizer"
@@ -264,3 +269,56 @@ def test_sigv4_callers_sign_for_sagemaker(endpoint_proxy, fleets):
     assert excinfo.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
     assert excinfo.value.response["ResponseMetadata"]["RetryAttempts"] == 0
     proxy.assert_ledger_zero()
+
+
+README_SECTION = re.compile(r"^## SageMaker endpoints\n(.*?)^## ", re.MULTILINE | re.DOTALL)
+AUTOSCALING_BLOCK = re.compile(r"^```json application-autoscaling:(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def readme_sagemaker_section() -> str:
+    section = README_SECTION.search((REPO_ROOT / "README.md").read_text())
+    assert section, "README.md has a SageMaker endpoints section"
+    return section.group(1)
+
+
+def test_readme_autoscaling_json_is_what_application_auto_scaling_accepts(endpoint_proxy):
+    """Every `json application-autoscaling:Operation` block of the README's SageMaker section is a
+    valid input of that operation in botocore's application-autoscaling model; the policy tracks
+    a metric the proxy exports, labelled with the pool that config/sagemaker.toml gives the
+    inference component the blocks scale."""
+    blocks = AUTOSCALING_BLOCK.findall(readme_sagemaker_section())
+    assert {"RegisterScalableTarget", "PutScalingPolicy", "PutScheduledAction"} <= {op for op, _ in blocks}
+    model = boto3.client("application-autoscaling", region_name="us-east-1").meta.service_model
+    pools = {e["name"]: e for e in tomllib.loads((REPO_ROOT / "config" / "sagemaker.toml").read_text())["endpoints"]}
+    exported = urllib.request.urlopen(f"{endpoint_proxy().url}/metrics", timeout=10).read().decode()
+    for operation, text in blocks:
+        params = json.loads(text)
+        report = ParamValidator().validate(params, model.operation_model(operation).input_shape)
+        assert not report.has_errors(), f"{operation}: {report.generate_report()}"
+        assert params["ResourceId"] == "inference-component/ic-llama-8b", operation
+        if operation == "PutScalingPolicy":
+            metric = params["TargetTrackingScalingPolicyConfiguration"]["CustomizedMetricSpecification"]
+            assert f'# TYPE {metric["MetricName"]} gauge' in exported
+            assert metric["Dimensions"] == [{"Name": "pool", "Value": "lookup"}]
+            assert pools["lookup"]["inference_component"] == "ic-llama-8b"
+
+
+def test_readme_sagemaker_snippet_runs_against_its_config(tmp_path):
+    """The README's sagemaker-runtime snippet, pointed at a proxy started from
+    config/sagemaker.toml (the simulator runs its endpoints), runs and prints the answers."""
+    snippet = re.search(r"^```python\n(.*?)^```", readme_sagemaker_section(), re.MULTILINE | re.DOTALL)
+    assert snippet, "the section has a python snippet"
+    text = (REPO_ROOT / "config" / "sagemaker.toml").read_text()
+    config = tmp_path / "sagemaker.toml"
+    config.write_text(re.sub(r'(?m)^listen\s*=\s*"[^"]*"', 'listen = "127.0.0.1:0"', text, count=1))
+    proxy = Proxy(config, tmp_path, "sagemaker-proxy")
+    try:
+        script = tmp_path / "snippet.py"
+        script.write_text(snippet.group(1).replace("http://127.0.0.1:8080", proxy.url))
+        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                             timeout=120, cwd=tmp_path)
+        assert run.returncode == 0, f"snippet failed:\n{run.stdout}\n{run.stderr}"
+        assert "completion_tokens" in run.stdout and "token" in run.stdout, run.stdout
+        proxy.assert_ledger_zero()
+    finally:
+        proxy.stop()
