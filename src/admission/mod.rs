@@ -4,7 +4,8 @@
 //! read `maxTokens` (the pool's `default_max_tokens` when absent) and estimate input tokens
 //! (conservative, calibrated online from reported usage); apply the route's `max_tokens_ceiling`;
 //! reserve `input + maxTokens` in the ledger, every limit at once, waiting in the pool's queue
-//! when the wait is worth it ([`queue`]).
+//! when the wait is worth it ([`queue`]). A sagemaker-runtime call is decided the same way in
+//! its endpoint pool, whose limits follow the endpoint's copies ([`endpoint`]).
 //!
 //! [`Admission::decide`] returns pure data ([`decision`]): an admitted request carries a [`Hold`]
 //! that settles it ([`hold`] has the rules); a refusal says why and, when retrying can help, when
