@@ -210,6 +210,7 @@ pub fn target_error(e: TargetError) -> Response {
                 "{e}; send the modelId percent-encoded once, as the AWS SDKs do (':' as %3A, '/' as %2F)"
             ))
         }
+        TargetError::UnsafePath { .. } => BedrockError::validation(e.to_string()),
     }
     .into_response()
 }

@@ -9,7 +9,11 @@
 //! | anything else | the `bedrock-runtime` API, proxied ([`crate::proxy::handle`]) |
 //!
 //! With `server.admin_listen`, a second listener serves the admin endpoints alone
-//! ([`admin_router`]); anything else there is a 404, never proxied.
+//! ([`admin_router`]; anything else there is a 404, never proxied), and the proxy listener keeps
+//! only `/healthz` ([`Admin::Elsewhere`]): route names, shares, usage and the reasons
+//! authentication failed are not for whoever can reach the proxy port, while a probe that can
+//! only reach that port (a sidecar's liveness check) still gets an answer that says nothing.
+//! Without `admin_listen` every admin endpoint is on the proxy listener ([`Admin::Here`]).
 //!
 //! No layers wrap the proxy path: admission is the load shedding (it answers at once, before any
 //! upstream work), bodies are bounded where they are read, and timeouts belong to the upstream
@@ -28,10 +32,22 @@ use serde_json::json;
 
 pub use crate::state::{AppState, Policy};
 
-pub fn router(state: Arc<AppState>) -> Router {
-    admin_routes()
-        .fallback(crate::proxy::handle)
-        .with_state(state)
+/// Where the admin endpoints are served, seen from the proxy listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admin {
+    /// On the proxy listener too (no `server.admin_listen`).
+    Here,
+    /// On `server.admin_listen` only; the proxy listener keeps `/healthz`.
+    Elsewhere,
+}
+
+/// The proxy listener's router: the API, and the admin endpoints unless they live elsewhere.
+pub fn router(state: Arc<AppState>, admin: Admin) -> Router {
+    let routes = match admin {
+        Admin::Here => admin_routes(),
+        Admin::Elsewhere => Router::new().route("/healthz", get(healthz)),
+    };
+    routes.fallback(crate::proxy::handle).with_state(state)
 }
 
 /// The admin endpoints only, for `server.admin_listen`.
@@ -39,9 +55,13 @@ pub fn admin_router(state: Arc<AppState>) -> Router {
     admin_routes().with_state(state)
 }
 
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
 fn admin_routes() -> Router<Arc<AppState>> {
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/pools", get(pools))

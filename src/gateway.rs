@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admission::Admission,
-    app::{admin_router, router},
+    app::{Admin, admin_router, router},
     config::{Config, Endpoint, LedgerConfig, OnLedgerError, RedisLedgerConfig},
     ledger::{Clock, FallbackLedger, Ledger, MemoryLedger, RedisLedger, RedisOptions},
     metrics::Metrics,
@@ -199,6 +199,7 @@ impl Gateway {
             max_body_bytes: config.server.max_body_bytes,
             body_read_timeout: config.server.body_read_timeout,
             ready: ready.clone(),
+            rejections: Default::default(),
         });
         let addr = listener.local_addr()?;
         // Probes and scrapes over plain HTTP, whether or not the proxy listener has TLS.
@@ -215,7 +216,17 @@ impl Gateway {
         let admin = admin.map(|(_, l)| {
             Served::spawn(l, admin_router(state.clone()), None, serve_options.clone())
         });
-        let proxy = Served::spawn(listener, router(state.clone()), tls, serve_options);
+        let admin_here = if admin.is_some() {
+            Admin::Elsewhere
+        } else {
+            Admin::Here
+        };
+        let proxy = Served::spawn(
+            listener,
+            router(state.clone(), admin_here),
+            tls,
+            serve_options,
+        );
         ready.store(true, Ordering::Release);
         tracing::info!(%addr, ?admin_addr, pools = config.pools.len(), "tokengate listening");
         Ok(Gateway {

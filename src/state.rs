@@ -50,6 +50,9 @@ pub struct AppState {
     pub body_read_timeout: std::time::Duration,
     /// False until started, and again once draining.
     pub ready: Arc<AtomicBool>,
+    /// The calls turned away recently, whose SDK retries may use the retry reserve. Kept across
+    /// reloads.
+    pub rejections: crate::admission::retries::RecentRejections,
 }
 
 impl AppState {

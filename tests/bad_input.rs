@@ -95,8 +95,8 @@ fn cases() -> Vec<Case> {
         case("bad escape", "/model/a%G1/converse", "{}", VALIDATION, "percent-encoded once", Proxy),
         case("trailing %", "/model/claude%/converse", "{}", VALIDATION, "percent-encoded once", Proxy),
         case("escape to invalid UTF-8", "/model/%FF%FE/converse", "{}", VALIDATION, "not valid percent-encoded UTF-8", Proxy),
-        case("empty modelId", "/model//converse", "{}", VALIDATION, "modelId in the path is empty", Proxy),
-        case("double-encoded modelId", &double_encoded, "{}", VALIDATION, "no quota pool for model", Proxy),
+        case("empty modelId", "/model//converse", "{}", VALIDATION, "has an empty segment", Proxy),
+        case("double-encoded modelId", &double_encoded, "{}", VALIDATION, "percent-encoded twice", Proxy),
         case("unknown model", &llama, converse_body("x", Some(10)), VALIDATION, "[[pools]]", Proxy),
         // Bodies that are not a JSON object.
         case("malformed JSON", &converse, "{not json", VALIDATION, "not valid JSON", Proxy),

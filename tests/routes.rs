@@ -215,9 +215,9 @@ async fn route_rules_allow_list_and_max_tokens_ceiling() {
     stack.assert_ledger_zero().await;
 }
 
-/// Fills the pool with first attempts until one is turned away; then an SDK retry
-/// (`amz-sdk-request: attempt=2`) is admitted from the retry reserve while first attempts stay
-/// out, until the route's recovery budget is spent.
+/// Fills the pool with first attempts until one is turned away; then the SDK's retry of that
+/// call (same `amz-sdk-invocation-id`, `amz-sdk-request: attempt=2`) is admitted from the retry
+/// reserve while first attempts stay out, until the route's recovery budget is spent.
 #[tokio::test]
 async fn retries_draw_on_the_recovery_budget_and_first_attempts_cannot() {
     // 60,000 per minute, a reserve of 0.2 (12,000) and a budget of 0.1 (6,000) per minute.
@@ -228,7 +228,7 @@ async fn retries_draw_on_the_recovery_budget_and_first_attempts_cannot() {
     let path = model_path(HAIKU, "converse");
     // Each reserves about 4,000 + a small input estimate; each is charged about 4,000.
     let body = converse_body("[sim:output=4000] go", Some(4000));
-    let first = |attempt: &'static str| {
+    let call = |id: String, attempt: &'static str| {
         let path = path.clone();
         let body = body.clone();
         async move {
@@ -238,37 +238,38 @@ async fn retries_draw_on_the_recovery_budget_and_first_attempts_cannot() {
                 &path,
                 body,
                 false,
-                &[("amz-sdk-request", attempt)],
+                &[
+                    ("amz-sdk-invocation-id", id.as_str()),
+                    ("amz-sdk-request", attempt),
+                ],
             )
             .await
         }
     };
     let mut admitted = 0;
-    loop {
-        let r = first("attempt=1; max=3").await;
+    let turned_away = loop {
+        let id = format!("call-{admitted}");
+        let r = call(id.clone(), "attempt=1; max=3").await;
         if r.status == 429 {
-            break;
+            break id;
         }
         assert_eq!(r.status, 200, "{}", r.message());
         admitted += 1;
         assert!(admitted < 20, "the pool never filled");
-    }
+    };
     // 48,000 of 60,000 is what first attempts may use: 11 requests of about 4,020.
     assert_eq!(admitted, 11);
-    let retry = first("attempt=2; max=3").await;
+    let retry = call(turned_away, "attempt=2; max=3").await;
     assert_eq!(
         retry.status,
         200,
         "a retry uses the reserve: {}",
         retry.message()
     );
-    assert_eq!(
-        first("attempt=1; max=3").await.status,
-        429,
-        "first attempts cannot"
-    );
+    let first = call("call-new".into(), "attempt=1; max=3").await;
+    assert_eq!(first.status, 429, "first attempts cannot");
     // The budget (6,000) holds one more retry of 4,000? No: 2,000 are left of it.
-    let second = first("attempt=3; max=3").await;
+    let second = call("call-new".into(), "attempt=2; max=3").await;
     assert_eq!(second.status, 429, "the route's recovery budget is spent");
     let m = scrape(addr).await;
     m.expect(

@@ -36,6 +36,8 @@ mod daily;
 mod faults;
 #[path = "simulator/model_ids.rs"]
 mod model_ids;
+#[path = "common/signing.rs"]
+mod signing;
 #[path = "simulator/tiers.rs"]
 mod tiers;
 

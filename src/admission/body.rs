@@ -7,8 +7,10 @@
 //! `serde_json::from_slice::<Value>` validates it (same parser, every value read, the same
 //! recursion limit of 128, so deep nesting is an error, never a stack overflow), and the answers
 //! are those of [`crate::bedrock::max_tokens::requested_max_tokens`] and
-//! [`super::estimate::estimate_input_tokens`] on the parsed body (but see the estimate's note on
-//! repeated member names).
+//! [`super::estimate::estimate_input_tokens`] on the parsed body, with one difference: a member
+//! `maxTokens` is read from (any of the fields, or `inferenceConfig` / `textGenerationConfig`)
+//! that appears twice is refused, where a parsed body would keep the last one (and upstream might
+//! keep either). Other repeated members count each time for the estimate (see its note).
 //!
 //! CountTokens bodies, which admission never counts, are parsed into a `Value` and estimated on
 //! the document they wrap.
@@ -70,6 +72,21 @@ pub fn read(
         max_tokens: top.fields.resolve(operation, provider)?,
         input_tokens: top.tally.tokens(),
     })
+}
+
+/// The `modelId` of a StartAsyncInvoke body (`None` when absent: upstream then refuses the call
+/// itself). A body that names it twice is refused: the proxy would check one and upstream might
+/// run the other.
+pub fn async_invoke_model_id(body: &[u8]) -> Result<Option<String>, BodyError> {
+    #[derive(serde::Deserialize)]
+    struct AsyncInvoke {
+        #[serde(rename = "modelId")]
+        model_id: Option<String>,
+    }
+    // serde's derived reader refuses a repeated field ("duplicate field `modelId`").
+    serde_json::from_slice::<AsyncInvoke>(body)
+        .map(|b| b.model_id)
+        .map_err(BodyError::NotJson)
 }
 
 fn read_count_tokens(body: &[u8]) -> Result<BodyFacts, BodyError> {

@@ -129,24 +129,58 @@ fn max_tokens_fields_in_every_place_and_form() {
     }
 }
 
+/// A `maxTokens` field or config object named twice is refused, naming it: the proxy would
+/// reserve one value while upstream might read the other.
 #[test]
-fn a_repeated_member_keeps_its_last_value_for_max_tokens() {
-    let read_max =
-        |body: &str| read(Operation::Converse, None, body.as_bytes()).map(|facts| facts.max_tokens);
+fn a_repeated_max_tokens_member_is_refused() {
+    let refusal = |operation: Operation, provider: Option<&str>, body: &str| match read(
+        operation,
+        provider,
+        body.as_bytes(),
+    ) {
+        Err(BodyError::MaxTokens(e)) => e.to_string(),
+        other => panic!("{other:?} for {body}"),
+    };
+    let converse = |body: &str| refusal(Operation::Converse, None, body);
     assert_eq!(
-        read_max(r#"{"inferenceConfig": {"maxTokens": 1}, "inferenceConfig": {"maxTokens": 2}}"#)
-            .ok(),
-        Some(Some(2))
-    );
-    // The second object replaces the first whole, as in a parsed `Value`.
-    assert_eq!(
-        read_max(r#"{"inferenceConfig": {"maxTokens": 1}, "inferenceConfig": {"topP": 1}}"#).ok(),
-        Some(None)
+        converse(r#"{"inferenceConfig": {"maxTokens": 60000, "maxTokens": 1}}"#),
+        "inferenceConfig.maxTokens appears more than once in the body; send it once"
     );
     assert_eq!(
-        read_max(r#"{"inferenceConfig": {"maxTokens": -1, "maxTokens": 3}}"#).ok(),
-        Some(Some(3))
+        converse(r#"{"inferenceConfig": {"maxTokens": 1}, "inferenceConfig": {"topP": 1}}"#),
+        "inferenceConfig appears more than once in the body; send it once"
     );
+    // Escaped names are the same names.
+    assert_eq!(
+        refusal(
+            Operation::InvokeModel,
+            Some("anthropic"),
+            r#"{"max_tokens": 60000, "\u006dax_tokens": 1}"#
+        ),
+        "max_tokens appears more than once in the body; send it once"
+    );
+    assert!(
+        refusal(
+            Operation::InvokeModel,
+            Some("amazon"),
+            r#"{"inputText": "x", "textGenerationConfig": {}, "textGenerationConfig": {"maxTokenCount": 1}}"#
+        )
+        .starts_with("textGenerationConfig appears more than once")
+    );
+    // Other repeated members are not refused here (the estimate counts each copy).
+    let fine = read(
+        Operation::Converse,
+        None,
+        br#"{"system": [], "system": [], "inferenceConfig": {"maxTokens": 5}}"#,
+    );
+    assert_eq!(fine.ok().and_then(|f| f.max_tokens), Some(5));
+    // A StartAsyncInvoke body names its model once.
+    assert_eq!(
+        async_invoke_model_id(br#"{"modelId": "a", "modelInput": {}}"#).ok(),
+        Some(Some("a".to_string()))
+    );
+    assert!(async_invoke_model_id(br#"{"modelId": "a", "modelId": "b"}"#).is_err());
+    assert_eq!(async_invoke_model_id(b"{}").ok(), Some(None));
 }
 
 #[test]

@@ -44,13 +44,13 @@ impl Decision {
     pub fn pool(&self) -> Option<&Arc<Pool>> {
         match self {
             Decision::Admit(a) => Some(a.hold.pool()),
-            Decision::Pass(Pass::Shadow { pool, .. }) => Some(pool),
+            Decision::Pass(Pass::Shadow { pool, .. }) => pool.as_ref(),
             Decision::Pass(_)
             | Decision::UnknownModel { .. }
             | Decision::UnknownEndpoint { .. } => None,
             Decision::Throttle(t) => Some(&t.pool),
             Decision::NeverFits(n) => Some(&n.pool),
-            Decision::NotAllowed(n) => Some(&n.pool),
+            Decision::NotAllowed(n) => n.pool.as_ref(),
             Decision::Invalid(i) => i.pool.as_ref(),
             Decision::Unavailable(u) => Some(&u.pool),
         }
@@ -82,9 +82,10 @@ pub enum Pass {
     NotMetered,
     /// A model in no pool, under `unknown_models = "pass"`.
     UnknownModel,
-    /// Shadow mode: enforcement would have refused it for `reason`.
+    /// Shadow mode: enforcement would have refused it for `reason` (in `pool`; `None` for a
+    /// model in no pool that a shadow route's allow-list does not hold).
     Shadow {
-        pool: Arc<Pool>,
+        pool: Option<Arc<Pool>>,
         reason: ShadowReason,
     },
 }
@@ -183,7 +184,8 @@ pub struct NeverFits {
 /// A route calling a model it may not.
 #[derive(Debug, Clone)]
 pub struct NotAllowed {
-    pub pool: Arc<Pool>,
+    /// The model's pool; `None` for a model in no pool (on no allow-list).
+    pub pool: Option<Arc<Pool>>,
     pub route: Arc<str>,
     pub model: String,
 }

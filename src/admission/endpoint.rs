@@ -21,7 +21,8 @@
 //!   concurrency metric saturates at the per-copy cap while demand grows; this one does not.
 //!
 //! A route's `max_tokens_ceiling` does not apply to endpoint calls (their bodies are the
-//! container's own); its allow-list does, by the endpoint pool's name.
+//! container's own); its allow-list does, by the endpoint pool's name (a route with a list calls
+//! no endpoint in no pool).
 
 use std::sync::{
     Mutex,
@@ -30,10 +31,7 @@ use std::sync::{
 
 use serde::Serialize;
 
-use super::{
-    Admission, Decision, Estimate, Facts, Invalid, Pass, Pool, Problem, ShadowReason, not_allowed,
-    reserve, unless_shadow,
-};
+use super::{Admission, Decision, Estimate, Facts, Invalid, Pass, Pool, Problem, allow, reserve};
 use crate::{
     config::{EndpointConfig, UnknownModels},
     sagemaker::{EndpointTarget, control::Copies, payload},
@@ -188,7 +186,14 @@ impl Admission {
         target: &EndpointTarget,
     ) -> Decision {
         let component = target.inference_component.as_deref();
-        let Some(pool) = self.table.resolve_endpoint(&target.endpoint, component) else {
+        let resolved = self.table.resolve_endpoint(&target.endpoint, component);
+        let route = &facts.caller.route;
+        let named = resolved.map(|pool| (pool, pool.config.name.as_str()));
+        let requested = named.map_or(target.endpoint.as_str(), |(_, name)| name);
+        if let Some(refusal) = allow::check(route, requested, named) {
+            return refusal;
+        }
+        let Some(pool) = resolved else {
             return match self.config.unknown_models {
                 UnknownModels::Pass => Decision::Pass(Pass::UnknownModel),
                 UnknownModels::Reject => Decision::UnknownEndpoint {
@@ -197,11 +202,7 @@ impl Admission {
                 },
             };
         };
-        let route = &facts.caller.route;
         let shadow = pool.config.shadow || route.config.shadow;
-        if let Some(refusal) = not_allowed(pool, route, &pool.name, &pool.name) {
-            return unless_shadow(shadow, pool, refusal, ShadowReason::NotAllowed);
-        }
         let estimate = match endpoint_estimate(pool, facts) {
             Ok(estimate) => estimate,
             Err(problem) => {

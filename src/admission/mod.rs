@@ -1,7 +1,8 @@
 //! Admission control: from a request's facts to a [`Decision`].
 //!
-//! For a model call: resolve the pool from the modelId; check the caller's route may call it;
-//! read `maxTokens` (the pool's `default_max_tokens` when absent) and estimate input tokens
+//! For every operation that names a model (in its path, or in its body for StartAsyncInvoke):
+//! the caller's route may call it ([`allow`]), before anything is passed through. Then, for a
+//! model call: resolve the pool from the modelId; read `maxTokens` (the pool's `default_max_tokens` when absent) and estimate input tokens
 //! (conservative, calibrated online from reported usage); apply the route's `max_tokens_ceiling`;
 //! reserve `input + maxTokens` in the ledger, every limit at once, waiting in the pool's queue
 //! when the wait is worth it ([`queue`]). A sagemaker-runtime call is decided the same way in
@@ -13,6 +14,7 @@
 //! answers ([`crate::answer`]) and records ([`crate::observe`]) what was decided.
 
 pub mod advice;
+mod allow;
 pub mod body;
 mod ceiling;
 pub mod decision;
@@ -23,6 +25,7 @@ pub mod hold;
 pub mod pools;
 pub mod queue;
 mod reserve;
+pub mod retries;
 pub mod routes;
 mod waiting;
 
@@ -133,11 +136,23 @@ impl Admission {
         if let Some(target) = facts.endpoint {
             return self.decide_endpoint(facts, target).await;
         }
-        let (Some(model_id), true) = (facts.model_id, facts.operation.consumes_quota()) else {
+        let in_body = match model_in_body(facts) {
+            Ok(model) => model,
+            Err(invalid) => return Decision::Invalid(invalid),
+        };
+        let Some(model_id) = in_body.as_deref().or(facts.model_id) else {
             return Decision::Pass(Pass::NotMetered);
         };
         let model = ModelRef::parse(model_id);
-        let Some((pool, configured)) = self.table.resolve(&model) else {
+        let resolved = self.table.resolve(&model);
+        let route = &facts.caller.route;
+        if let Some(refusal) = allow::check(route, model_id, resolved) {
+            return refusal;
+        }
+        if !facts.operation.consumes_quota() {
+            return Decision::Pass(Pass::NotMetered);
+        }
+        let Some((pool, configured)) = resolved else {
             return match self.config.unknown_models {
                 UnknownModels::Pass => Decision::Pass(Pass::UnknownModel),
                 UnknownModels::Reject => Decision::UnknownModel {
@@ -145,23 +160,39 @@ impl Admission {
                 },
             };
         };
-        let route = &facts.caller.route;
         let shadow = pool.config.shadow || route.config.shadow;
-        let refuse = |decision, reason| unless_shadow(shadow, pool, decision, reason);
-        if let Some(refusal) = not_allowed(pool, route, configured, model_id) {
-            return refuse(refusal, ShadowReason::NotAllowed);
-        }
+        // Shadow mode forwards what enforcement would refuse, and says why.
+        let refuse = |decision: Decision, reason: ShadowReason| {
+            if shadow {
+                Decision::Pass(Pass::Shadow {
+                    pool: Some(pool.clone()),
+                    reason,
+                })
+            } else {
+                decision
+            }
+        };
         let invalid = |problem| {
             Decision::Invalid(Invalid {
                 pool: Some(pool.clone()),
                 problem,
             })
         };
-        let (mut estimate, count_failed) = match self.estimate(pool, facts, &model).await {
-            Ok(estimate) => estimate,
+        let Estimated {
+            mut estimate,
+            requested,
+            count_failed,
+        } = match self.estimate(pool, facts, &model).await {
+            Ok(estimated) => estimated,
             Err(problem) => return invalid(problem),
         };
-        let body = match ceiling::apply(route, facts.operation, &model, facts.body, &mut estimate) {
+        let asked = ceiling::Asked {
+            operation: facts.operation,
+            model: &model,
+            body: facts.body,
+            max_tokens: requested,
+        };
+        let body = match ceiling::apply(route, &asked, &mut estimate) {
             Ok(body) => body,
             Err(problem) => return refuse(invalid(problem), ShadowReason::MaxTokensCeiling),
         };
@@ -182,7 +213,7 @@ impl Admission {
         pool: &Pool,
         facts: &Facts<'_>,
         model: &ModelRef<'_>,
-    ) -> Result<(Estimate, Option<String>), Problem> {
+    ) -> Result<Estimated, Problem> {
         let operation = facts.operation;
         let read = body::read(operation, model.provider(), facts.body).map_err(|e| match e {
             body::BodyError::NotJson(e) => Problem::NotJson {
@@ -211,7 +242,11 @@ impl Admission {
                 Err(e) => count_failed = Some(e),
             }
         }
-        Ok((estimate, count_failed))
+        Ok(Estimated {
+            estimate,
+            requested: read.max_tokens,
+            count_failed,
+        })
     }
 
     /// Live state of every pool, for `GET /v1/pools`.
@@ -262,39 +297,27 @@ impl Admission {
     }
 }
 
-/// `decision`, or in shadow mode the pass that forwards what enforcement would refuse, saying
-/// why.
-fn unless_shadow(
-    shadow: bool,
-    pool: &Arc<Pool>,
-    decision: Decision,
-    reason: ShadowReason,
-) -> Decision {
-    if shadow {
-        Decision::Pass(Pass::Shadow {
-            pool: pool.clone(),
-            reason,
-        })
-    } else {
-        decision
+/// The model StartAsyncInvoke names in its body (other operations name theirs in the path).
+fn model_in_body(facts: &Facts<'_>) -> Result<Option<String>, Invalid> {
+    if facts.operation != Operation::StartAsyncInvoke {
+        return Ok(None);
     }
+    body::async_invoke_model_id(facts.body).map_err(|e| Invalid {
+        pool: None,
+        problem: Problem::NotJson {
+            operation: facts.operation.name(),
+            error: e.to_string(),
+        },
+    })
 }
 
-/// The refusal of a route that may not call `configured` (the pool's key for what `requested`
-/// names), if it may not.
-fn not_allowed(
-    pool: &Arc<Pool>,
-    route: &Route,
-    configured: &str,
-    requested: &str,
-) -> Option<Decision> {
-    (!route.allows(configured)).then(|| {
-        Decision::NotAllowed(NotAllowed {
-            pool: pool.clone(),
-            route: route.name.clone(),
-            model: requested.to_string(),
-        })
-    })
+/// What [`Admission::estimate`] found.
+struct Estimated {
+    estimate: Estimate,
+    /// The `maxTokens` the body itself asks for, `None` if it does not say.
+    requested: Option<u64>,
+    /// Exact counting failed, and why.
+    count_failed: Option<String>,
 }
 
 /// One pool in `GET /v1/pools`.

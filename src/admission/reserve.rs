@@ -105,7 +105,7 @@ impl Admission {
     ) -> Result<Granted, Decision> {
         let waived = |reason| {
             Decision::Pass(super::Pass::Shadow {
-                pool: pool.clone(),
+                pool: Some(pool.clone()),
                 reason,
             })
         };

@@ -8,6 +8,15 @@
 //!   signature exactly as AWS would (double-encoded path, `host` or HTTP/2 `:authority`, ±5
 //!   minutes, payload hash), comparing in constant time.
 //!
+//! Every mode identifies the caller from the request head, before any body byte is read
+//! ([`Authenticator::identify`]): in `sigv4` mode the `Authorization` header must parse and sign
+//! `host` and `x-amz-date`, the date must be within the skew window, the access key id must be a
+//! route's, and the credential scope must name the call's service (`bedrock`, or `sagemaker` for an
+//! endpoint call) and a Region this proxy serves.
+//! Only then is the body read, and the signature checked over head and body
+//! ([`Authenticator::verify_body`]). So an unknown caller costs a header parse, never a buffered
+//! body.
+//!
 //! A request that fails gets a 403 that does not say which part failed: `UnrecognizedClientException`
 //! for an access key id the proxy never issued (what AWS answers), `AccessDeniedException`
 //! otherwise. The reason is counted in `tokengate_auth_failures_total{mode,reason}` and logged at
@@ -44,10 +53,12 @@ pub enum AuthFailure {
     PayloadHash,
     /// A bearer key that no route holds.
     BadToken,
+    /// A SigV4 credential scope for another service, or a Region this proxy does not serve.
+    Scope,
 }
 
 impl AuthFailure {
-    pub const ALL: [AuthFailure; 7] = [
+    pub const ALL: [AuthFailure; 8] = [
         AuthFailure::Missing,
         AuthFailure::Malformed,
         AuthFailure::UnknownKey,
@@ -55,6 +66,7 @@ impl AuthFailure {
         AuthFailure::Signature,
         AuthFailure::PayloadHash,
         AuthFailure::BadToken,
+        AuthFailure::Scope,
     ];
 
     pub fn label(self) -> &'static str {
@@ -66,6 +78,7 @@ impl AuthFailure {
             AuthFailure::Signature => "signature",
             AuthFailure::PayloadHash => "payload_hash",
             AuthFailure::BadToken => "bad_token",
+            AuthFailure::Scope => "scope",
         }
     }
 
@@ -91,9 +104,35 @@ impl From<&SigV4Error> for AuthFailure {
             SigV4Error::Malformed(_) => AuthFailure::Malformed,
             SigV4Error::UnknownKey(_) => AuthFailure::UnknownKey,
             SigV4Error::ClockSkew { .. } => AuthFailure::Expired,
-            SigV4Error::PayloadHashMismatch => AuthFailure::PayloadHash,
+            SigV4Error::PayloadHashMismatch | SigV4Error::UnsignedPayload => {
+                AuthFailure::PayloadHash
+            }
             SigV4Error::SignatureMismatch => AuthFailure::Signature,
         }
+    }
+}
+
+/// The caller, as far as the request head shows it.
+#[derive(Debug)]
+pub struct Identity {
+    pub route: Arc<str>,
+    /// SigV4: the signature still to check over the body.
+    pending: Option<PendingSignature>,
+}
+
+#[derive(Debug)]
+struct PendingSignature {
+    /// When the head was checked: the body's verification judges the date by the same clock.
+    checked_at: SystemTime,
+    /// The caller's `SignedHeaders`.
+    signed_headers: String,
+}
+
+impl Identity {
+    /// For a SigV4 caller, the headers it signed (`SignedHeaders`, `;`-separated); `None` in the
+    /// other modes.
+    pub fn signed_headers(&self) -> Option<&str> {
+        self.pending.as_ref().map(|p| p.signed_headers.as_str())
     }
 }
 
@@ -104,6 +143,8 @@ pub struct Authenticator {
     default_route: Arc<str>,
     /// SigV4: access key id -> (secret, route).
     keys: HashMap<String, (Secret, Arc<str>)>,
+    /// SigV4: the Regions a credential scope may name.
+    regions: Vec<String>,
     /// Bearer: SHA-256 of the key -> route, scanned in full for every request.
     bearer: Vec<([u8; 32], Arc<str>)>,
     metrics: Arc<Metrics>,
@@ -132,6 +173,7 @@ impl Authenticator {
             mode: auth.mode,
             default_route: Arc::from(auth.default_route.as_str()),
             keys,
+            regions: auth.regions.clone(),
             bearer,
             metrics,
         }
@@ -141,50 +183,90 @@ impl Authenticator {
         self.mode
     }
 
-    /// Identifies from the request head alone: `Some` in modes `none` and `bearer`; `None` when
-    /// the body is needed too (`sigv4`: [`Authenticator::identify_signed`]).
-    pub fn identify_head(&self, parts: &Parts) -> Option<Result<Arc<str>, BedrockError>> {
+    /// Identifies the caller from the request head alone, before any body byte is read. In mode
+    /// `sigv4` the signature itself is checked later, by [`Authenticator::verify_body`], and its
+    /// credential scope must name `service` (`bedrock`, or `sagemaker` for an endpoint call).
+    pub fn identify(&self, parts: &Parts, service: &str) -> Result<Identity, BedrockError> {
+        let known = |route: Arc<str>| Identity {
+            route,
+            pending: None,
+        };
         match self.mode {
-            AuthMode::None => Some(Ok(self.default_route.clone())),
-            AuthMode::Bearer => Some(self.bearer_route(parts).map_err(|f| self.fail(f))),
-            AuthMode::SigV4 => None,
+            AuthMode::None => Ok(known(self.default_route.clone())),
+            AuthMode::Bearer => self
+                .bearer_route(parts)
+                .map(known)
+                .map_err(|f| self.fail(f)),
+            AuthMode::SigV4 => self.signed_head(parts, SystemTime::now(), service),
         }
     }
 
-    /// Verifies the SDK's SigV4 signature over the head and `body`; its credential scope must
-    /// name `service` (`bedrock`, or `sagemaker` for an endpoint call), as AWS requires.
-    pub fn identify_signed(
+    /// Finishes identification once the body is read: a SigV4 caller's signature over the head
+    /// and `body`. Nothing to do in the other modes.
+    pub fn verify_body(
         &self,
+        identity: &Identity,
         parts: &Parts,
         body: &[u8],
-        service: &str,
-    ) -> Result<Arc<str>, BedrockError> {
-        let path_and_query = parts
-            .uri
-            .path_and_query()
-            .map_or(parts.uri.path(), |p| p.as_str());
-        let authority = parts.uri.authority().map(|a| a.as_str());
-        let verified = sigv4::verify_with_authority(
-            &parts.method,
-            path_and_query,
-            authority,
-            &parts.headers,
+    ) -> Result<(), BedrockError> {
+        let Some(pending) = &identity.pending else {
+            return Ok(());
+        };
+        let request = sigv4::SignedRequest {
+            method: &parts.method,
+            raw_path_and_query: parts
+                .uri
+                .path_and_query()
+                .map_or(parts.uri.path(), |p| p.as_str()),
+            authority: parts.uri.authority().map(|a| a.as_str()),
+            headers: &parts.headers,
             body,
-            |key| self.keys.get(key).map(|(secret, _)| secret.0.clone()),
-            SystemTime::now(),
-        )
-        .map_err(|e| {
-            tracing::debug!(error = %e, "SigV4 verification failed");
-            self.fail(AuthFailure::from(&e))
-        })?;
-        if verified.service != service {
-            tracing::debug!(signed = %verified.service, expected = service, "SigV4 scope names another service");
-            return Err(self.fail(AuthFailure::Malformed));
+        };
+        let verified =
+            sigv4::SignedHead::check(&parts.headers, pending.checked_at).and_then(|head| {
+                let (secret, _) = self
+                    .keys
+                    .get(head.auth.access_key_id)
+                    .ok_or_else(|| SigV4Error::UnknownKey(head.auth.access_key_id.into()))?;
+                head.verify(&request, &secret.0)
+            });
+        verified.map(|_| ()).map_err(|e| self.sigv4_failed(&e))
+    }
+
+    /// Mode `sigv4`, head only: the header's shape and date, a known key, a scope we serve.
+    fn signed_head(
+        &self,
+        parts: &Parts,
+        now: SystemTime,
+        service: &str,
+    ) -> Result<Identity, BedrockError> {
+        let head =
+            sigv4::SignedHead::check(&parts.headers, now).map_err(|e| self.sigv4_failed(&e))?;
+        let auth = &head.auth;
+        let (_, route) = self
+            .keys
+            .get(auth.access_key_id)
+            .ok_or_else(|| self.sigv4_failed(&SigV4Error::UnknownKey(auth.access_key_id.into())))?;
+        if auth.service != service || !self.regions.iter().any(|r| r == auth.region) {
+            tracing::debug!(
+                region = auth.region,
+                service = auth.service,
+                "SigV4 credential scope not served"
+            );
+            return Err(self.fail(AuthFailure::Scope));
         }
-        self.keys
-            .get(&verified.access_key_id)
-            .map(|(_, route)| route.clone())
-            .ok_or_else(|| self.fail(AuthFailure::UnknownKey))
+        Ok(Identity {
+            route: route.clone(),
+            pending: Some(PendingSignature {
+                checked_at: now,
+                signed_headers: auth.signed_headers.to_string(),
+            }),
+        })
+    }
+
+    fn sigv4_failed(&self, e: &SigV4Error) -> BedrockError {
+        tracing::debug!(error = %e, "SigV4 verification failed");
+        self.fail(AuthFailure::from(e))
     }
 
     fn bearer_route(&self, parts: &Parts) -> Result<Arc<str>, AuthFailure> {

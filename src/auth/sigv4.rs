@@ -10,10 +10,16 @@
 //! - **Canonical headers**: exactly the `SignedHeaders`, lowercase names, values trimmed with
 //!   inner runs of spaces collapsed, repeated headers joined with `,`. Over HTTP/2 there is no
 //!   `host` header; pass the request URI's authority to [`verify_with_authority`].
-//! - **Payload hash**: `x-amz-content-sha256` when present (it must match the body unless it is
-//!   `UNSIGNED-PAYLOAD` or a streaming marker), else the SHA-256 of the body.
+//! - **Payload hash**: the SHA-256 of the body; an `x-amz-content-sha256` header must equal it
+//!   (`UNSIGNED-PAYLOAD` and `STREAMING-*` markers are refused: the body would go unchecked).
+//! - **Signed headers**: must include `host` and `x-amz-date`.
 //! - **Time**: `X-Amz-Date` within ±5 minutes of `now`, and its day equal to the credential
 //!   scope's.
+//!
+//! [`SignedHead::check`] does everything the head alone can show (shape, signed headers, date,
+//! payload marker), so that a caller can be refused before its body is read; [`SignedHead::verify`]
+//! then checks the signature over the whole request. The credential scope's Region and service
+//! are returned for the caller to check against what it serves.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -82,6 +88,10 @@ pub enum SigV4Error {
     ClockSkew { amz_date: String },
     #[error("x-amz-content-sha256 does not match the SHA-256 of the body")]
     PayloadHashMismatch,
+    #[error(
+        "x-amz-content-sha256 is not a SHA-256 (UNSIGNED-PAYLOAD and STREAMING-* leave the body unsigned)"
+    )]
+    UnsignedPayload,
     #[error("the request signature does not match the signature computed for it")]
     SignatureMismatch,
 }
@@ -179,59 +189,119 @@ pub fn verify_with_authority(
     secret_for: impl Fn(&str) -> Option<String>,
     now: SystemTime,
 ) -> Result<VerifiedSignature, SigV4Error> {
-    let value = headers
-        .get(http::header::AUTHORIZATION)
-        .ok_or(SigV4Error::Missing)?
-        .to_str()
-        .map_err(|_| SigV4Error::Malformed("Authorization is not visible ASCII".into()))?;
-    let auth = Authorization::parse(value)?;
-    let amz_date = header_str(headers, "x-amz-date")
-        .ok_or_else(|| SigV4Error::Malformed("X-Amz-Date is missing".into()))?;
-    let signed_at = parse_amz_date(amz_date).ok_or_else(|| {
-        SigV4Error::Malformed(format!("X-Amz-Date {amz_date:?} is not YYYYMMDDTHHMMSSZ"))
-    })?;
-    if !amz_date.starts_with(auth.date) {
-        return Err(SigV4Error::Malformed(
-            "the Credential date differs from X-Amz-Date".into(),
-        ));
-    }
-    let skew = now
-        .duration_since(signed_at)
-        .unwrap_or_else(|e| e.duration());
-    if skew > MAX_SKEW {
-        return Err(SigV4Error::ClockSkew {
-            amz_date: amz_date.to_string(),
-        });
-    }
-    let secret = secret_for(auth.access_key_id)
-        .ok_or_else(|| SigV4Error::UnknownKey(auth.access_key_id.to_string()))?;
+    let head = SignedHead::check(headers, now)?;
+    let secret = secret_for(head.auth.access_key_id)
+        .ok_or_else(|| SigV4Error::UnknownKey(head.auth.access_key_id.to_string()))?;
+    head.verify(
+        &SignedRequest {
+            method,
+            raw_path_and_query,
+            authority,
+            headers,
+            body,
+        },
+        &secret,
+    )
+}
 
-    let payload_hash = payload_hash(headers, body)?;
-    let canonical = canonical_request(
-        method,
-        raw_path_and_query,
-        authority,
-        headers,
-        auth.signed_headers,
-        &payload_hash,
-    )?;
-    let string_to_sign = format!(
-        "{ALGORITHM}\n{amz_date}\n{}/{}/{}/aws4_request\n{}",
-        auth.date,
-        auth.region,
-        auth.service,
-        hex::encode(Sha256::digest(canonical.as_bytes()))
-    );
-    let key = generate_signing_key(&secret, signed_at, auth.region, auth.service);
-    let expected = calculate_signature(key, string_to_sign.as_bytes());
-    if !constant_time_eq(expected.as_bytes(), auth.signature.as_bytes()) {
-        return Err(SigV4Error::SignatureMismatch);
+/// The request a signature covers.
+#[derive(Debug, Clone, Copy)]
+pub struct SignedRequest<'a> {
+    pub method: &'a Method,
+    /// The path and query exactly as received.
+    pub raw_path_and_query: &'a str,
+    /// The request URI's authority (HTTP/2 `:authority`), for a request without `host`.
+    pub authority: Option<&'a str>,
+    pub headers: &'a HeaderMap,
+    pub body: &'a [u8],
+}
+
+/// What a signed request's head says, checked before its body is read: a well-formed
+/// `Authorization` that signs `host` and `x-amz-date`, an `X-Amz-Date` within [`MAX_SKEW`] of the
+/// clock and of the credential scope's day, and no unsigned-payload marker.
+#[derive(Debug, Clone)]
+pub struct SignedHead<'a> {
+    pub auth: Authorization<'a>,
+    amz_date: &'a str,
+    signed_at: SystemTime,
+}
+
+impl<'a> SignedHead<'a> {
+    /// Checks everything the head alone can show.
+    pub fn check(headers: &'a HeaderMap, now: SystemTime) -> Result<SignedHead<'a>, SigV4Error> {
+        let value = headers
+            .get(http::header::AUTHORIZATION)
+            .ok_or(SigV4Error::Missing)?
+            .to_str()
+            .map_err(|_| SigV4Error::Malformed("Authorization is not visible ASCII".into()))?;
+        let auth = Authorization::parse(value)?;
+        for required in ["host", "x-amz-date"] {
+            if !auth.signed_headers.split(';').any(|h| h == required) {
+                return Err(SigV4Error::Malformed(format!(
+                    "SignedHeaders must include {required}"
+                )));
+            }
+        }
+        let amz_date = header_str(headers, "x-amz-date")
+            .ok_or_else(|| SigV4Error::Malformed("X-Amz-Date is missing".into()))?;
+        let signed_at = parse_amz_date(amz_date).ok_or_else(|| {
+            SigV4Error::Malformed(format!("X-Amz-Date {amz_date:?} is not YYYYMMDDTHHMMSSZ"))
+        })?;
+        if !amz_date.starts_with(auth.date) {
+            return Err(SigV4Error::Malformed(
+                "the Credential date differs from X-Amz-Date".into(),
+            ));
+        }
+        let skew = now
+            .duration_since(signed_at)
+            .unwrap_or_else(|e| e.duration());
+        if skew > MAX_SKEW {
+            return Err(SigV4Error::ClockSkew {
+                amz_date: amz_date.to_string(),
+            });
+        }
+        // The body must be signed: its SHA-256, never `UNSIGNED-PAYLOAD` or a `STREAMING-*`
+        // marker (bedrock-runtime's request bodies are whole documents).
+        if let Some(declared) = header_str(headers, "x-amz-content-sha256")
+            && !(declared.len() == 64 && declared.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(SigV4Error::UnsignedPayload);
+        }
+        Ok(SignedHead {
+            auth,
+            amz_date,
+            signed_at,
+        })
     }
-    Ok(VerifiedSignature {
-        access_key_id: auth.access_key_id.to_string(),
-        region: auth.region.to_string(),
-        service: auth.service.to_string(),
-    })
+
+    /// Checks the signature over the whole request, body included, with the key's `secret`.
+    pub fn verify(
+        &self,
+        request: &SignedRequest<'_>,
+        secret: &str,
+    ) -> Result<VerifiedSignature, SigV4Error> {
+        let auth = &self.auth;
+        let payload_hash = payload_hash(request.headers, request.body)?;
+        let canonical = canonical_request(request, auth.signed_headers, &payload_hash)?;
+        let string_to_sign = format!(
+            "{ALGORITHM}\n{}\n{}/{}/{}/aws4_request\n{}",
+            self.amz_date,
+            auth.date,
+            auth.region,
+            auth.service,
+            hex::encode(Sha256::digest(canonical.as_bytes()))
+        );
+        let key = generate_signing_key(secret, self.signed_at, auth.region, auth.service);
+        let expected = calculate_signature(key, string_to_sign.as_bytes());
+        if !constant_time_eq(expected.as_bytes(), auth.signature.as_bytes()) {
+            return Err(SigV4Error::SignatureMismatch);
+        }
+        Ok(VerifiedSignature {
+            access_key_id: auth.access_key_id.to_string(),
+            region: auth.region.to_string(),
+            service: auth.service.to_string(),
+        })
+    }
 }
 
 fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
@@ -239,25 +309,26 @@ fn header_str<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
 }
 
 fn payload_hash(headers: &HeaderMap, body: &[u8]) -> Result<String, SigV4Error> {
-    let computed = || hex::encode(Sha256::digest(body));
+    let computed = hex::encode(Sha256::digest(body));
     match header_str(headers, "x-amz-content-sha256") {
-        None => Ok(computed()),
-        Some(declared) if declared == "UNSIGNED-PAYLOAD" || declared.starts_with("STREAMING-") => {
-            Ok(declared.to_string())
-        }
-        Some(declared) if declared.eq_ignore_ascii_case(&computed()) => Ok(declared.to_string()),
+        None => Ok(computed),
+        Some(declared) if declared.eq_ignore_ascii_case(&computed) => Ok(declared.to_string()),
         Some(_) => Err(SigV4Error::PayloadHashMismatch),
     }
 }
 
 fn canonical_request(
-    method: &Method,
-    raw_path_and_query: &str,
-    authority: Option<&str>,
-    headers: &HeaderMap,
+    request: &SignedRequest<'_>,
     signed_headers: &str,
     payload_hash: &str,
 ) -> Result<String, SigV4Error> {
+    let SignedRequest {
+        method,
+        raw_path_and_query,
+        authority,
+        headers,
+        ..
+    } = *request;
     let (path, query) = raw_path_and_query
         .split_once('?')
         .unwrap_or((raw_path_and_query, ""));
@@ -415,175 +486,5 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use aws_credential_types::Credentials;
-    use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
-    use aws_sigv4::sign::v4::SigningParams;
-
-    const PATH: &str = "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Ainference-profile%2Fus.anthropic.claude-sonnet-4-20250514-v1%3A0/converse";
-    const BODY: &[u8] = br#"{"messages":[{"role":"user","content":[{"text":"hi"}]}]}"#;
-
-    fn t0() -> SystemTime {
-        UNIX_EPOCH + Duration::from_secs(1_767_225_600) // 2026-01-01T00:00:00Z
-    }
-
-    /// Signs like the SDK does and returns the headers to send.
-    fn signed(secret: &str, path_and_query: &str, body: &[u8], at: SystemTime) -> HeaderMap {
-        let identity = Credentials::new("AKIDTEST", secret, None, None, "test").into();
-        let params = SigningParams::builder()
-            .identity(&identity)
-            .region("us-east-1")
-            .name("bedrock")
-            .time(at)
-            .settings(SigningSettings::default())
-            .build()
-            .unwrap()
-            .into();
-        let base = [
-            ("host", "127.0.0.1:8080"),
-            ("content-type", "application/json"),
-            ("x-custom", "  a   b  "),
-        ];
-        let uri = format!("http://127.0.0.1:8080{path_and_query}");
-        let request =
-            SignableRequest::new("POST", uri, base.into_iter(), SignableBody::Bytes(body)).unwrap();
-        let (instructions, _) = sign(request, &params).unwrap().into_parts();
-        let mut headers = HeaderMap::new();
-        for (k, v) in base {
-            headers.insert(k, v.parse().unwrap());
-        }
-        for (k, v) in instructions.headers() {
-            headers.insert(
-                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
-        }
-        headers
-    }
-
-    fn secrets(id: &str) -> Option<String> {
-        (id == "AKIDTEST").then(|| "secret".to_string())
-    }
-
-    fn check(
-        path: &str,
-        headers: &HeaderMap,
-        body: &[u8],
-    ) -> Result<VerifiedSignature, SigV4Error> {
-        verify(&Method::POST, path, headers, body, secrets, t0())
-    }
-
-    #[test]
-    fn sdk_signatures_verify_for_an_encoded_arn_path_and_a_query() {
-        let h = signed("secret", PATH, BODY, t0());
-        let v = check(PATH, &h, BODY).unwrap();
-        assert_eq!(v.access_key_id, "AKIDTEST");
-        assert_eq!(v.region, "us-east-1");
-        assert_eq!(v.service, "bedrock");
-
-        let pq = "/async-invoke?maxResults=10&statusEquals=InProgress&nextToken=a%2Fb";
-        let h = signed("secret", pq, b"", t0());
-        check(pq, &h, b"").unwrap();
-    }
-
-    #[test]
-    fn http2_requests_without_host_use_the_authority() {
-        let mut h = signed("secret", PATH, BODY, t0());
-        h.remove("host");
-        assert!(matches!(
-            check(PATH, &h, BODY),
-            Err(SigV4Error::Malformed(_))
-        ));
-        let ok = verify_with_authority(
-            &Method::POST,
-            PATH,
-            Some("127.0.0.1:8080"),
-            &h,
-            BODY,
-            secrets,
-            t0(),
-        );
-        assert!(ok.is_ok(), "{ok:?}");
-    }
-
-    #[test]
-    fn tampering_is_detected() {
-        let h = signed("secret", PATH, BODY, t0());
-        assert_eq!(
-            check(PATH, &h, b"{}"),
-            Err(SigV4Error::SignatureMismatch),
-            "body changed, no x-amz-content-sha256"
-        );
-        let other = PATH.replace("converse", "converse-stream");
-        assert_eq!(check(&other, &h, BODY), Err(SigV4Error::SignatureMismatch));
-        let mut h2 = h.clone();
-        h2.insert("content-type", "text/plain".parse().unwrap());
-        assert_eq!(check(PATH, &h2, BODY), Err(SigV4Error::SignatureMismatch));
-        let mut h3 = h.clone();
-        h3.insert(
-            "x-amz-content-sha256",
-            hex::encode(Sha256::digest(b"x")).parse().unwrap(),
-        );
-        assert_eq!(check(PATH, &h3, BODY), Err(SigV4Error::PayloadHashMismatch));
-        let wrong = signed("not-the-secret", PATH, BODY, t0());
-        assert_eq!(
-            check(PATH, &wrong, BODY),
-            Err(SigV4Error::SignatureMismatch)
-        );
-    }
-
-    #[test]
-    fn unknown_keys_skew_and_garbage_are_refused() {
-        let h = signed("secret", PATH, BODY, t0());
-        let none = |_: &str| None;
-        assert_eq!(
-            verify(&Method::POST, PATH, &h, BODY, none, t0()),
-            Err(SigV4Error::UnknownKey("AKIDTEST".into()))
-        );
-        let late = signed("secret", PATH, BODY, t0() - Duration::from_secs(600));
-        assert!(matches!(
-            check(PATH, &late, BODY),
-            Err(SigV4Error::ClockSkew { .. })
-        ));
-        let early = signed("secret", PATH, BODY, t0() + Duration::from_secs(600));
-        assert!(matches!(
-            check(PATH, &early, BODY),
-            Err(SigV4Error::ClockSkew { .. })
-        ));
-        let near = signed("secret", PATH, BODY, t0() - Duration::from_secs(240));
-        assert!(check(PATH, &near, BODY).is_ok());
-
-        assert_eq!(
-            check(PATH, &HeaderMap::new(), BODY),
-            Err(SigV4Error::Missing)
-        );
-        for bad in [
-            "Bearer abc",
-            "AWS4-HMAC-SHA256 Credential=AKID/2026/us-east-1/bedrock/aws4_request, SignedHeaders=host, Signature=00",
-            "AWS4-HMAC-SHA256 SignedHeaders=host, Signature=00",
-            "AWS4-HMAC-SHA256 garbage",
-        ] {
-            let mut h = h.clone();
-            h.insert("authorization", bad.parse().unwrap());
-            assert!(
-                matches!(check(PATH, &h, BODY), Err(SigV4Error::Malformed(_))),
-                "{bad}"
-            );
-        }
-    }
-
-    #[test]
-    fn helpers() {
-        assert_eq!(parse_amz_date("20260101T000000Z"), Some(t0()));
-        assert_eq!(parse_amz_date("20260101T000000"), None);
-        assert_eq!(parse_amz_date("2026010xT000000Z"), None);
-        assert_eq!(normalize_path("/a/./b/../c//d"), "/a/c/d");
-        assert_eq!(
-            canonical_query("b=2&a=1&a=0&c=x%2Fy"),
-            "a=0&a=1&b=2&c=x%2Fy"
-        );
-        assert_eq!(trim_all("  a   b "), "a b");
-        assert!(constant_time_eq(b"ab", b"ab") && !constant_time_eq(b"ab", b"ac"));
-    }
-}
+#[path = "sigv4_tests.rs"]
+mod tests;

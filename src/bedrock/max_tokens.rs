@@ -14,7 +14,8 @@
 //!
 //! The first listed field present decides; `null` counts as absent. A present value must be a
 //! positive integer no larger than 2^31-1 (a float with no fraction, `1024.0`, is accepted as
-//! the integer it is); anything else is a [`MaxTokensError`] naming the field.
+//! the integer it is); anything else is a [`MaxTokensError`] naming the field. Read member by
+//! member ([`MaxTokensFields`]), a field or config object that appears twice is an error too.
 
 use serde_json::{Number, Value};
 
@@ -45,6 +46,7 @@ pub const UNKNOWN_FIELDS: &[&str] = &[
     "max_tokens_to_sample",
 ];
 /// The names of the fields inside config objects (after the dot in the paths above).
+#[cfg(test)]
 const CONFIG_MEMBERS: [&str; 3] = ["maxTokens", "max_new_tokens", "maxTokenCount"];
 
 /// A `maxTokens` field that is present but unusable.
@@ -71,14 +73,20 @@ pub fn requested_max_tokens(
 /// ([`MaxTokensFields::of`]) or member by member while a body is parsed in one pass (admission's
 /// reader), then resolved per operation and provider by the same code.
 ///
-/// Gathering follows a parsed `Value`: a member that appears twice keeps its last value, and a
-/// second `inferenceConfig` (or `textGenerationConfig`) replaces the first one whole.
+/// Gathered member by member, a field (or a config object) that appears twice is remembered and
+/// [`MaxTokensFields::resolve`] refuses the body: the proxy would reserve one value while upstream
+/// might read the other. (A parsed `Value` has already kept the last one, so [`Self::of`] cannot
+/// tell.)
 #[derive(Debug, Default)]
 pub struct MaxTokensFields {
     /// Each field of [`UNKNOWN_FIELDS`] (which names every field any family reads), in its order.
     values: [Option<Value>; UNKNOWN_FIELDS.len()],
     /// The body has `inputText` or `textGenerationConfig`: an Amazon body is Titan, not Nova.
     titan: bool,
+    /// `inferenceConfig`, `textGenerationConfig` seen.
+    configs: [bool; 2],
+    /// The first field or config object seen twice.
+    duplicate: Option<&'static str>,
 }
 
 impl MaxTokensFields {
@@ -112,25 +120,30 @@ impl MaxTokensFields {
 
     /// A top-level member was seen (before its value is read).
     pub fn saw_member(&mut self, key: &str) {
-        match key {
-            "inputText" => self.titan = true,
-            "inferenceConfig" | "textGenerationConfig" => {
-                self.titan |= key == "textGenerationConfig";
-                // A later member of the same name replaces the earlier object whole.
-                for inner in CONFIG_MEMBERS {
-                    if let Some(at) = Self::slot(Some(key), inner) {
-                        self.values[at] = None;
-                    }
-                }
+        let config = match key {
+            "inputText" => {
+                self.titan = true;
+                return;
             }
-            _ => {}
+            "inferenceConfig" => 0,
+            "textGenerationConfig" => {
+                self.titan = true;
+                1
+            }
+            _ => return,
+        };
+        if std::mem::replace(&mut self.configs[config], true) {
+            self.duplicate
+                .get_or_insert(["inferenceConfig", "textGenerationConfig"][config]);
         }
     }
 
     /// Records a top-level field (`outer = None`) or a field of the config object `outer`.
     pub fn set(&mut self, outer: Option<&str>, key: &str, value: Value) {
-        if let Some(at) = Self::slot(outer, key) {
-            self.values[at] = Some(value);
+        if let Some(at) = Self::slot(outer, key)
+            && self.values[at].replace(value).is_some()
+        {
+            self.duplicate.get_or_insert(UNKNOWN_FIELDS[at]);
         }
     }
 
@@ -168,6 +181,12 @@ impl MaxTokensFields {
             }
             _ => return Ok(None),
         };
+        if let Some(field) = self.duplicate {
+            return Err(MaxTokensError {
+                field: field.to_string(),
+                problem: "appears more than once in the body; send it once".to_string(),
+            });
+        }
         for field in fields {
             match self.get(field) {
                 None | Some(Value::Null) => continue,

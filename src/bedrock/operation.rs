@@ -7,6 +7,12 @@
 //! SDKs percent-encode the modelId in the path (`:` as `%3A`, `/` as `%2F`, so ARNs stay one
 //! segment). We route on the raw path: the model segment is everything between `/model/` and the
 //! last `/{operation}`, decoded exactly once. The raw path is forwarded upstream unchanged.
+//!
+//! So what is admitted is what upstream acts on, a path is refused ([`TargetError::UnsafePath`],
+//! a `ValidationException`) when any segment, raw or decoded once (`%2F` inside a modelId
+//! included), is empty (`//`), `.` or `..`, or when it holds `%25` (an encoded `%`: the path is
+//! encoded twice): a server that normalises or decodes again would see another resource than the one
+//! admitted. No SDK sends such paths.
 
 use http::Method;
 use percent_encoding::percent_decode_str;
@@ -184,6 +190,8 @@ pub enum TargetError {
     EmptyModelId,
     #[error("the modelId in the path is not valid percent-encoded UTF-8")]
     BadModelIdEncoding,
+    #[error("the path {path} {problem}")]
+    UnsafePath { path: String, problem: &'static str },
 }
 
 impl Target {
@@ -193,6 +201,7 @@ impl Target {
             method: method.to_string(),
             path: raw_path.to_string(),
         };
+        check_segments(raw_path)?;
         if let Some(rest) = raw_path.strip_prefix("/model/") {
             if method != Method::POST {
                 return Err(unknown());
@@ -229,6 +238,41 @@ impl Target {
             model_id: None,
         })
     }
+}
+
+/// Refuses paths whose segments, raw or decoded once, are empty, `.` or `..`, or that hold a
+/// `%25` (see the module doc). `/` alone is left to routing.
+fn check_segments(raw_path: &str) -> Result<(), TargetError> {
+    let unsafe_path = |problem| TargetError::UnsafePath {
+        path: raw_path.to_string(),
+        problem,
+    };
+    let Some(rest) = raw_path.strip_prefix('/').filter(|r| !r.is_empty()) else {
+        return Ok(());
+    };
+    for raw in rest.split('/') {
+        if raw.contains("%25") {
+            return Err(unsafe_path(
+                "is percent-encoded twice (%25); encode each character once, as the AWS SDKs do",
+            ));
+        }
+        for part in percent_decode_str(raw).decode_utf8_lossy().split('/') {
+            match part {
+                "" => {
+                    return Err(unsafe_path(
+                        "has an empty segment (//); send the path the AWS SDKs send",
+                    ));
+                }
+                "." | ".." => {
+                    return Err(unsafe_path(
+                        "has a '.' or '..' segment; send the path the AWS SDKs send, without dot segments",
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `/guardrail/{id}/version/{version}/apply`
@@ -287,9 +331,11 @@ mod tests {
                 "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-3-haiku-20240307-v1:0"
             )
         );
-        // A doubly-encoded sequence is decoded once only.
-        let t = post("/model/a%253Ab/count-tokens").unwrap();
-        assert_eq!(t.model_id.as_deref(), Some("a%3Ab"));
+        // A doubly-encoded sequence would name another model to a server that decodes again.
+        assert!(matches!(
+            post("/model/a%253Ab/count-tokens"),
+            Err(TargetError::UnsafePath { .. })
+        ));
     }
 
     #[test]
@@ -363,7 +409,32 @@ mod tests {
         ));
         assert!(matches!(
             post("/model//converse"),
-            Err(TargetError::EmptyModelId)
+            Err(TargetError::UnsafePath { .. })
+        ));
+        for path in [
+            "/model/a/../b/converse",
+            "/model/./m/converse",
+            "/model/m/./converse",
+            "/model/m/%2E%2E/converse",
+            "/model/a%2F..%2Fb/converse",
+            "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A1%3Ainference-profile%2F%2Fm/converse",
+            "//model/m/converse",
+            "/model/m/converse/",
+            "/model/%2525/converse",
+        ] {
+            assert!(
+                matches!(post(path), Err(TargetError::UnsafePath { .. })),
+                "{path}"
+            );
+        }
+        let get = |p| Target::parse(&Method::GET, p);
+        assert!(matches!(
+            get("/async-invoke/x/../../model/m/converse"),
+            Err(TargetError::UnsafePath { .. })
+        ));
+        assert!(matches!(
+            get("/async-invoke/"),
+            Err(TargetError::UnsafePath { .. })
         ));
         assert!(matches!(
             post("/model/a%G1/converse"),

@@ -380,8 +380,9 @@ impl Config {
             raw.routes,
             &all_pools,
             &admission.application_profiles,
-            server.tls.is_some(),
-            &|var| std::env::var(var).ok(),
+            &server,
+            &upstream,
+            env,
         )?;
         Ok(Config {
             server,
@@ -580,7 +581,7 @@ fn validate_upstream(raw: raw::RawUpstream) -> Result<UpstreamConfig, ConfigErro
     })
 }
 
-/// An upstream base URL: absent for AWS, `"simulated"`, or a URL without a path.
+/// An upstream base URL: absent for AWS, `"simulated"`, or a URL without a path or credentials.
 fn parse_endpoint(key: &str, value: Option<&str>) -> Result<Endpoint, ConfigError> {
     let Some(url) = value else {
         return Ok(Endpoint::Aws);
@@ -588,17 +589,26 @@ fn parse_endpoint(key: &str, value: Option<&str>) -> Result<Endpoint, ConfigErro
     if url == "simulated" {
         return Ok(Endpoint::Simulated);
     }
+    // Never echo what may be a password.
+    let shown = crate::upstream::redact_userinfo(url);
     let uri: Uri = url
         .parse()
-        .map_err(|_| invalid(key, format!("{url:?} is not a URL")))?;
+        .map_err(|_| invalid(key, format!("{shown:?} is not a URL")))?;
     match (uri.scheme_str(), uri.authority()) {
+        (_, Some(authority)) if authority.as_str().contains('@') => Err(invalid(
+            key,
+            format!(
+                "{shown:?} carries credentials (user:password@): tokengate signs upstream requests \
+                 with its own AWS credentials (SigV4) and never sends these; write the URL without them"
+            ),
+        )),
         (Some("http" | "https"), Some(_)) if uri.path() == "/" || uri.path().is_empty() => {
             Ok(Endpoint::Url(uri))
         }
         _ => Err(invalid(
             key,
             format!(
-                "{url:?}: write \"simulated\" or a base URL such as \"http://127.0.0.1:9000\" (no path)"
+                "{shown:?}: write \"simulated\" or a base URL such as \"http://127.0.0.1:9000\" (no path)"
             ),
         )),
     }

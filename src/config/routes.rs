@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, fmt};
 
 use serde::Deserialize;
 
-use super::{ConfigError, PoolConfig, invalid};
+use super::{ConfigError, PoolConfig, ServerConfig, UpstreamConfig, invalid};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,6 +65,9 @@ pub struct AuthConfig {
     pub mode: AuthMode,
     /// The route of every request in mode `none`.
     pub default_route: String,
+    /// The Regions this proxy serves (`upstream.region` and every pool's): a SigV4 credential
+    /// scope must name one of them.
+    pub regions: Vec<String>,
 }
 
 /// A secret from the config file or the environment; never printed.
@@ -144,14 +147,15 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
-/// Validates `[auth]` and `[[routes]]` against the pools. `env` reads environment variables
-/// (`secret_access_key_env`).
+/// Validates `[auth]` and `[[routes]]` against the pools and the listener (plaintext bearer keys
+/// only on loopback). `env` reads environment variables (`secret_access_key_env`).
 pub fn validate(
     auth: RawAuth,
     routes: Vec<RawRoute>,
     pools: &[PoolConfig],
     application_profiles: &BTreeMap<String, String>,
-    tls: bool,
+    server: &ServerConfig,
+    upstream: &UpstreamConfig,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(AuthConfig, Vec<RouteConfig>), ConfigError> {
     let mode = match auth.mode.as_deref().unwrap_or("none") {
@@ -165,13 +169,7 @@ pub fn validate(
             ));
         }
     };
-    if mode == AuthMode::Bearer && !tls && !auth.allow_plaintext_bearer.unwrap_or(false) {
-        return Err(invalid(
-            "auth.mode",
-            "\"bearer\" sends keys in the clear without TLS (and boto3 refuses bearer auth over plain HTTP): \
-             set server.tls_cert and server.tls_key, or auth.allow_plaintext_bearer = true for a loopback-only listener",
-        ));
-    }
+    check_plaintext_bearer(mode, auth.allow_plaintext_bearer.unwrap_or(false), server)?;
     let mut out: Vec<RouteConfig> = Vec::with_capacity(routes.len());
     for (i, raw) in routes.into_iter().enumerate() {
         let route = validate_route(i, raw, mode, pools, application_profiles, env)?;
@@ -262,9 +260,47 @@ pub fn validate(
         AuthConfig {
             mode,
             default_route,
+            regions: served_regions(upstream, pools),
         },
         out,
     ))
+}
+
+/// The Regions this proxy serves: `upstream.region`, then each pool's, once each.
+fn served_regions(upstream: &UpstreamConfig, pools: &[PoolConfig]) -> Vec<String> {
+    let mut regions = vec![upstream.region.clone()];
+    for pool in pools {
+        if !regions.contains(&pool.region) {
+            regions.push(pool.region.clone());
+        }
+    }
+    regions
+}
+
+/// Bearer keys travel in the clear only to a loopback listener, and only when asked for.
+fn check_plaintext_bearer(
+    mode: AuthMode,
+    allowed: bool,
+    server: &ServerConfig,
+) -> Result<(), ConfigError> {
+    if allowed && !server.listen.ip().is_loopback() {
+        return Err(invalid(
+            "auth.allow_plaintext_bearer",
+            format!(
+                "server.listen is {}, not a loopback address: bearer keys would cross the network in the clear; \
+                 remove this key and set server.tls_cert and server.tls_key",
+                server.listen
+            ),
+        ));
+    }
+    if mode == AuthMode::Bearer && server.tls.is_none() && !allowed {
+        return Err(invalid(
+            "auth.mode",
+            "\"bearer\" sends keys in the clear without TLS (and boto3 refuses bearer auth over plain HTTP): \
+             set server.tls_cert and server.tls_key, or auth.allow_plaintext_bearer = true for a loopback-only listener",
+        ));
+    }
+    Ok(())
 }
 
 fn validate_route(

@@ -415,3 +415,35 @@ fn server_timeouts_default_and_name_their_key() {
         "server.header_read_timeout_secs: must be greater than zero"
     );
 }
+
+#[test]
+fn upstream_urls_with_credentials_are_refused_without_echoing_them() {
+    for url in [
+        "http://user:hunter2@127.0.0.1:9000",
+        "https://hunter2@bedrock.internal/",
+        "http://user:hunter2@[bad",
+    ] {
+        let text = MINIMAL.replace("endpoint = \"simulated\"", &format!("endpoint = \"{url}\""));
+        let err = Config::parse(&text).expect_err(url).to_string();
+        assert!(err.starts_with("upstream.endpoint:"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+    assert_eq!(
+        crate::upstream::redact_userinfo("http://u:p/w?x#@host:1/path"),
+        "http://***@host:1/path"
+    );
+    assert_eq!(
+        crate::upstream::redact_userinfo("http://host:1/"),
+        "http://host:1/"
+    );
+}
+
+#[test]
+fn the_regions_served_are_the_upstream_s_and_every_pool_s() {
+    let text = format!(
+        "{MINIMAL}\n[[pools]]\nname = \"eu\"\nregion = \"eu-west-1\"\nmodels = [\"eu.m\"]\n\
+         tokens_per_minute = 1000\nmax_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 10\n"
+    );
+    let config = Config::parse(&text).expect("valid");
+    assert_eq!(config.auth.regions, ["us-east-1", "eu-west-1"]);
+}

@@ -154,11 +154,14 @@ impl Observer {
             }
             Decision::Pass(Pass::Shadow { pool, reason }) => {
                 obs.verdict = Some(Verdict::Passthrough);
-                count(&pool.name, "passthrough");
+                let name = pool.as_ref().map_or(NO_POOL, |p| &p.name);
+                count(name, "passthrough");
                 m.shadow_rejections
-                    .with_label_values(&[&pool.name, &route, reason.label()])
+                    .with_label_values(&[name, &route, reason.label()])
                     .inc();
-                count_route(pool, "shadow_rejected");
+                if let Some(pool) = pool {
+                    count_route(pool, "shadow_rejected");
+                }
             }
             Decision::Throttle(throttle) => self.throttled(obs, throttle),
             Decision::NeverFits(n) => {
@@ -170,8 +173,10 @@ impl Observer {
             }
             Decision::NotAllowed(n) => {
                 obs.verdict = Some(Verdict::Invalid);
-                count(&n.pool.name, "not_allowed");
-                count_route(&n.pool, "not_allowed");
+                count(n.pool.as_ref().map_or(NO_POOL, |p| &p.name), "not_allowed");
+                if let Some(pool) = &n.pool {
+                    count_route(pool, "not_allowed");
+                }
             }
             Decision::Invalid(invalid) => {
                 obs.verdict = Some(Verdict::Invalid);

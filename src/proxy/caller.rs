@@ -1,41 +1,62 @@
-//! Step 2: who is calling. The caller's route comes from the request head in auth modes `none`
-//! and `bearer`, and from the SDK's own SigV4 signature, over the head and the body, in `sigv4`
-//! ([`crate::auth`]). A route name the policy does not know is refused.
+//! Step 2: who is calling. Every auth mode names the caller's route from the request head, before
+//! any body byte is read ([`crate::auth::Authenticator::identify`]); in `sigv4` the signature is
+//! then checked over head and body. A route name the policy does not know is refused.
+//!
+//! The caller's call is a retry (it may use the pool's retry reserve) only if the SDK says so
+//! (`amz-sdk-request: attempt=N`, N > 1) and this proxy turned the same invocation away
+//! ([`crate::admission::retries`]).
 
-use std::sync::Arc;
+use std::time::Instant;
 
 use http::{HeaderMap, request::Parts};
 
-use crate::{admission::Caller, answer, bedrock::BedrockError, state::Policy};
+use crate::{
+    admission::{Caller, retries::RecentRejections},
+    answer,
+    auth::Identity,
+    bedrock::BedrockError,
+    state::Policy,
+};
 
-/// The route named by the head alone, when the auth mode needs no body.
-pub fn identify_head(policy: &Policy, parts: &Parts) -> Result<Option<Arc<str>>, BedrockError> {
-    policy.auth.identify_head(parts).transpose()
+/// Who is calling, from the head alone; a SigV4 caller must have signed for `service`
+/// (`bedrock`, or `sagemaker` for an endpoint call).
+pub fn identify_head(
+    policy: &Policy,
+    parts: &Parts,
+    service: &str,
+) -> Result<Identity, BedrockError> {
+    policy.auth.identify(parts, service)
 }
 
-/// The caller: the route named by the head, or verified from the signed request (signed for
-/// `service`: `bedrock`, or `sagemaker` for an endpoint call).
+/// The caller, once the body is read: a SigV4 signature checked over it, the route looked up, and
+/// whether this is a retry of a call turned away.
 pub fn identify(
     policy: &Policy,
-    from_head: Option<Arc<str>>,
+    identity: &Identity,
     parts: &Parts,
     body: &[u8],
-    service: &str,
+    rejections: &RecentRejections,
 ) -> Result<Caller, BedrockError> {
-    let name = match from_head {
-        Some(name) => name,
-        None => policy.auth.identify_signed(parts, body, service)?,
-    };
+    policy.auth.verify_body(identity, parts, body)?;
     let route = policy
         .admission
         .routes()
-        .get(&name)
+        .get(&identity.route)
         .cloned()
         .ok_or_else(answer::no_route)?;
-    Ok(Caller {
-        route,
-        retry: sdk_attempt(&parts.headers) > 1,
-    })
+    let retry = sdk_attempt(&parts.headers) > 1
+        && invocation_id(&parts.headers)
+            .is_some_and(|id| rejections.take(&route.name, id, Instant::now()));
+    Ok(Caller { route, retry })
+}
+
+/// A call's `amz-sdk-invocation-id`, if it sent one.
+pub fn invocation_id(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get("amz-sdk-invocation-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
 }
 
 /// The attempt number from `amz-sdk-request: attempt=N; max=M` (1 when absent or unreadable).
@@ -69,5 +90,13 @@ mod tests {
         assert_eq!(sdk_attempt(&h), 2);
         h.insert("amz-sdk-request", "attempt=zero".parse().unwrap());
         assert_eq!(sdk_attempt(&h), 1);
+    }
+
+    #[test]
+    fn the_invocation_id_from_the_sdk_header() {
+        let mut h = HeaderMap::new();
+        assert_eq!(invocation_id(&h), None);
+        h.insert("amz-sdk-invocation-id", " abc ".parse().unwrap());
+        assert_eq!(invocation_id(&h), Some("abc"));
     }
 }

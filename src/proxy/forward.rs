@@ -1,5 +1,6 @@
 //! Step 4: forward an admitted (or passed) request upstream, and turn upstream's answer into the
-//! client's: the response head passed on (hop-by-hop headers removed), an upstream throttle
+//! client's: the response head passed on (hop-by-hop headers removed, those its `Connection`
+//! names too), an upstream throttle
 //! passed on with a hint and fed back to the pool, no answer turned into a retryable 503; the
 //! reservation settled by the rule that applies ([`crate::admission::hold`]).
 
@@ -16,13 +17,15 @@ use crate::{
     observe::Observation,
     sagemaker,
     state::Policy,
-    upstream::{Upstream, UpstreamError, is_hop_by_hop},
+    upstream::{Upstream, UpstreamError, headers::strip_hop_by_hop},
 };
 
 /// The request to send upstream.
 #[derive(Debug)]
 pub struct Outgoing<'a> {
     pub parts: &'a Parts,
+    /// The headers to send, chosen already ([`crate::upstream::headers::Api::forwarded`]).
+    pub headers: http::HeaderMap,
     pub operation: Operation,
     /// The caller's body (replaced by admission's rewrite, if it made one).
     pub body: bytes::Bytes,
@@ -51,7 +54,7 @@ pub async fn forward(
         .map_or(parts.uri.path(), |p| p.as_str());
     let sent = request
         .upstream
-        .send(parts.method.clone(), path_and_query, &parts.headers, body)
+        .send(parts.method.clone(), path_and_query, &request.headers, body)
         .await;
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     let response = match sent {
@@ -61,15 +64,7 @@ pub async fn forward(
     let status = response.status();
     policy.observer.upstream_response(pool.as_deref(), status);
     let (mut head, incoming) = response.into_parts();
-    let hop: Vec<_> = head
-        .headers
-        .keys()
-        .filter(|k| is_hop_by_hop(k))
-        .cloned()
-        .collect();
-    for name in hop {
-        head.headers.remove(name);
-    }
+    strip_hop_by_hop(&mut head.headers);
     let event_stream = head.headers.get(header::CONTENT_TYPE).is_some_and(|v| {
         v.as_bytes()
             .starts_with(eventstream::CONTENT_TYPE.as_bytes())

@@ -2,17 +2,21 @@
 //!
 //! 1. **Target**: the operation and modelId from the raw path ([`crate::bedrock::Target`]), or
 //!    for a sagemaker-runtime call the endpoint and inference component
-//!    ([`crate::sagemaker::EndpointTarget`]): a [`Call`].
-//! 2. **Caller**: who is calling, from the head, and in sigv4 mode from the signed body too
-//!    ([`caller`]); the body is read (bounded) in between.
+//!    ([`crate::sagemaker::EndpointTarget`]): a [`Call`]; a path that could name another
+//!    resource upstream is refused.
+//! 2. **Caller**: who is calling, from the head before any body byte is read, and in sigv4 mode
+//!    from the signature over the body too ([`caller`]); the body is read (bounded) in between.
 //! 3. **Decide**: [`crate::admission::Admission::decide`] returns a pure [`Decision`].
 //! 4. **Answer** a refusal ([`crate::answer`]), or **forward** the request ([`forward`]).
 //! 5. **Meter** the response on its way back and settle the reservation ([`meter`]).
 //!
 //! Every step records what happened through the policy's [`crate::observe::Observer`]: an
 //! admitted request's access-log line is written at its settlement, any other request's when
-//! its answer is ready. tokengate's own answers to endpoint calls carry sagemaker-runtime's
-//! error names ([`crate::sagemaker::error::own_answer`]).
+//! its answer is ready. A 429 or 5xx answered to an identified caller is remembered
+//! ([`crate::admission::retries`]), so that the SDK's retry of that call may use the retry reserve.
+//! Only the headers the API defines (and a SigV4 caller signed) go upstream
+//! ([`crate::upstream::headers`]). tokengate's own answers to endpoint calls carry
+//! sagemaker-runtime's error names ([`crate::sagemaker::error::own_answer`]).
 
 pub mod caller;
 pub mod count_tokens;
@@ -27,7 +31,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use bytes::Bytes;
-use http::request::Parts;
+use http::{StatusCode, request::Parts};
 
 use crate::{
     admission::{Decision, Facts},
@@ -36,7 +40,12 @@ use crate::{
     observe::{Observation, Verdict},
     sagemaker::{self, EndpointTarget},
     state::{AppState, Policy},
-    upstream::{Upstream, sagemaker::Service},
+    upstream::{
+        SAGEMAKER_SIGNING_NAME, Upstream, UpstreamError,
+        headers::{Api, BEDROCK_RUNTIME, SAGEMAKER_RUNTIME},
+        sagemaker::Service,
+        signer::SIGNING_NAME,
+    },
 };
 
 /// What a request calls: a `bedrock-runtime` operation, or a SageMaker endpoint.
@@ -44,6 +53,13 @@ use crate::{
 pub enum Call {
     Model(Target),
     Endpoint(EndpointTarget),
+}
+
+/// Why a request line is not a call tokengate serves.
+#[derive(Debug)]
+enum CallError {
+    Model(TargetError),
+    Endpoint(sagemaker::EndpointTargetError),
 }
 
 impl Call {
@@ -75,13 +91,14 @@ impl Call {
             }),
         }
     }
-}
 
-/// Why a request line is not a call tokengate serves.
-#[derive(Debug)]
-enum CallError {
-    Model(TargetError),
-    Endpoint(sagemaker::EndpointTargetError),
+    /// The API's headers, and the SigV4 service a caller signs for.
+    fn api(&self) -> (Api, &'static str) {
+        match self {
+            Call::Model(_) => (BEDROCK_RUNTIME, SIGNING_NAME),
+            Call::Endpoint(_) => (SAGEMAKER_RUNTIME, SAGEMAKER_SIGNING_NAME),
+        }
+    }
 }
 
 /// Handles every `bedrock-runtime` and `sagemaker-runtime` call.
@@ -89,11 +106,13 @@ pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Res
     // One policy generation for the whole request, whatever a reload does meanwhile.
     let policy = state.policy();
     let mut obs = Some(Observation::start());
+    let invocation = caller::invocation_id(request.headers()).map(str::to_owned);
     let endpoint_call = request
         .uri()
         .path()
         .starts_with(sagemaker::operation::PATH_PREFIX);
-    let mut response = proxy(&state, &policy, request, &mut obs).await;
+    let mut route = None;
+    let mut response = proxy(&state, &policy, request, &mut obs, &mut route).await;
     if endpoint_call {
         response = sagemaker::error::own_answer(response);
     }
@@ -101,15 +120,27 @@ pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Res
         obs.answered(response.status(), response.headers());
         policy.observer.finished(obs);
     }
+    let status = response.status();
+    if let (Some(route), Some(id), true) = (
+        route,
+        invocation,
+        status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error(),
+    ) {
+        state
+            .rejections
+            .record(&route, &id, std::time::Instant::now());
+    }
     response
 }
 
-/// Steps 1 to 4; `obs` is taken by an admitted request, whose line is written when it settles.
+/// Steps 1 to 4; `obs` is taken by an admitted request, whose line is written when it settles;
+/// `route` is the caller's, once identified.
 async fn proxy(
     state: &AppState,
     policy: &Arc<Policy>,
     request: Request,
     obs: &mut Option<Observation>,
+    route: &mut Option<Arc<str>>,
 ) -> Response {
     let (parts, body) = request.into_parts();
     let record = obs.get_or_insert_with(Observation::start);
@@ -126,22 +157,21 @@ async fn proxy(
     if !operation.forwarded() {
         return answer::not_forwarded(operation);
     }
-    let identified = match caller::identify_head(policy, &parts) {
-        Ok(identified) => identified,
+    let (api, service) = call.api();
+    // Who is calling, from the head alone: an unknown caller never gets a body buffered.
+    let identity = match caller::identify_head(policy, &parts, service) {
+        Ok(identity) => identity,
         Err(refusal) => return refusal.into_response(),
     };
     let body = match read_body(state, body).await {
         Ok(body) => body,
         Err(e) => return answer::body_error(&e),
     };
-    let service = match call {
-        Call::Model(_) => crate::upstream::signer::SIGNING_NAME,
-        Call::Endpoint(_) => crate::upstream::SAGEMAKER_SIGNING_NAME,
-    };
-    let caller = match caller::identify(policy, identified, &parts, &body, service) {
+    let caller = match caller::identify(policy, &identity, &parts, &body, &state.rejections) {
         Ok(caller) => caller,
         Err(refusal) => return refusal.into_response(),
     };
+    *route = Some(caller.route.name.clone());
     record.route(&caller.route.name);
     let (model_id, endpoint) = match &call {
         Call::Model(t) => (t.model_id.as_deref(), None),
@@ -173,6 +203,7 @@ async fn proxy(
     };
     let request = forward::Outgoing {
         parts: &parts,
+        headers: api.forwarded(&parts.headers, identity.signed_headers()),
         operation,
         body,
         upstream: &upstream,
@@ -186,7 +217,7 @@ fn upstream_of(
     state: &AppState,
     call: &Call,
     decision: &Decision,
-) -> Result<Arc<Upstream>, crate::upstream::UpstreamError> {
+) -> Result<Arc<Upstream>, UpstreamError> {
     if let Call::Model(_) = call {
         return Ok(state.upstream.clone());
     }

@@ -1,18 +1,21 @@
-//! The transport to `bedrock-runtime`: header hygiene, SigV4 re-signing ([`signer`]) and the
-//! pooled client. It knows nothing of quotas: the pipeline meters what comes back
-//! ([`crate::proxy::meter`]).
+//! The transport to `bedrock-runtime`: header hygiene ([`headers`]), SigV4 re-signing
+//! ([`signer`]) and the pooled client. It knows nothing of quotas: the pipeline meters what comes
+//! back ([`crate::proxy::meter`]).
 //!
 //! The request body is forwarded byte for byte (never re-serialised, so fields this proxy does not
-//! know pass through untouched); the raw, percent-encoded path is forwarded unchanged. Response
-//! bodies stream through frame by frame; nothing buffers a whole response.
+//! know pass through untouched); the raw, percent-encoded path is forwarded unchanged and signed
+//! as it is sent (no normalisation: the path signed is the path admitted). Response bodies stream
+//! through frame by frame; nothing buffers a whole response. Errors never show the upstream
+//! URL's userinfo (config refuses it; [`redact_userinfo`] guards the messages anyway).
 
+pub mod headers;
 pub mod sagemaker;
 pub mod signer;
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, header};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
@@ -52,45 +55,20 @@ impl UpstreamError {
     }
 }
 
-/// Request headers that never go upstream: the client's own signature and SDK bookkeeping
-/// (useless for another host), hop-by-hop headers, and content negotiation that would let
-/// upstream compress a body we must read.
-fn is_stripped(name: &HeaderName) -> bool {
-    let n = name.as_str();
-    matches!(
-        n,
-        "authorization"
-            | "x-amz-date"
-            | "x-amz-security-token"
-            | "x-amz-content-sha256"
-            | "host"
-            | "content-length"
-            | "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "expect"
-            | "accept-encoding"
-    ) || n.starts_with("amz-sdk-")
-        || n.starts_with("x-tokengate-")
-}
-
-/// Response headers not passed back: hop-by-hop ones.
-pub fn is_hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-    )
+/// `url` with any userinfo (`user:password@`) replaced by `***@`, for messages and logs. Errs on
+/// the side of hiding: everything from the scheme to the last `@` goes (a password may itself
+/// hold `/`, `?` or `#`).
+pub fn redact_userinfo(url: &str) -> std::borrow::Cow<'_, str> {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    match url[after_scheme..].rfind('@') {
+        Some(at) => format!(
+            "{}***@{}",
+            &url[..after_scheme],
+            &url[after_scheme + at + 1..]
+        )
+        .into(),
+        None => url.into(),
+    }
 }
 
 /// The pooled, signing client for one upstream.
@@ -98,6 +76,8 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
 pub struct Upstream {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     base: Uri,
+    /// `base` for messages, userinfo redacted.
+    shown: String,
     host: HeaderValue,
     signer: Signer,
     response_timeout: Duration,
@@ -115,11 +95,19 @@ impl Upstream {
         response_timeout: Duration,
         idle_timeout: Duration,
     ) -> Result<Upstream, UpstreamError> {
-        let authority = base.authority().ok_or_else(|| {
-            UpstreamError::Connect(base.to_string(), "the URL has no host".into())
-        })?;
+        let shown = redact_userinfo(&base.to_string()).into_owned();
+        let authority = base
+            .authority()
+            .ok_or_else(|| UpstreamError::Connect(shown.clone(), "the URL has no host".into()))?;
+        if authority.as_str().contains('@') {
+            return Err(UpstreamError::Connect(
+                shown,
+                "the URL carries credentials (user:password@); tokengate signs with SigV4 instead"
+                    .into(),
+            ));
+        }
         let host = HeaderValue::from_str(authority.as_str())
-            .map_err(|e| UpstreamError::Connect(base.to_string(), e.to_string()))?;
+            .map_err(|e| UpstreamError::Connect(shown.clone(), e.to_string()))?;
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -128,7 +116,7 @@ impl Upstream {
         let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_provider_and_webpki_roots(provider)
-            .map_err(|e| UpstreamError::Connect(base.to_string(), e.to_string()))?
+            .map_err(|e| UpstreamError::Connect(shown.clone(), e.to_string()))?
             .https_or_http()
             .enable_http1()
             .enable_http2()
@@ -140,6 +128,7 @@ impl Upstream {
         Ok(Upstream {
             client,
             base,
+            shown,
             host,
             signer,
             response_timeout,
@@ -168,12 +157,13 @@ impl Upstream {
         &self.signer
     }
 
-    /// Sends one request upstream and waits for the response head.
+    /// Sends one request upstream and waits for the response head. `headers` go as they are
+    /// (choose them with [`headers::Api::forwarded`]); the proxy adds `host` and its signature.
     pub async fn send(
         &self,
         method: Method,
         path_and_query: &str,
-        client_headers: &HeaderMap,
+        headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let uri = format!(
@@ -186,13 +176,10 @@ impl Upstream {
             .uri(&uri)
             .body(body)
             .map_err(|e| UpstreamError::Signing(format!("bad upstream URI {uri}: {e}")))?;
-        let headers = request.headers_mut();
-        for (name, value) in client_headers {
-            if !is_stripped(name) {
-                headers.append(name.clone(), value.clone());
-            }
-        }
-        headers.insert(header::HOST, self.host.clone());
+        *request.headers_mut() = headers.clone();
+        request
+            .headers_mut()
+            .insert(header::HOST, self.host.clone());
         self.signer.sign(&mut request).await?;
         // `host` is signed but hyper derives it (or `:authority`) from the URI.
         request.headers_mut().remove(header::HOST);
@@ -204,10 +191,7 @@ impl Upstream {
         };
         match answer {
             Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) => Err(UpstreamError::Connect(
-                self.base.to_string(),
-                error_chain(&e),
-            )),
+            Ok(Err(e)) => Err(UpstreamError::Connect(self.shown.clone(), error_chain(&e))),
             Err(_) => Err(UpstreamError::Timeout(self.response_timeout)),
         }
     }

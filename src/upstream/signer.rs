@@ -1,5 +1,10 @@
 //! SigV4 re-signing with the proxy's own credentials.
 //!
+//! The canonical path is the path sent, double-encoded as `bedrock-runtime` wants and never
+//! normalised (`aws-sigv4` would remove dot segments by default): the path signed is byte for
+//! byte the path admitted and forwarded. (Paths with dot or empty segments never get this far:
+//! [`crate::bedrock::Target::parse`] refuses them.)
+//!
 //! Credentials come from a provider (the AWS default chain in production: environment, profile,
 //! web identity (IRSA), container credentials (EKS Pod Identity, ECS), IMDS). They are cached
 //! and refreshed five minutes before they expire, once, however many requests are waiting.
@@ -13,7 +18,10 @@ use aws_credential_types::{
     Credentials, provider::ProvideCredentials, provider::SharedCredentialsProvider,
 };
 use aws_sigv4::{
-    http_request::{SignableBody, SignableRequest, SigningSettings, sign},
+    http_request::{
+        PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
+        UriPathNormalizationMode, sign,
+    },
     sign::v4,
 };
 use aws_smithy_runtime_api::client::identity::Identity;
@@ -91,33 +99,56 @@ impl Signer {
         request: &mut http::Request<bytes::Bytes>,
     ) -> Result<(), UpstreamError> {
         let identity: Identity = self.credentials().await?.into();
-        let params = v4::SigningParams::builder()
-            .identity(&identity)
-            .region(&self.region)
-            .name(self.service)
-            .time(SystemTime::now())
-            .settings(SigningSettings::default())
-            .build()
-            .map_err(|e| UpstreamError::Signing(e.to_string()))?
-            .into();
-        let uri = request.uri().to_string();
-        let headers = request
-            .headers()
-            .iter()
-            .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str(), v)));
-        let signable = SignableRequest::new(
-            request.method().as_str(),
-            uri,
-            headers,
-            SignableBody::Bytes(request.body()),
+        sign_as(
+            &identity,
+            (&self.region, self.service),
+            SystemTime::now(),
+            request,
         )
-        .map_err(|e| UpstreamError::Signing(e.to_string()))?;
-        let (instructions, _signature) = sign(signable, &params)
-            .map_err(|e| UpstreamError::Signing(e.to_string()))?
-            .into_parts();
-        instructions.apply_to_request_http1x(request);
-        Ok(())
     }
+}
+
+/// How the proxy signs: double-encoded, never normalised (see the module doc).
+pub fn signing_settings() -> SigningSettings {
+    let mut settings = SigningSettings::default();
+    settings.percent_encoding_mode = PercentEncodingMode::Double;
+    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+    settings
+}
+
+/// Signs `request` as `identity`, scoped to `(region, service)`.
+fn sign_as(
+    identity: &Identity,
+    (region, service): (&str, &str),
+    at: SystemTime,
+    request: &mut http::Request<bytes::Bytes>,
+) -> Result<(), UpstreamError> {
+    let params = v4::SigningParams::builder()
+        .identity(identity)
+        .region(region)
+        .name(service)
+        .time(at)
+        .settings(signing_settings())
+        .build()
+        .map_err(|e| UpstreamError::Signing(e.to_string()))?
+        .into();
+    let uri = request.uri().to_string();
+    let headers = request
+        .headers()
+        .iter()
+        .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str(), v)));
+    let signable = SignableRequest::new(
+        request.method().as_str(),
+        uri,
+        headers,
+        SignableBody::Bytes(request.body()),
+    )
+    .map_err(|e| UpstreamError::Signing(e.to_string()))?;
+    let (instructions, _signature) = sign(signable, &params)
+        .map_err(|e| UpstreamError::Signing(e.to_string()))?
+        .into_parts();
+    instructions.apply_to_request_http1x(request);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -219,5 +250,44 @@ mod tests {
             SystemTime::now(),
         );
         assert!(verified.is_ok(), "{verified:?}");
+    }
+
+    /// The path is signed as it is sent: a verifier that normalises (as AWS does) rejects a
+    /// signature over `/a/./b` made for `/a/b`, so the proxy can never sign one resource while
+    /// sending another. A normal path verifies, double-encoded.
+    #[test]
+    fn the_path_is_signed_as_sent_never_normalised() {
+        let identity: Identity = Credentials::new("AKID0", "secret", None, None, "test").into();
+        let at = SystemTime::now();
+        let signed = |path: &str| {
+            let mut request = http::Request::builder()
+                .method("POST")
+                .uri(format!(
+                    "https://bedrock-runtime.us-east-1.amazonaws.com{path}"
+                ))
+                .header("host", "bedrock-runtime.us-east-1.amazonaws.com")
+                .body(bytes::Bytes::from_static(b"{}"))
+                .unwrap();
+            sign_as(&identity, ("us-east-1", SIGNING_NAME), at, &mut request).unwrap();
+            request
+        };
+        let verify = |request: &http::Request<bytes::Bytes>, path: &str| {
+            crate::auth::sigv4::verify(
+                request.method(),
+                path,
+                request.headers(),
+                request.body(),
+                |id| (id == "AKID0").then(|| "secret".to_string()),
+                at,
+            )
+        };
+        let plain = "/model/us.anthropic.claude-sonnet-4-20250514-v1%3A0/converse";
+        assert!(verify(&signed(plain), plain).is_ok());
+        let dotted = "/model/x/./converse";
+        assert_eq!(
+            verify(&signed(dotted), dotted),
+            Err(crate::auth::sigv4::SigV4Error::SignatureMismatch),
+            "signed over the path as sent, not its normal form"
+        );
     }
 }

@@ -6,6 +6,8 @@ pub mod endpoints;
 pub mod fleet;
 pub mod redis_server;
 pub mod scrape;
+pub mod signing;
+pub mod tap;
 pub mod wire;
 
 use std::{net::SocketAddr, time::Duration};

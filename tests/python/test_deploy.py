@@ -436,14 +436,17 @@ def test_entrypoint_runs_the_way_the_manifest_runs_it(manifest):
         probe = subprocess.run([str(binary), "healthcheck", "--url", f"{admin}/readyz"],
                                capture_output=True, text=True, timeout=30)
         assert probe.returncode == 0, probe.stderr
+        # With an admin listener the proxy port keeps only /healthz: metrics, pool state and
+        # readiness are the admin port's.
+        context = None
         if "tls_cert" in w.config["server"]:
-            insecure = ssl.create_default_context()
-            insecure.check_hostname = False
-            insecure.verify_mode = ssl.CERT_NONE
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
             assert proxy.startswith("https://"), proxy
-            assert get(proxy + "/readyz", insecure) == 200
-        else:
-            assert get(f"{proxy}/readyz") == 200
+        assert get(f"{proxy}/healthz", context) == 200
+        for path in ("/readyz", "/metrics", "/v1/pools"):
+            assert get(f"{proxy}{path}", context) == 404, f"{path} on the proxy port"
         rc = proc.stop()
         assert rc == 0, f"exit {rc} on SIGTERM\n{proc.stderr_tail()}"
         proc = None

@@ -3,7 +3,11 @@
 use aws_sdk_bedrockruntime::error::ProvideErrorMetadata;
 use tokengate::simulator::SimulatorHandle;
 
-use super::{SONNET, client, instant_config, post, post_with, start, user, verifying};
+use super::{
+    SONNET, client, instant_config, post, post_with,
+    signing::{Signing, signed_headers},
+    start, user, verifying,
+};
 
 #[tokio::test]
 async fn sigv4_verification() {
@@ -66,37 +70,9 @@ fn signed_for(
     path: &str,
     body: &[u8],
 ) -> Vec<(String, String)> {
-    use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
-    let identity =
-        aws_credential_types::Credentials::new("AKIDTEST", "secret", None, None, "test").into();
-    let params = aws_sigv4::sign::v4::SigningParams::builder()
-        .identity(&identity)
-        .region("us-east-1")
-        .name(service)
-        .time(std::time::SystemTime::now())
-        .settings(SigningSettings::default())
-        .build()
-        .unwrap()
-        .into();
-    let host = sim.addr.to_string();
-    let base = [
-        ("host", host.as_str()),
-        ("content-type", "application/json"),
-    ];
-    let request = SignableRequest::new(
-        "POST",
-        format!("http://{host}{path}"),
-        base.into_iter(),
-        SignableBody::Bytes(body),
-    )
-    .unwrap();
-    let (instructions, _) = sign(request, &params).unwrap().into_parts();
-    base.iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .chain(
-            instructions
-                .headers()
-                .map(|(k, v)| (k.to_string(), v.to_string())),
-        )
-        .collect()
+    let signing = Signing {
+        service,
+        ..Signing::new("AKIDTEST", "secret")
+    };
+    signed_headers(signing, &sim.addr.to_string(), path, body, &[])
 }
