@@ -39,6 +39,15 @@ def start(binary: str, args: list[str], prefix: str, env: dict) -> tuple[subproc
     sys.exit(f"{prefix} did not start")
 
 
+def start_instant_simulator(binary: str, tmp: str, env: dict) -> tuple[subprocess.Popen, str]:
+    """A simulator that answers at once, with a quota nobody reaches, as its own process."""
+    sim_config = Path(tmp, "sim.toml")
+    sim_config.write_text('[server]\nlisten = "127.0.0.1:0"\n[upstream]\nregion = "us-east-1"\n'
+                          'endpoint = "simulated"\n[simulator]\ntime_to_first_token_ms = 0\n'
+                          'tokens_per_second = 0\ndefault_tokens_per_minute = 1000000000\n')
+    return start(binary, ["simulate", "--listen", "127.0.0.1:0", "--config", str(sim_config)], "simulator", env)
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -75,12 +84,7 @@ def main() -> None:
     env = dict(os.environ, AWS_ACCESS_KEY_ID="sizing", AWS_SECRET_ACCESS_KEY="sizing",
                AWS_EC2_METADATA_DISABLED="true", RUST_LOG="warn")
     with tempfile.TemporaryDirectory() as tmp:
-        sim_config = Path(tmp, "sim.toml")
-        sim_config.write_text('[server]\nlisten = "127.0.0.1:0"\n[upstream]\nregion = "us-east-1"\n'
-                              'endpoint = "simulated"\n[simulator]\ntime_to_first_token_ms = 0\n'
-                              'tokens_per_second = 0\ndefault_tokens_per_minute = 1000000000\n')
-        sim, sim_addr = start(opts.binary, ["simulate", "--listen", "127.0.0.1:0", "--config", str(sim_config)],
-                              "simulator", env)
+        sim, sim_addr = start_instant_simulator(opts.binary, tmp, env)
         proxy_config = Path(tmp, "proxy.toml")
         proxy_config.write_text(f'[server]\nlisten = "127.0.0.1:0"\n[upstream]\nregion = "us-east-1"\n'
                                 f'endpoint = "http://{sim_addr}"\n[[pools]]\nname = "sonnet4-us"\n'

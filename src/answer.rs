@@ -245,25 +245,11 @@ pub fn no_route() -> BedrockError {
     )
 }
 
-/// The request body went over `server.max_body_bytes`, failed, or did not arrive in time.
-pub fn body_error(e: &BodyReadError) -> Response {
-    BedrockError::validation(match e {
-        BodyReadError::TooLarge { limit } => format!(
-            "the request body is larger than {limit} bytes, the limit set by [server] max_body_bytes; send a smaller body"
-        ),
-        BodyReadError::Failed(e) => format!("the request body could not be read: {e}"),
-        BodyReadError::TimedOut { after } => format!(
-            "the request body did not arrive within {} s, the limit set by [server] body_read_timeout_secs; send the whole body at once",
-            after.as_secs()
-        ),
-    })
+/// The request body did not arrive within `server.body_read_timeout_secs`.
+pub fn body_timeout(after: Duration) -> Response {
+    BedrockError::validation(format!(
+        "the request body did not arrive within {} s, the limit set by [server] body_read_timeout_secs; send the whole body at once",
+        after.as_secs()
+    ))
     .into_response()
-}
-
-/// Why a request body could not be read.
-#[derive(Debug)]
-pub enum BodyReadError {
-    TooLarge { limit: usize },
-    Failed(String),
-    TimedOut { after: Duration },
 }

@@ -189,6 +189,8 @@ impl Gateway {
         let ready = Arc::new(AtomicBool::new(false));
         let refreshers = CancellationToken::new();
         crate::copies::follow(&policy.admission, &sagemaker, &refreshers);
+        let body_budget =
+            crate::body_budget::BodyBudget::new(config.server.max_buffered_body_bytes, &metrics);
         let state = Arc::new(AppState {
             policy: arc_swap::ArcSwap::from_pointee(policy),
             upstream,
@@ -197,6 +199,7 @@ impl Gateway {
             registry,
             ledger_publications: Default::default(),
             max_body_bytes: config.server.max_body_bytes,
+            body_budget,
             body_read_timeout: config.server.body_read_timeout,
             ready: ready.clone(),
             rejections: Default::default(),
@@ -208,13 +211,25 @@ impl Gateway {
             None => None,
         };
         let admin_addr = admin.as_ref().map(|(a, _)| *a);
+        let s = &config.server;
         let serve_options = server::ServeOptions {
-            header_read_timeout: config.server.header_read_timeout,
-            drain: config.server.drain,
+            header_read_timeout: s.header_read_timeout,
+            idle_timeout: s.idle_timeout,
+            max_connections: server::fd_limit::connection_cap(s.max_connections),
+            h2_max_concurrent_streams: s.h2_max_concurrent_streams,
+            h2_keep_alive_interval: s.h2_keep_alive_interval,
+            h2_keep_alive_timeout: s.h2_keep_alive_timeout,
+            drain: s.drain,
             deadline,
+            metrics: Some(state.metrics.listener("proxy")),
         };
         let admin = admin.map(|(_, l)| {
-            Served::spawn(l, admin_router(state.clone()), None, serve_options.clone())
+            let options = server::ServeOptions {
+                max_connections: server::ADMIN_MAX_CONNECTIONS,
+                metrics: Some(state.metrics.listener("admin")),
+                ..serve_options.clone()
+            };
+            Served::spawn(l, admin_router(state.clone()), None, options)
         });
         let admin_here = if admin.is_some() {
             Admin::Elsewhere

@@ -25,9 +25,10 @@
 //! | [`answer`] | the one map from a decision (or upstream's outcome) to the Bedrock-shaped answer |
 //! | [`observe`] | what happened, recorded: metrics and the access log |
 //! | [`state`] | what request handlers share: the reloadable policy and the process-wide parts |
+//! | [`body_budget`] | the bytes of request bodies held in memory, bounded for all requests together |
 //! | [`gateway`] | assembling a running proxy from a config |
 //! | [`copies`] | following endpoint pools' copies from the SageMaker control plane |
-//! | [`server`] | the listener: HTTP/1.1 and h2c on one port, optional TLS, graceful shutdown |
+//! | [`server`] | the listener: HTTP/1.1 and h2c on one port, optional TLS, the connection cap, timeouts and header limits, graceful shutdown |
 //! | [`healthcheck`] | `tokengate healthcheck`: the container image's probe (no shell, no curl) |
 
 pub mod admission;
@@ -35,6 +36,7 @@ pub mod answer;
 pub mod app;
 pub mod auth;
 pub mod bedrock;
+pub mod body_budget;
 pub mod config;
 pub mod copies;
 pub mod gateway;

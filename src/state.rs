@@ -46,6 +46,8 @@ pub struct AppState {
     /// Counts the ledger keeps, published at each scrape.
     pub ledger_publications: LedgerPublications,
     pub max_body_bytes: usize,
+    /// Request-body bytes held in memory by all requests (`server.max_buffered_body_bytes`).
+    pub body_budget: Arc<crate::body_budget::BodyBudget>,
     /// How long a request body may take to arrive (`server.body_read_timeout_secs`).
     pub body_read_timeout: std::time::Duration,
     /// False until started, and again once draining.

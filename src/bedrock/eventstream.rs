@@ -1,8 +1,9 @@
 //! `application/vnd.amazon.eventstream` frames, via `aws-smithy-eventstream`.
 //!
 //! [`FrameReader`] decodes frames incrementally from arbitrary chunk boundaries, so the proxy can
-//! watch a stream pass through without holding it; the `*_frame` functions encode the frames the
-//! simulator sends and the proxy's own exception frames.
+//! watch a stream pass through without holding it; [`WholeFrames`] cuts chunks at frame
+//! boundaries, so that what the proxy forwards can always be followed by a frame of its own; the
+//! `*_frame` functions encode the frames the simulator sends and the proxy's own exception frames.
 
 use aws_smithy_eventstream::frame::{DecodedFrame, MessageFrameDecoder, write_message_to};
 use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
@@ -132,9 +133,115 @@ impl FrameReader {
     }
 }
 
+/// The smallest frame: a 12-byte prelude (lengths and their CRC) and the 4-byte message CRC.
+const MIN_FRAME: usize = 16;
+
+/// Passes chunks on at frame boundaries: the whole frames a chunk completes go on at once, a
+/// partial frame is held until its last byte arrives. Only the frame lengths are read (the first
+/// four bytes of each prelude); checksums are for the receiver. At most one partial frame is
+/// held, and a frame may not claim more than `cap` bytes.
+#[derive(Debug)]
+pub struct WholeFrames {
+    pending: BytesMut,
+    cap: usize,
+}
+
+impl WholeFrames {
+    pub fn new(cap: usize) -> WholeFrames {
+        WholeFrames {
+            pending: BytesMut::new(),
+            cap,
+        }
+    }
+
+    /// Takes the next chunk; returns the whole frames now complete (empty if none), in order.
+    pub fn push(&mut self, chunk: Bytes) -> Result<Bytes, FrameError> {
+        let data = if self.pending.is_empty() {
+            chunk
+        } else {
+            self.pending.extend_from_slice(&chunk);
+            self.pending.split().freeze()
+        };
+        let whole = self.whole_prefix(&data)?;
+        if whole < data.len() {
+            self.pending.extend_from_slice(&data[whole..]);
+        }
+        Ok(data.slice(..whole))
+    }
+
+    /// Bytes of a partial frame held back.
+    pub fn held(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The length of the longest run of whole frames at the start of `data`.
+    fn whole_prefix(&self, data: &[u8]) -> Result<usize, FrameError> {
+        let mut at = 0;
+        while let Some(prelude) = data.get(at..at + 4) {
+            let len = u32::from_be_bytes([prelude[0], prelude[1], prelude[2], prelude[3]]) as usize;
+            if !(MIN_FRAME..=self.cap).contains(&len) {
+                return Err(FrameError(format!(
+                    "a frame claims {len} bytes (at least {MIN_FRAME}, at most {})",
+                    self.cap
+                )));
+            }
+            if data.len() - at < len {
+                break;
+            }
+            at += len;
+        }
+        Ok(at)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_whole_frames_pass_whatever_the_chunks() {
+        let mut wire = event_frame("messageStart", br#"{"role":"assistant"}"#).to_vec();
+        let delta = event_frame("contentBlockDelta", &[b'x'; 300]);
+        wire.extend_from_slice(&delta);
+        wire.extend_from_slice(&exception_frame(ErrorCode::Throttling, "too many"));
+        for size in [1, 3, 7, 64, 100, wire.len()] {
+            let mut frames = WholeFrames::new(1024);
+            let mut passed = Vec::new();
+            for chunk in wire.chunks(size) {
+                let whole = frames.push(Bytes::copy_from_slice(chunk)).unwrap();
+                // Each piece passed on is whole frames: it decodes with nothing left over.
+                let mut reader = FrameReader::new();
+                reader.push(&whole);
+                while reader.next_frame().unwrap().is_some() {}
+                assert_eq!(reader.pending(), 0, "chunks of {size}");
+                passed.extend_from_slice(&whole);
+                assert!(
+                    frames.held() < delta.len(),
+                    "never more than a partial frame"
+                );
+            }
+            assert_eq!(passed, wire, "chunks of {size}");
+            assert_eq!(frames.held(), 0);
+        }
+    }
+
+    #[test]
+    fn a_frame_claiming_too_much_or_too_little_is_an_error() {
+        let mut frames = WholeFrames::new(1024);
+        assert!(frames.push(Bytes::from_static(&[0, 0, 0x10, 0])).is_err());
+        let mut frames = WholeFrames::new(1024);
+        assert!(
+            frames
+                .push(Bytes::from_static(&[0, 0, 0, 3, 1, 2]))
+                .is_err()
+        );
+        let mut frames = WholeFrames::new(1024);
+        let partial = frames.push(Bytes::from_static(&[0, 0, 0])).unwrap();
+        assert!(
+            partial.is_empty() && frames.held() == 3,
+            "a prelude not yet whole waits"
+        );
+    }
 
     #[test]
     fn frames_round_trip_across_any_split() {

@@ -6,13 +6,9 @@
 pub mod endpoints;
 pub mod raw;
 pub mod routes;
+mod server;
 
-use std::{
-    collections::BTreeMap,
-    net::SocketAddr,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use http::Uri;
 
@@ -20,6 +16,7 @@ use crate::simulator::SimulatorConfig;
 pub use endpoints::EndpointConfig;
 use raw::{RawConfig, RawPool};
 pub use routes::{AuthConfig, AuthMode, MaxTokensPolicy, RouteConfig, Secret, ShareConfig};
+pub use server::{ServerConfig, TlsFiles};
 
 /// A configuration error: the key at fault and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,31 +51,6 @@ pub struct Config {
     /// `[[endpoints]]`: SageMaker endpoint pools.
     pub endpoints: Vec<EndpointConfig>,
     pub simulator: SimulatorConfig,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ServerConfig {
-    pub listen: SocketAddr,
-    /// A second, plain-HTTP listener serving only the admin endpoints (health, readiness,
-    /// metrics, `/v1/pools`), so that the proxy itself can stay on loopback.
-    pub admin_listen: Option<SocketAddr>,
-    pub tls: Option<TlsFiles>,
-    /// Largest request body accepted (413-free: answered as a `ValidationException`).
-    pub max_body_bytes: usize,
-    /// How long shutdown waits for in-flight requests and streams.
-    pub drain: Duration,
-    /// On shutdown, how long the listener keeps accepting while `/readyz` answers 503.
-    pub accept_grace: Duration,
-    /// How long a connection may take to send a request head (or its first byte).
-    pub header_read_timeout: Duration,
-    /// How long a request body may take to arrive, whole.
-    pub body_read_timeout: Duration,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
 }
 
 /// Where requests go.
@@ -215,7 +187,6 @@ impl PoolConfig {
     }
 }
 
-const DEFAULT_MAX_BODY: u64 = 26 * 1024 * 1024;
 /// Default admission-queue wait: long enough to ride out a refill or a completion, short
 /// against SDK timeouts.
 const DEFAULT_MAX_WAIT_MS: u64 = 2_000;
@@ -264,56 +235,7 @@ impl Config {
     }
 
     pub fn from_raw_with_env(raw: RawConfig, env: &Env) -> Result<Config, ConfigError> {
-        let server = ServerConfig {
-            listen: raw.server.listen.parse().map_err(|_| {
-                invalid(
-                    "server.listen",
-                    format!(
-                        "{:?} is not an address; write \"127.0.0.1:8080\"",
-                        raw.server.listen
-                    ),
-                )
-            })?,
-            admin_listen: raw
-                .server
-                .admin_listen
-                .map(|a| {
-                    a.parse().map_err(|_| {
-                        invalid(
-                            "server.admin_listen",
-                            format!("{a:?} is not an address; write \"0.0.0.0:9090\""),
-                        )
-                    })
-                })
-                .transpose()?,
-            tls: match (raw.server.tls_cert, raw.server.tls_key) {
-                (Some(cert), Some(key)) => Some(TlsFiles {
-                    cert: cert.into(),
-                    key: key.into(),
-                }),
-                (None, None) => None,
-                _ => {
-                    return Err(invalid(
-                        "server.tls_cert",
-                        "tls_cert and tls_key go together; set both or neither",
-                    ));
-                }
-            },
-            max_body_bytes: positive(
-                "server.max_body_bytes",
-                raw.server.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
-            )? as usize,
-            drain: Duration::from_secs(raw.server.drain_secs.unwrap_or(30)),
-            accept_grace: Duration::from_secs(raw.server.accept_grace_secs.unwrap_or(0)),
-            header_read_timeout: Duration::from_secs(positive(
-                "server.header_read_timeout_secs",
-                raw.server.header_read_timeout_secs.unwrap_or(30),
-            )?),
-            body_read_timeout: Duration::from_secs(positive(
-                "server.body_read_timeout_secs",
-                raw.server.body_read_timeout_secs.unwrap_or(60),
-            )?),
-        };
+        let server = server::validate(raw.server)?;
         let upstream = validate_upstream(raw.upstream)?;
         let ledger = validate_ledger(raw.ledger, env)?;
         let admission = AdmissionConfig {

@@ -44,6 +44,12 @@ pub struct RawServer {
     pub accept_grace_secs: Option<u64>,
     pub header_read_timeout_secs: Option<u64>,
     pub body_read_timeout_secs: Option<u64>,
+    pub idle_timeout_secs: Option<u64>,
+    pub max_connections: Option<u64>,
+    pub max_buffered_body_bytes: Option<u64>,
+    pub h2_max_concurrent_streams: Option<u64>,
+    pub h2_keep_alive_interval_secs: Option<u64>,
+    pub h2_keep_alive_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

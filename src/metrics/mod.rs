@@ -14,7 +14,7 @@ use std::{
 };
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -82,6 +82,17 @@ pub struct Metrics {
     pub max_tokens_clamped: IntCounterVec,
     /// Requests that failed identification, by reason (never said to the caller).
     pub auth_failures: IntCounterVec,
+    // === The listener (see `server` and `body_budget`) ===
+    /// Request-body bytes held in memory now, by every request together.
+    pub buffered_body_bytes: IntGauge,
+    /// Requests answered 503 because the body budget was spent.
+    pub body_budget_refusals: IntCounter,
+    /// Open connections, by listener (`proxy`, `admin`).
+    pub open_connections: IntGaugeVec,
+    /// Connections shed at the cap, by listener and action: `closed_idle`, `refused`.
+    pub connections_shed: IntCounterVec,
+    /// Connections closed by a timeout, by listener and kind: `first_request`, `header`, `idle`.
+    pub connection_timeouts: IntCounterVec,
     // === Endpoint pools (see `admission::endpoint`, `copies`) ===
     /// Copies serving an endpoint pool now.
     pub endpoint_copies: IntGaugeVec,
@@ -139,7 +150,7 @@ impl Metrics {
             effective_tokens_per_minute: r.gauge("tokengate_effective_tokens_per_minute", "Tokens per minute admission applies now (after headroom and throttle feedback).", &["pool"])?,
             upstream_throttles: r.counter("tokengate_upstream_throttles_total", "ThrottlingExceptions received from upstream.", &["pool"])?,
             upstream_responses: r.counter("tokengate_upstream_responses_total", "Upstream responses by status code.", &["pool", "status"])?,
-            upstream_errors: r.counter("tokengate_upstream_errors_total", "Upstream failures without a response: connect, timeout, stream_cut, idle_timeout.", &["pool", "kind"])?,
+            upstream_errors: r.counter("tokengate_upstream_errors_total", "Upstream failures without a response: connect, timeout, stream_cut, bad_frame, idle_timeout.", &["pool", "kind"])?,
             settlements: r.counter("tokengate_settlements_total", "Reservations settled, by the rule that priced them.", &["pool", "rule"])?,
             reserved_tokens_total: r.counter("tokengate_reserved_tokens_total", "Tokens reserved at admission (input estimate + maxTokens).", &["pool"])?,
             charged_tokens: r.counter("tokengate_charged_tokens_total", "Quota tokens charged at settlement (input + cacheWrite + output x burndown).", &["pool"])?,
@@ -158,21 +169,13 @@ impl Metrics {
                 r.register("tokengate_ledger_seconds", Kind::Histogram, Box::new(h.clone()))?;
                 h
             },
-            ledger_fallbacks: {
-                let c = IntCounter::new("tokengate_ledger_fallback_total", "Times the shared ledger was unreachable and admission fell back to the local share.")?;
-                r.register("tokengate_ledger_fallback_total", Kind::Counter, Box::new(c.clone()))?;
-                c
-            },
+            ledger_fallbacks: r.single_counter("tokengate_ledger_fallback_total", "Times the shared ledger was unreachable and admission fell back to the local share.")?,
             ledger_mode: r.int_gauge("tokengate_ledger_mode", "1 for the mode the ledger serves in: memory, shared, local_share, unavailable.", &["mode"])?,
             config_reloads: r.counter("tokengate_config_reloads_total", "Config reloads by result.", &["result"])?,
             queue_depth: r.int_gauge("tokengate_queue_depth", "Requests waiting in the pool's admission queue.", &["pool"])?,
             queue_wait_seconds: r.histogram("tokengate_queue_wait_seconds", "Time queued requests waited.", &["pool"], HINT_BUCKETS)?,
             queue_outcomes: r.counter("tokengate_queue_outcomes_total", "Queued requests by outcome: admitted, timed_out, cancelled, shutdown.", &["pool", "outcome"])?,
-            unsettled_reservations: {
-                let c = IntCounter::new("tokengate_unsettled_reservations_total", "Reservations settled by the drop safety net (a bug if non-zero).")?;
-                r.register("tokengate_unsettled_reservations_total", Kind::Counter, Box::new(c.clone()))?;
-                c
-            },
+            unsettled_reservations: r.single_counter("tokengate_unsettled_reservations_total", "Reservations settled by the drop safety net (a bug if non-zero).")?,
             time_to_first_token_seconds: r.histogram("tokengate_time_to_first_token_seconds", "Time from admission to the first generated content: the first content event of a stream, the first body bytes otherwise.", &["pool", "operation"], LATENCY_BUCKETS)?,
             input_tokens_per_request: r.histogram("tokengate_input_tokens_per_request", "Prompt length per request: input + cache-read + cache-write tokens reported by upstream.", &["pool"], LENGTH_BUCKETS)?,
             output_tokens_per_request: r.histogram("tokengate_output_tokens_per_request", "Output tokens per request reported by upstream.", &["pool"], LENGTH_BUCKETS)?,
@@ -188,6 +191,11 @@ impl Metrics {
             shadow_rejections: r.counter("tokengate_shadow_rejections_total", "Requests forwarded in shadow mode that enforcement would have turned away, by reason.", &["pool", "route", "reason"])?,
             max_tokens_clamped: r.counter("tokengate_max_tokens_clamped_total", "Requests whose maxTokens was lowered to the route's max_tokens_ceiling.", &["pool", "route"])?,
             auth_failures: r.counter("tokengate_auth_failures_total", "Requests that failed identification, by auth mode and reason.", &["mode", "reason"])?,
+            buffered_body_bytes: r.single_gauge("tokengate_buffered_body_bytes", "Request-body bytes held in memory now (server.max_buffered_body_bytes bounds it).")?,
+            body_budget_refusals: r.single_counter("tokengate_body_budget_refusals_total", "Requests answered 503 because their body would have taken the buffered bytes past server.max_buffered_body_bytes.")?,
+            open_connections: r.int_gauge("tokengate_open_connections", "Open client connections, by listener.", &["listener"])?,
+            connections_shed: r.counter("tokengate_connections_shed_total", "Connections shed at server.max_connections: closed_idle (an idle one closed to make room), refused (none idle: the newcomer closed).", &["listener", "action"])?,
+            connection_timeouts: r.counter("tokengate_connection_timeouts_total", "Connections closed by a timeout: first_request, header (an HTTP/1.1 head), idle.", &["listener", "kind"])?,
             endpoint_copies: r.int_gauge("tokengate_endpoint_copies", "Copies serving an endpoint pool now (the concurrency limit is copies x max_concurrency_per_copy).", &["pool"])?,
             endpoint_demand_per_copy: r.gauge("tokengate_endpoint_demand_per_copy", "An endpoint pool's requests in flight plus queued, per copy serving: the signal to scale the endpoint on.", &["pool"])?,
             endpoint_copy_refreshes: r.counter("tokengate_endpoint_copy_refreshes_total", "Reads of an endpoint pool's copies from the SageMaker control plane, by result: ok, error.", &["pool", "result"])?,
@@ -202,6 +210,23 @@ impl Metrics {
     fn init_global_series(&self) {
         for result in ["ok", "error"] {
             self.config_reloads.with_label_values(&[result]);
+        }
+    }
+
+    /// The connection metrics of the listener named `listener`, every series at zero if new.
+    pub fn listener(&self, listener: &str) -> ListenerMetrics {
+        let shed = |action| self.connections_shed.with_label_values(&[listener, action]);
+        let timeouts = |kind| {
+            self.connection_timeouts
+                .with_label_values(&[listener, kind])
+        };
+        ListenerMetrics {
+            open: self.open_connections.with_label_values(&[listener]),
+            closed_idle: shed("closed_idle"),
+            refused: shed("refused"),
+            first_request_timeouts: timeouts("first_request"),
+            header_timeouts: timeouts("header"),
+            idle_timeouts: timeouts("idle"),
         }
     }
 
@@ -237,6 +262,17 @@ impl Publication {
     }
 }
 
+/// One listener's connection series, resolved once (see [`Metrics::listener`]).
+#[derive(Debug, Clone)]
+pub struct ListenerMetrics {
+    pub open: IntGauge,
+    pub closed_idle: IntCounter,
+    pub refused: IntCounter,
+    pub first_request_timeouts: IntCounter,
+    pub header_timeouts: IntCounter,
+    pub idle_timeouts: IntCounter,
+}
+
 /// Registers metrics and remembers their names.
 struct Reg<'a> {
     registry: &'a Registry,
@@ -255,6 +291,20 @@ impl Reg<'_> {
         Ok(())
     }
 
+    fn single_counter(
+        &self,
+        name: &'static str,
+        help: &str,
+    ) -> Result<IntCounter, prometheus::Error> {
+        let m = IntCounter::new(name, help)?;
+        self.register(name, Kind::Counter, Box::new(m.clone()))?;
+        Ok(m)
+    }
+    fn single_gauge(&self, name: &'static str, help: &str) -> Result<IntGauge, prometheus::Error> {
+        let m = IntGauge::new(name, help)?;
+        self.register(name, Kind::Gauge, Box::new(m.clone()))?;
+        Ok(m)
+    }
     fn counter(
         &self,
         name: &'static str,

@@ -98,12 +98,13 @@ impl EndpointSeries {
 /// The `outcome` labels of `tokengate_queue_outcomes_total`.
 pub const QUEUE_OUTCOMES: [&str; 4] = ["admitted", "timed_out", "cancelled", "shutdown"];
 /// The `kind` labels of `tokengate_upstream_errors_total`.
-pub const UPSTREAM_ERROR_KINDS: [&str; 7] = [
+pub const UPSTREAM_ERROR_KINDS: [&str; 8] = [
     "connect",
     "timeout",
     "credentials",
     "signing",
     "stream_cut",
+    "bad_frame",
     "idle_timeout",
     "count_tokens",
 ];

@@ -5,12 +5,18 @@
 //! request's reservation is settled the moment usage is known, not when the connection closes.
 //! The body also enforces the idle timeout between chunks.
 //!
-//! When the upstream fails mid-body (connection reset, stream cut, idle timeout), an event stream
-//! ends with a `modelStreamErrorException` frame (an endpoint's: `ModelStreamError`), the only
-//! way a stream that answered 200 can
-//! report an error; a plain body ends with an error, which aborts the response so the client sees
-//! a truncated body rather than a complete-looking one. Either way the reservation is settled by
-//! the `no_usage` rule. If the client hangs up, the body is dropped and settles the same way.
+//! An event stream is passed on in whole frames ([`WholeFrames`]): a chunk that ends inside a frame
+//! passes on up to the last frame boundary, and the rest waits for the next chunk (at most one
+//! frame, up to [`FRAME_CAP`]), so the client never holds part of a frame the proxy cannot finish.
+//!
+//! When the upstream fails mid-body (connection reset, stream cut, idle timeout, a stream that
+//! ends inside a frame, framing that is not event-stream), an event stream drops any partial
+//! frame held and ends with a `modelStreamErrorException` frame (an endpoint's: `ModelStreamError`),
+//! the only way a stream that
+//! answered 200 can report an error, and one that starts on a frame boundary; a plain body ends
+//! with an error, which aborts the response so the client sees a truncated body rather than a
+//! complete-looking one. Either way the reservation is settled by the `no_usage` rule. If the
+//! client hangs up, the body is dropped and settles the same way.
 //!
 //! At shutdown, once the drain deadline passes ([`crate::server::ServeOptions::deadline`]), a
 //! response still in flight ends the same way, with a `serviceUnavailableException` frame for a
@@ -37,14 +43,17 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::{
     admission::{Hold, Pool, Settled},
-    bedrock::{ErrorCode, Operation, Usage, UsageObserver, usage::ResponseKind},
+    bedrock::{
+        ErrorCode, Operation, Usage, UsageObserver,
+        eventstream::WholeFrames,
+        usage::{FRAME_CAP, ResponseKind},
+    },
     observe::{Observation, Observer},
     sagemaker::PayloadUsage,
     upstream::Upstream,
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 /// The frame that ends an event stream early, in the dialect of the API that streams it.
 pub type ExceptionFrame = fn(ErrorCode, &str) -> Bytes;
 
@@ -234,6 +243,7 @@ impl Drop for Meter {
 
 pin_project! {
     /// An upstream response body, passed through and metered.
+    #[project = MeteredBodyProj]
     pub struct MeteredBody {
         #[pin]
         inner: Incoming,
@@ -247,8 +257,8 @@ pin_project! {
         deadline: CancellationToken,
         #[pin]
         deadline_passed: WaitForCancellationFutureOwned,
-        // How an event stream ends early; `None` for a plain body.
-        event_stream: Option<ExceptionFrame>,
+        // Event streams only: what is passed on, whole frames, and how the stream ends early.
+        frames: Option<(WholeFrames, ExceptionFrame)>,
         finished: bool,
     }
 }
@@ -284,7 +294,7 @@ impl MeteredBody {
             idle_timeout,
             deadline_passed: deadline.clone().cancelled_owned(),
             deadline,
-            event_stream,
+            frames: event_stream.map(|exception| (WholeFrames::new(FRAME_CAP), exception)),
             finished: false,
         }
     }
@@ -298,6 +308,9 @@ enum Failure {
     Upstream(String),
     /// The shutdown drain deadline passed.
     Deadline,
+    /// The event stream is not whole frames: it ended inside one, or a frame's length is
+    /// impossible.
+    Framing(String),
 }
 
 impl Failure {
@@ -314,6 +327,11 @@ impl Failure {
                 ErrorCode::ModelStreamError,
                 format!("upstream stream interrupted: {e}"),
                 Some("stream_cut"),
+            ),
+            Failure::Framing(e) => (
+                ErrorCode::ModelStreamError,
+                format!("upstream stream broken: {e}"),
+                Some("bad_frame"),
             ),
             Failure::Deadline => (
                 ErrorCode::ServiceUnavailable,
@@ -338,63 +356,50 @@ impl Body for MeteredBody {
         if *this.finished {
             return Poll::Ready(None);
         }
-        let failure = if this.deadline.is_cancelled() {
-            Failure::Deadline
-        } else {
-            match this.inner.as_mut().poll_frame(cx) {
+        let failure = loop {
+            if this.deadline.is_cancelled() {
+                break Failure::Deadline;
+            }
+            let frame = match this.inner.as_mut().poll_frame(cx) {
                 Poll::Pending => {
                     if this.deadline_passed.as_mut().poll(cx).is_ready() {
-                        Failure::Deadline
-                    } else {
-                        ready!(this.idle.as_mut().poll(cx));
-                        Failure::Idle
+                        break Failure::Deadline;
                     }
+                    ready!(this.idle.as_mut().poll(cx));
+                    break Failure::Idle;
                 }
-                Poll::Ready(Some(Ok(frame))) => {
-                    this.idle
-                        .as_mut()
-                        .reset(Instant::now() + *this.idle_timeout);
-                    if let (Some(meter), Some(data)) = (this.meter.as_mut(), frame.data_ref()) {
-                        meter.data(data);
-                    }
-                    // A body of known length is complete with its last byte, and the server may
-                    // drop it without polling for the end: settle now.
-                    if this.inner.is_end_stream() {
-                        *this.finished = true;
-                        if let Some(meter) = this.meter.as_mut() {
-                            meter.end();
-                        }
-                    }
-                    return Poll::Ready(Some(Ok(frame)));
-                }
-                Poll::Ready(None) => {
-                    *this.finished = true;
-                    if let Some(meter) = this.meter.as_mut() {
-                        meter.end();
-                    }
-                    return Poll::Ready(None);
-                }
-                Poll::Ready(Some(Err(e))) => Failure::Upstream(e.to_string()),
+                Poll::Ready(Some(Ok(frame))) => frame,
+                Poll::Ready(Some(Err(e))) => break Failure::Upstream(e.to_string()),
+                Poll::Ready(None) => match end(&mut this) {
+                    Ok(()) => return Poll::Ready(None),
+                    Err(broken) => break broken,
+                },
+            };
+            this.idle
+                .as_mut()
+                .reset(Instant::now() + *this.idle_timeout);
+            let last = this.inner.is_end_stream();
+            let frame = match whole_frames(this.frames.as_mut().map(|(f, _)| f), frame) {
+                Ok(Some(frame)) => frame,
+                // Nothing whole yet: read on.
+                Ok(None) if !last => continue,
+                Ok(None) => match end(&mut this) {
+                    Ok(()) => return Poll::Ready(None),
+                    Err(broken) => break broken,
+                },
+                Err(broken) => break broken,
+            };
+            if let (Some(meter), Some(data)) = (this.meter.as_mut(), frame.data_ref()) {
+                meter.data(data);
             }
+            // A body of known length is complete with its last byte, and the server may drop it
+            // without polling for the end: settle now.
+            if last && let Err(broken) = end(&mut this) {
+                break broken;
+            }
+            return Poll::Ready(Some(Ok(frame)));
         };
-        // The response ends early: upstream failed, went quiet, or the drain deadline passed.
-        *this.finished = true;
-        let (code, message, kind) = failure.describe(*this.idle_timeout);
-        match kind {
-            Some(kind) => this
-                .observer
-                .upstream_error(this.pool.as_deref(), kind, &message),
-            None => tracing::warn!(failure = %message, "response ended early"),
-        }
-        if let Some(meter) = this.meter.as_mut() {
-            meter.cut();
-        }
-        match this.event_stream {
-            Some(exception_frame) => {
-                Poll::Ready(Some(Ok(Frame::data(exception_frame(code, &message)))))
-            }
-            None => Poll::Ready(Some(Err(message.into()))),
-        }
+        end_early(this, failure)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -402,10 +407,78 @@ impl Body for MeteredBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.event_stream.is_some() {
+        if self.frames.is_some() {
             SizeHint::default()
         } else {
             self.inner.size_hint()
         }
     }
+}
+
+/// The body ended: settle on its usage, unless it is an event stream that ended inside a frame.
+fn end(this: &mut MeteredBodyProj<'_>) -> Result<(), Failure> {
+    if let Some(broken) = unfinished_frame(this.frames.as_ref().map(|(f, _)| f)) {
+        return Err(broken);
+    }
+    *this.finished = true;
+    if let Some(meter) = this.meter.as_mut() {
+        meter.end();
+    }
+    Ok(())
+}
+
+/// The response ends early (upstream failed, went quiet, or the drain deadline passed): count
+/// it, settle without usage, and end a stream with an exception frame, any other body with an
+/// error.
+fn end_early(
+    this: MeteredBodyProj<'_>,
+    failure: Failure,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    *this.finished = true;
+    let (code, message, kind) = failure.describe(*this.idle_timeout);
+    match kind {
+        Some(kind) => this
+            .observer
+            .upstream_error(this.pool.as_deref(), kind, &message),
+        None => tracing::warn!(failure = %message, "response ended early"),
+    }
+    if let Some(meter) = this.meter.as_mut() {
+        meter.cut();
+    }
+    match *this.frames {
+        // Any partial frame held is dropped: the exception starts on a frame boundary.
+        Some((_, exception_frame)) => {
+            Poll::Ready(Some(Ok(Frame::data(exception_frame(code, &message)))))
+        }
+        None => Poll::Ready(Some(Err(message.into()))),
+    }
+}
+
+/// An event stream's chunk cut back to the whole frames it completes (`None`: none yet); any
+/// other body's frame as it is.
+fn whole_frames(
+    frames: Option<&mut WholeFrames>,
+    frame: Frame<Bytes>,
+) -> Result<Option<Frame<Bytes>>, Failure> {
+    let Some(frames) = frames else {
+        return Ok(Some(frame));
+    };
+    match frame.into_data() {
+        Ok(chunk) => match frames.push(chunk) {
+            Ok(whole) if whole.is_empty() => Ok(None),
+            Ok(whole) => Ok(Some(Frame::data(whole))),
+            Err(e) => Err(Failure::Framing(e.to_string())),
+        },
+        Err(trailers) => Ok(Some(trailers)),
+    }
+}
+
+/// The failure of an event stream that ends with part of a frame held.
+fn unfinished_frame(frames: Option<&WholeFrames>) -> Option<Failure> {
+    let held = frames.map_or(0, WholeFrames::held);
+    (held > 0).then(|| {
+        Failure::Framing(format!(
+            "the stream ended inside a frame ({held} bytes of it arrived)"
+        ))
+    })
 }

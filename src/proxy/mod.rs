@@ -35,7 +35,7 @@ use http::{StatusCode, request::Parts};
 
 use crate::{
     admission::{Decision, Facts},
-    answer::{self, BodyReadError},
+    answer,
     bedrock::{Operation, Target, TargetError},
     observe::{Observation, Verdict},
     sagemaker::{self, EndpointTarget},
@@ -163,9 +163,9 @@ async fn proxy(
         Ok(identity) => identity,
         Err(refusal) => return refusal.into_response(),
     };
-    let body = match read_body(state, body).await {
+    let body = match read_body(state, &parts.headers, body).await {
         Ok(body) => body,
-        Err(e) => return answer::body_error(&e),
+        Err(refusal) => return refusal,
     };
     let caller = match caller::identify(policy, &identity, &parts, &body, &state.rejections) {
         Ok(caller) => caller,
@@ -229,26 +229,19 @@ fn upstream_of(
     }
 }
 
-/// Reads the whole request body, within `server.max_body_bytes` and
-/// `server.body_read_timeout_secs`. A client that sends a head and then trickles (or stalls) its
-/// body holds a connection but never a reservation.
-async fn read_body(state: &AppState, body: Body) -> Result<Bytes, BodyReadError> {
-    let limit = state.max_body_bytes;
-    let read = tokio::time::timeout(state.body_read_timeout, axum::body::to_bytes(body, limit));
-    match read.await {
+/// Reads the whole request body, within `server.max_body_bytes`, the buffered-body budget
+/// (`server.max_buffered_body_bytes`, the bytes carry their charge until the last copy is dropped)
+/// and `server.body_read_timeout_secs`. A client that sends a head and then trickles (or stalls)
+/// its body holds a connection but never a reservation.
+async fn read_body(
+    state: &AppState,
+    headers: &http::HeaderMap,
+    body: Body,
+) -> Result<Bytes, Response> {
+    let read = state.body_budget.read(body, headers, state.max_body_bytes);
+    match tokio::time::timeout(state.body_read_timeout, read).await {
         Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-                || e.to_string().contains("length limit");
-            Err(if too_large {
-                BodyReadError::TooLarge { limit }
-            } else {
-                BodyReadError::Failed(e.to_string())
-            })
-        }
-        Err(_) => Err(BodyReadError::TimedOut {
-            after: state.body_read_timeout,
-        }),
+        Ok(Err(e)) => Err(e.into_bedrock().into_response()),
+        Err(_) => Err(answer::body_timeout(state.body_read_timeout)),
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod endpoints;
 pub mod fleet;
+pub mod h2raw;
 pub mod redis_server;
 pub mod scrape;
 pub mod signing;
@@ -212,6 +213,32 @@ pub async fn assert_ledger_zero(proxy: &Gateway) {
         0,
         "a reservation was dropped unsettled"
     );
+}
+
+/// Polls `condition` every 10 ms for up to `within` (a bound against hangs, not a timing
+/// assertion).
+pub async fn eventually(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// [`assert_ledger_zero`], and no request body held in memory: the body budget back at zero.
+pub async fn assert_nothing_held(proxy: &Gateway) {
+    assert_ledger_zero(proxy).await;
+    let budget = &proxy.state.body_budget;
+    eventually(
+        Duration::from_secs(10),
+        "the body budget to return to zero",
+        || budget.held() == 0,
+    )
+    .await;
+    assert_eq!(proxy.state.metrics.buffered_body_bytes.get(), 0);
 }
 
 /// A plain HTTP response, for tests that speak raw HTTP.
