@@ -19,6 +19,31 @@ use common::{
 const ENDPOINT: &str = "llm-prod";
 const POOL: &str = "summarizer";
 
+/// A fleet of `ENDPOINT` with one copy serving one call at a time, generating
+/// `tokens_per_second` from the first byte.
+fn one_slot(tokens_per_second: u32) -> String {
+    let timing = format!("time_to_first_token_ms = 0\ntokens_per_second = {tokens_per_second}");
+    fleet(ENDPOINT, None, 1, 1, &timing)
+}
+
+/// A 40-token call sent in the background; returns once the proxy holds it in flight (its
+/// task ends true if it succeeded).
+async fn hold_the_copy(stack: &common::Stack) -> tokio::task::JoinHandle<bool> {
+    let c = client(stack.proxy.addr, 1);
+    let call = tokio::spawn(async move {
+        let sent = c
+            .invoke_endpoint()
+            .endpoint_name(ENDPOINT)
+            .body(chat(40, 100));
+        sent.send().await.is_ok()
+    });
+    until(Duration::from_secs(10), "a call in flight", async || {
+        common::in_flight(&stack.proxy, POOL) == 1
+    })
+    .await;
+    call
+}
+
 /// The pool of `ENDPOINT` with `copies` of `cap`, in front of the simulator at `sim`.
 fn pool(copies: u32, cap: u32, extra: &str) -> impl Fn(std::net::SocketAddr) -> String {
     let extra = extra.to_string();
@@ -83,34 +108,12 @@ async fn both_operations_are_admitted_within_the_per_copy_limit() {
 #[tokio::test]
 async fn a_call_past_the_limit_waits_in_the_queue_then_is_served() {
     // One copy serving one call at a time; the first call takes a while (40 tokens at 40/s).
-    let fleets = fleet(
-        ENDPOINT,
-        None,
-        1,
-        1,
-        "time_to_first_token_ms = 0\ntokens_per_second = 40",
-    );
+    let fleets = one_slot(40);
     let stack = endpoints::start(&fleets, pool(1, 1, "max_wait_ms = 20000"), "").await;
-    let c = client(stack.proxy.addr, 1);
-    let first = tokio::spawn({
-        let c = c.clone();
-        async move {
-            c.invoke_endpoint()
-                .endpoint_name(ENDPOINT)
-                .body(chat(40, 100))
-                .send()
-                .await
-        }
-    });
+    let first = hold_the_copy(&stack).await;
     let proxy = &stack.proxy;
-    until(
-        Duration::from_secs(10),
-        "the first call in flight",
-        async || common::in_flight(proxy, POOL) == 1,
-    )
-    .await;
     let second = tokio::spawn({
-        let c = c.clone();
+        let c = client(stack.proxy.addr, 1);
         async move {
             c.invoke_endpoint()
                 .endpoint_name(ENDPOINT)
@@ -130,7 +133,7 @@ async fn a_call_past_the_limit_waits_in_the_queue_then_is_served() {
     m.expect("tokengate_endpoint_demand_per_copy", &[("pool", POOL)], 2.0);
     m.expect("tokengate_queue_depth", &[("pool", POOL)], 1.0);
 
-    first.await.expect("task").expect("the first call");
+    assert!(first.await.expect("task"), "the first call");
     second
         .await
         .expect("task")
@@ -149,29 +152,10 @@ async fn a_call_past_the_limit_waits_in_the_queue_then_is_served() {
 
 #[tokio::test]
 async fn a_refusal_carries_a_hint_the_sdk_obeys_where_the_endpoint_alone_fails_the_call() {
-    let fleets = fleet(
-        ENDPOINT,
-        None,
-        1,
-        1,
-        "time_to_first_token_ms = 0\ntokens_per_second = 40",
-    );
+    let fleets = one_slot(40);
     let stack = endpoints::start(&fleets, pool(1, 1, "max_wait_ms = 0"), "").await;
-    let busy = tokio::spawn({
-        let c = client(stack.proxy.addr, 1);
-        async move {
-            c.invoke_endpoint()
-                .endpoint_name(ENDPOINT)
-                .body(chat(40, 100))
-                .send()
-                .await
-        }
-    });
+    let busy = hold_the_copy(&stack).await;
     let proxy = &stack.proxy;
-    until(Duration::from_secs(10), "a call in flight", async || {
-        common::in_flight(proxy, POOL) == 1
-    })
-    .await;
 
     // Straight at the endpoint, the second call is the container's 429 inside a ModelError: the
     // SDK does not retry it.
@@ -219,7 +203,7 @@ async fn a_refusal_carries_a_hint_the_sdk_obeys_where_the_endpoint_alone_fails_t
         .await
         .expect("the SDK retries until admitted");
     assert!(retried.body().is_some());
-    busy.await.expect("task").expect("the first call");
+    assert!(busy.await.expect("task"), "the first call");
     let m = scrape(proxy.addr).await;
     let rejected = m.get(
         "tokengate_rejections_total",
@@ -442,13 +426,7 @@ async fn errors_carry_sagemaker_runtime_names_and_upstream_errors_pass_as_they_a
 
 #[tokio::test]
 async fn a_cut_stream_ends_with_a_model_stream_error_and_settles() {
-    let fleets = fleet(
-        ENDPOINT,
-        None,
-        1,
-        1,
-        "time_to_first_token_ms = 0\ntokens_per_second = 200",
-    );
+    let fleets = one_slot(200);
     let stack = endpoints::start(&fleets, pool(1, 1, ""), "").await;
     let body = serde_json::json!({"inputs": "[sim:output=40] [sim:fault=cut]", "parameters": {"max_new_tokens": 100}});
     let streamed = client(stack.proxy.addr, 1)

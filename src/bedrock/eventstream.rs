@@ -131,6 +131,21 @@ impl FrameReader {
     pub fn pending(&self) -> usize {
         self.buffer.len()
     }
+
+    /// Appends `chunk` and returns the frames it completes, and whether the stream is broken:
+    /// bad framing, or a partial frame grown past `cap` bytes (the decoder trusts the length a
+    /// prelude claims). A broken reader yields nothing more worth reading.
+    pub fn frames_of(&mut self, chunk: &[u8], cap: usize) -> (Vec<Frame>, bool) {
+        self.push(chunk);
+        let mut frames = Vec::new();
+        loop {
+            match self.next_frame() {
+                Ok(Some(frame)) => frames.push(frame),
+                Ok(None) => return (frames, self.pending() > cap),
+                Err(_) => return (frames, true),
+            }
+        }
+    }
 }
 
 /// The smallest frame: a 12-byte prelude (lengths and their CRC) and the 4-byte message CRC.

@@ -212,27 +212,20 @@ impl UsageObserver {
         if self.corrupt {
             return None;
         }
-        self.frames.push(chunk);
+        let (frames, broken) = self.frames.frames_of(chunk, FRAME_CAP);
         let mut found = None;
-        loop {
-            match self.frames.next_frame() {
-                Ok(Some(frame)) => {
-                    if let Some(usage) = self.on_frame(&frame) {
-                        found = found.or(self.report(usage));
-                    }
-                }
-                Ok(None) => {
-                    if self.frames.pending() > FRAME_CAP {
-                        self.mark_corrupt();
-                    }
-                    return found;
-                }
-                Err(_) => {
-                    self.mark_corrupt();
-                    return found;
-                }
+        for frame in &frames {
+            if let Some(usage) = self.on_frame(frame) {
+                found = found.or(self.report(usage));
+            }
+            if self.corrupt {
+                return found;
             }
         }
+        if broken {
+            self.mark_corrupt();
+        }
+        found
     }
 
     fn on_frame(&mut self, frame: &Frame) -> Option<Usage> {

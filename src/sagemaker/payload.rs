@@ -113,26 +113,15 @@ impl PayloadUsage {
         if self.corrupt {
             return None;
         }
-        self.frames.push(chunk);
+        let (frames, broken) = self.frames.frames_of(chunk, FRAME_CAP);
         let mut found = None;
-        loop {
-            match self.frames.next_frame() {
-                Ok(Some(frame)) if frame.message_type == "event" && frame.kind == "PayloadPart" => {
-                    found = found.or(self.on_part(&frame.payload));
-                }
-                Ok(Some(_)) => {}
-                Ok(None) => {
-                    if self.frames.pending() > FRAME_CAP {
-                        self.corrupt = true;
-                    }
-                    return found;
-                }
-                Err(_) => {
-                    self.corrupt = true;
-                    return found;
-                }
+        for frame in &frames {
+            if frame.message_type == "event" && frame.kind == "PayloadPart" {
+                found = found.or(self.on_part(&frame.payload));
             }
         }
+        self.corrupt |= broken;
+        found
     }
 
     /// The body ended: a non-streamed answer's usage, if it has one and it was not returned.

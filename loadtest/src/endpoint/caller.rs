@@ -36,6 +36,16 @@ struct Done {
     generated: u64,
 }
 
+impl Done {
+    fn new(outcome: impl Into<String>) -> Done {
+        Done {
+            outcome: outcome.into(),
+            ttft: None,
+            generated: 0,
+        }
+    }
+}
+
 /// Sends `call` (a Converse-shaped call from the schedule: Converse means InvokeEndpoint,
 /// ConverseStream the stream) and returns its record.
 pub async fn execute(client: &Client, call: &Call, team: &str, epoch: Instant) -> Record {
@@ -94,16 +104,11 @@ async fn whole(client: &Client, body: String, counter: AttemptCounter) -> Done {
                 .body()
                 .map(|b| String::from_utf8_lossy(b.as_ref()).into_owned());
             Done {
-                outcome: "ok".into(),
-                ttft: None,
                 generated: generated_tokens(&text.unwrap_or_default()),
+                ..Done::new("ok")
             }
         }
-        Err(e) => Done {
-            outcome: classify(&e),
-            ttft: None,
-            generated: 0,
-        },
+        Err(e) => Done::new(classify(&e)),
     }
 }
 
@@ -119,19 +124,9 @@ async fn streamed(client: &Client, body: String, counter: AttemptCounter) -> Don
         .await;
     let mut out = match sent {
         Ok(out) => out,
-        Err(e) => {
-            return Done {
-                outcome: classify(&e),
-                ttft: None,
-                generated: 0,
-            };
-        }
+        Err(e) => return Done::new(classify(&e)),
     };
-    let mut done = Done {
-        outcome: "ok".into(),
-        ttft: None,
-        generated: 0,
-    };
+    let mut done = Done::new("ok");
     let mut text = String::new();
     loop {
         match out.body.recv().await {
