@@ -1,6 +1,8 @@
 //! Application Auto Scaling, emulated and time compressed: target tracking on a per-copy signal
-//! (scale out at once, in only after a cooldown), scheduled floors, copies asked of the
-//! simulator (which brings them `scale_delay_ms` later). The signal is what each side can scale
+//! (the copies serving x the signal's average / the target; scale out as soon as that exceeds
+//! what was asked, in only after a cooldown), scheduled floors, copies asked of the simulator
+//! (which brings them `scale_delay_ms` later). The signal is read against the copies serving,
+//! so copies asked for and not arrived yet are not counted twice. The signal is what each side can scale
 //! on: straight at the endpoint, SageMaker's own concurrency per copy; through tokengate, its
 //! demand per copy (in flight plus queued).
 
@@ -79,6 +81,7 @@ pub async fn run(
         else {
             break;
         };
+        let serving = fleet.copies;
         if let Some(value) = signal.read(fleet.in_flight, fleet.copies).await {
             sum += value;
             n += 1;
@@ -97,7 +100,7 @@ pub async fn run(
         let average = sum / f64::from(n);
         (sum, n) = (0.0, 0);
         let floor = s.floor_at(t);
-        let tracked = (f64::from(desired) * average / sc.target).ceil() as u32;
+        let tracked = (f64::from(serving.max(1)) * average / sc.target).ceil() as u32;
         let wanted = tracked.clamp(floor, s.endpoint.max_copies.max(floor));
         let scale_in_allowed = t - last_scaled >= sc.scale_in_cooldown_secs;
         if wanted > desired || (wanted < desired && scale_in_allowed) {

@@ -4,9 +4,10 @@
 //! Routing is least-outstanding-requests: a call finds a free slot as long as any copy is below
 //! its cap, so it is refused only when `in flight = copies x max_concurrency_per_copy`. A slot is
 //! held by a [`Slot`] guard until the response ends (or its client leaves). Asking for other
-//! copies (`POST /_sim/sagemaker`) sets the desired count at once and the current one after
-//! `scale_delay_ms`; a later request replaces a pending one. Removed copies finish what they
-//! serve: in flight may exceed the new capacity until those calls end.
+//! copies (`POST /_sim/sagemaker`) sets the desired count at once and the current one
+//! `scale_delay_ms` later; requests made while others are pending land in the order they were
+//! made, each its own delay after it (as scaling activities follow one another). Removed copies
+//! finish what they serve: in flight may exceed the new capacity until those calls end.
 
 use std::sync::{
     Arc, Mutex,
@@ -25,8 +26,6 @@ pub struct Fleet {
     current: AtomicU32,
     desired: AtomicU32,
     in_flight: AtomicU32,
-    /// Bumped by every scaling request; a pending change applies only if still the latest.
-    generation: AtomicU64,
     counts: Counts,
     peak: Mutex<u32>,
 }
@@ -89,7 +88,6 @@ impl Fleet {
             current: AtomicU32::new(config.copies),
             desired: AtomicU32::new(config.copies),
             in_flight: AtomicU32::new(0),
-            generation: AtomicU64::new(0),
             counts: Counts::default(),
             peak: Mutex::new(0),
             config,
@@ -137,10 +135,9 @@ impl Fleet {
         self.counts.output_tokens.fetch_add(output_tokens, Relaxed);
     }
 
-    /// Asks for `copies`: desired at once, current after `scale_delay_ms` (unless asked again).
+    /// Asks for `copies`: desired at once, serving `scale_delay_ms` later.
     pub fn scale(self: &Arc<Self>, copies: u32) {
         self.desired.store(copies, Relaxed);
-        let generation = self.generation.fetch_add(1, Relaxed) + 1;
         let delay = Duration::from_millis(self.config.scale_delay_ms);
         if delay.is_zero() {
             self.current.store(copies, Relaxed);
@@ -149,9 +146,7 @@ impl Fleet {
         let fleet = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            if fleet.generation.load(Relaxed) == generation {
-                fleet.current.store(copies, Relaxed);
-            }
+            fleet.current.store(copies, Relaxed);
         });
     }
 
@@ -206,14 +201,15 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn copies_arrive_after_the_delay_and_the_latest_request_wins() {
+    async fn copies_arrive_after_the_delay_in_the_order_asked() {
         let f = fleet(1, 1, 60_000);
         f.scale(4);
         assert_eq!((f.copies(), f.desired()), (1, 4));
         tokio::time::sleep(Duration::from_secs(30)).await;
         f.scale(6);
+        assert_eq!((f.copies(), f.desired()), (1, 6));
         tokio::time::sleep(Duration::from_secs(31)).await;
-        assert_eq!(f.copies(), 1, "the first request was replaced");
+        assert_eq!(f.copies(), 4, "the first request landed");
         tokio::time::sleep(Duration::from_secs(30)).await;
         assert_eq!((f.copies(), f.desired()), (6, 6));
     }
