@@ -157,7 +157,12 @@ fn admission(c: &mut Criterion) {
     let config = config();
     let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
     let (_registry, metrics) = Metrics::standalone();
-    let admission = Admission::new(&config.pools, &config.routes, config.admission, ledger);
+    let admission = Admission::new(
+        &config.policy.pools,
+        &config.policy.routes,
+        config.policy.admission,
+        ledger,
+    );
     // What the proxy does around a decision: count it, and record the settlement.
     let observer = Observer::new(Arc::new(metrics), &admission);
     let caller = admission.first_route_caller();

@@ -11,7 +11,9 @@
 //!
 //! Run: `cargo bench --bench ledger` (needs `redis-server` on PATH; prints a Markdown table).
 
-#[path = "../tests/common/redis_server.rs"]
+// The test harness's Redis server; the bench uses only starting it.
+#[allow(dead_code)]
+#[path = "../tests/it/common/redis_server.rs"]
 mod redis_server;
 
 use std::{

@@ -7,7 +7,7 @@ secs="${1:-600}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(target_path request_body eventstream usage)
+  targets=(target_path request_body body_read eventstream usage)
 fi
 mkdir -p logs
 cargo +nightly fuzz build

@@ -3,6 +3,8 @@
 //!
 //! Tests and `main` share this: the caller owns the listener (bind `127.0.0.1:0` in tests) and
 //! the shutdown. The admin listener (`server.admin_listen`), when configured, is bound here.
+//!
+//! (Long: start, reload and shutdown of one value, and the assembly they share.)
 
 use std::{
     io,
@@ -21,8 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admission::Admission,
+    admission::InputCounter,
     app::{Admin, admin_router, router},
-    config::{Config, Endpoint, LedgerConfig, OnLedgerError, RedisLedgerConfig},
+    config::{Config, Endpoint, LedgerConfig, OnLedgerError, ProcessConfig, RedisLedgerConfig},
     ledger::{Clock, FallbackLedger, Ledger, MemoryLedger, RedisLedger, RedisOptions},
     metrics::Metrics,
     observe::timed::TimedLedger,
@@ -102,7 +105,7 @@ pub enum ReloadError {
 
 /// The sections a reload cannot change in a running process: listeners, the upstream client,
 /// the ledger backend, logging, the simulator. Changes there are logged and wait for a restart.
-fn restart_only_changes(old: &Config, new: &Config) -> Vec<&'static str> {
+fn restart_only_changes(old: &ProcessConfig, new: &ProcessConfig) -> Vec<&'static str> {
     [
         ("[server]", old.server != new.server),
         ("[upstream]", old.upstream != new.upstream),
@@ -156,73 +159,23 @@ impl Gateway {
         listener: TcpListener,
         options: GatewayOptions,
     ) -> Result<Gateway, StartError> {
-        let tls = match &config.server.tls {
+        let tls = match &config.process.server.tls {
             Some(files) => Some(server::tls_acceptor(&files.cert, &files.key)?),
             None => None,
         };
-        let deadline = CancellationToken::new();
-        let connected = connect_upstream(&config, options.credentials).await?;
-        let (upstream, simulator) = (connected.upstream, connected.simulator);
-        let upstream = upstream.with_deadline(deadline.clone());
-        let sagemaker = Arc::new(SageMakerUpstreams::new(
-            connected.credentials,
-            connected.simulated,
-            config.upstream.region.clone(),
-            Timeouts {
-                connect: config.upstream.connect_timeout,
-                response: config.upstream.response_timeout,
-                idle: config.upstream.idle_timeout,
-            },
-            deadline.clone(),
-        ));
-        endpoint_clients(&config, &sagemaker)?;
-        let registry = options.registry.unwrap_or_default();
-        let metrics = Arc::new(Metrics::new(&registry)?);
-        let clock = options.clock.unwrap_or_default();
-        let ledger: Arc<dyn Ledger> = match &config.ledger {
-            LedgerConfig::Memory => Arc::new(MemoryLedger::new(clock)),
-            LedgerConfig::Redis(redis) => redis_ledger(redis, clock, metrics.clone()).await?,
-        };
-        let ledger = Arc::new(TimedLedger::new(ledger, metrics.ledger_seconds.clone()));
-        let upstream = Arc::new(upstream);
-        let policy = build_policy(&config, ledger, &upstream, &metrics);
-        let ready = Arc::new(AtomicBool::new(false));
-        let refreshers = CancellationToken::new();
-        crate::copies::follow(&policy.admission, &sagemaker, &refreshers);
-        let body_budget =
-            crate::body_budget::BodyBudget::new(config.server.max_buffered_body_bytes, &metrics);
-        let state = Arc::new(AppState {
-            policy: arc_swap::ArcSwap::from_pointee(policy),
-            upstream,
-            sagemaker,
-            metrics,
-            registry,
-            ledger_publications: Default::default(),
-            max_body_bytes: config.server.max_body_bytes,
-            body_budget,
-            body_read_timeout: config.server.body_read_timeout,
-            ready: ready.clone(),
-            rejections: Default::default(),
-        });
+        let Assembled {
+            state,
+            simulator,
+            deadline,
+        } = assemble(&config, options).await?;
         let addr = listener.local_addr()?;
         // Probes and scrapes over plain HTTP, whether or not the proxy listener has TLS.
-        let admin = match config.server.admin_listen {
+        let admin = match config.process.server.admin_listen {
             Some(admin_addr) => Some(bind_admin(admin_addr).await?),
             None => None,
         };
         let admin_addr = admin.as_ref().map(|(a, _)| *a);
-        let s = &config.server;
-        let serve_options = server::ServeOptions {
-            header_read_timeout: s.header_read_timeout,
-            idle_timeout: s.idle_timeout,
-            max_connections: server::fd_limit::connection_cap(s.max_connections),
-            h2_max_concurrent_streams: s.h2_max_concurrent_streams,
-            h2_keep_alive_interval: s.h2_keep_alive_interval,
-            h2_keep_alive_timeout: s.h2_keep_alive_timeout,
-            drain: s.drain,
-            deadline,
-            metrics: Some(state.metrics.listener("proxy")),
-        };
+        let serve_options = serve_options(&config.process.server, deadline, &state);
         let admin = admin.map(|(_, l)| {
             let options = server::ServeOptions {
                 max_connections: server::ADMIN_MAX_CONNECTIONS,
@@ -242,8 +195,10 @@ impl Gateway {
             tls,
             serve_options,
         );
-        ready.store(true, Ordering::Release);
-        tracing::info!(%addr, ?admin_addr, pools = config.pools.len(), "tokengate listening");
+        let refreshers = CancellationToken::new();
+        crate::copies::follow(&state.policy().admission, &state.sagemaker, &refreshers);
+        state.ready.store(true, Ordering::Release);
+        tracing::info!(%addr, ?admin_addr, pools = config.policy.pools.len(), "tokengate listening");
         Ok(Gateway {
             addr,
             admin_addr,
@@ -251,7 +206,7 @@ impl Gateway {
             simulator,
             proxy,
             admin,
-            accept_grace: config.server.accept_grace,
+            accept_grace: config.process.server.accept_grace,
             config: Mutex::new(config),
             retired: Mutex::new(Vec::new()),
             refreshers,
@@ -271,7 +226,7 @@ impl Gateway {
     pub fn reload(&self, new: Config) -> Result<(), ReloadError> {
         let metrics = self.state.metrics.clone();
         let mut current = self.config.lock().unwrap_or_else(|p| p.into_inner());
-        let pending = restart_only_changes(&current, &new);
+        let pending = restart_only_changes(&current.process, &new.process);
         if !pending.is_empty() {
             tracing::warn!(sections = ?pending, "config reload: these sections changed and take effect at the next restart");
         }
@@ -279,10 +234,10 @@ impl Gateway {
         if let Err(e) = endpoint_clients(&new, &self.state.sagemaker) {
             return Err(ReloadError::Endpoint(e.to_string()));
         }
-        let policy = build_policy(
-            &new,
+        let policy = Policy::build(
+            &new.policy,
             old.admission.ledger().clone(),
-            &self.state.upstream,
+            self.input_counter(),
             &metrics,
         );
         for pool in policy.admission.pools() {
@@ -296,22 +251,20 @@ impl Gateway {
         retired.retain(|w| w.strong_count() > 0);
         retired.push(Arc::downgrade(&old.admission));
         tracing::info!(
-            pools = new.pools.len(),
-            routes = new.routes.len(),
-            auth = new.auth.mode.label(),
+            pools = new.policy.pools.len(),
+            routes = new.policy.routes.len(),
+            auth = new.policy.auth.mode.label(),
             "config reloaded"
         );
-        // Keep the sections that were not applied as they run, so the next reload compares with
-        // what is in force.
-        let mut applied = new;
-        applied.server = current.server.clone();
-        applied.upstream = current.upstream.clone();
-        applied.ledger = current.ledger.clone();
-        applied.log = current.log.clone();
-        applied.simulator = current.simulator.clone();
-        *current = applied;
+        // The process keeps running as it was built, so the next reload compares with that.
+        current.policy = new.policy;
         metrics.config_reloads.with_label_values(&["ok"]).inc();
         Ok(())
+    }
+
+    /// Exact input counts for `count_tokens` pools, through this gateway's upstream.
+    fn input_counter(&self) -> Arc<dyn InputCounter> {
+        Arc::new(UpstreamCounter(self.state.upstream.clone()))
     }
 
     /// Reads `path` and [`Gateway::reload`]s it; an unreadable or invalid file is refused,
@@ -418,6 +371,86 @@ impl ShutdownReport {
     }
 }
 
+/// What the proxy serves from, assembled from a config without binding a listener: the shared
+/// state (policy, upstream client, metrics, ledger), the in-process simulator when the endpoint
+/// is `"simulated"`, and the drain deadline responses in flight watch. Not ready until started.
+#[derive(Debug)]
+pub struct Assembled {
+    pub state: Arc<AppState>,
+    pub simulator: Option<SimulatorHandle>,
+    pub deadline: CancellationToken,
+}
+
+/// Assembles everything but the listeners (see [`Assembled`]); tests drive its router directly.
+pub async fn assemble(config: &Config, options: GatewayOptions) -> Result<Assembled, StartError> {
+    let deadline = CancellationToken::new();
+    let connected = connect_upstream(config, options.credentials).await?;
+    let (upstream, simulator) = (connected.upstream, connected.simulator);
+    let upstream = Arc::new(upstream.with_deadline(deadline.clone()));
+    let up = &config.process.upstream;
+    let sagemaker = Arc::new(SageMakerUpstreams::new(
+        connected.credentials,
+        connected.simulated,
+        up.region.clone(),
+        Timeouts {
+            connect: up.connect_timeout,
+            response: up.response_timeout,
+            idle: up.idle_timeout,
+        },
+        deadline.clone(),
+    ));
+    endpoint_clients(config, &sagemaker)?;
+    let registry = options.registry.unwrap_or_default();
+    let metrics = Arc::new(Metrics::new(&registry)?);
+    let clock = options.clock.unwrap_or_default();
+    let ledger: Arc<dyn Ledger> = match &config.process.ledger {
+        LedgerConfig::Memory => Arc::new(MemoryLedger::new(clock)),
+        LedgerConfig::Redis(redis) => redis_ledger(redis, clock, metrics.clone()).await?,
+    };
+    let ledger = Arc::new(TimedLedger::new(ledger, metrics.ledger_seconds.clone()));
+    let counter = Arc::new(UpstreamCounter(upstream.clone()));
+    let policy = Policy::build(&config.policy, ledger, counter, &metrics);
+    let server = &config.process.server;
+    let body_budget = crate::body_budget::BodyBudget::new(server.max_buffered_body_bytes, &metrics);
+    let state = Arc::new(AppState {
+        policy: arc_swap::ArcSwap::from_pointee(policy),
+        upstream,
+        sagemaker,
+        metrics,
+        registry,
+        ledger_publications: Default::default(),
+        max_body_bytes: server.max_body_bytes,
+        body_budget,
+        body_read_timeout: server.body_read_timeout,
+        ready: Arc::new(AtomicBool::new(false)),
+        rejections: Default::default(),
+    });
+    Ok(Assembled {
+        state,
+        simulator,
+        deadline,
+    })
+}
+
+/// How the proxy listener treats connections, from `[server]`.
+fn serve_options(
+    s: &crate::config::ServerConfig,
+    deadline: CancellationToken,
+    state: &AppState,
+) -> server::ServeOptions {
+    server::ServeOptions {
+        header_read_timeout: s.header_read_timeout,
+        idle_timeout: s.idle_timeout,
+        max_connections: server::fd_limit::connection_cap(s.max_connections),
+        h2_max_concurrent_streams: s.h2_max_concurrent_streams,
+        h2_keep_alive_interval: s.h2_keep_alive_interval,
+        h2_keep_alive_timeout: s.h2_keep_alive_timeout,
+        drain: s.drain,
+        deadline,
+        metrics: Some(state.metrics.listener("proxy")),
+    }
+}
+
 /// The bedrock-runtime client, what it signs with, and the simulator it may talk to.
 struct Connected {
     upstream: Upstream,
@@ -433,7 +466,7 @@ async fn connect_upstream(
     config: &Config,
     credentials: Option<SharedCredentialsProvider>,
 ) -> Result<Connected, StartError> {
-    let up = &config.upstream;
+    let up = &config.process.upstream;
     let (base, simulator, default_credentials) = match &up.endpoint {
         Endpoint::Simulated => {
             let (base, handle, credentials) = start_simulator(config).await?;
@@ -478,7 +511,7 @@ async fn connect_upstream(
 /// destination that cannot be reached (no simulator to be `"simulated"`) fails the start, or the
 /// reload, rather than a request.
 fn endpoint_clients(config: &Config, upstreams: &SageMakerUpstreams) -> Result<(), StartError> {
-    for e in &config.endpoints {
+    for e in &config.policy.endpoints {
         for (service, endpoint) in [
             (Service::Runtime, &e.runtime),
             (Service::Control, &e.control),
@@ -498,8 +531,8 @@ fn endpoint_clients(config: &Config, upstreams: &SageMakerUpstreams) -> Result<(
 async fn start_simulator(
     config: &Config,
 ) -> Result<(http::Uri, SimulatorHandle, SharedCredentialsProvider), StartError> {
-    let mut sim_config = config.simulator.clone();
-    sim_config.region = config.upstream.region.clone();
+    let mut sim_config = config.process.simulator.clone();
+    sim_config.region = config.process.upstream.region.clone();
     let handle = simulator::spawn(sim_config, SocketAddr::from(([127, 0, 0, 1], 0)))
         .await
         .map_err(|e| StartError::Simulator(e.to_string()))?;
@@ -522,25 +555,6 @@ async fn bind_admin(addr: SocketAddr) -> Result<(SocketAddr, TcpListener), Start
         .await
         .map_err(|source| StartError::AdminListener { addr, source })?;
     Ok((listener.local_addr()?, listener))
-}
-
-/// The policy of `config`: admission over `ledger`, who may call, and the observer of both. Used
-/// at start and by every reload.
-fn build_policy(
-    config: &Config,
-    ledger: Arc<dyn Ledger>,
-    upstream: &Arc<Upstream>,
-    metrics: &Arc<Metrics>,
-) -> Policy {
-    let admission = Admission::new(
-        &config.admission_pools(),
-        &config.routes,
-        config.admission.clone(),
-        ledger,
-    )
-    .with_input_counter(Arc::new(UpstreamCounter(upstream.clone())));
-    let auth = crate::auth::Authenticator::new(&config.auth, &config.routes, metrics.clone());
-    Policy::new(admission, auth, metrics.clone())
 }
 
 /// The shared ledger, alone (fail-closed) or with a local share behind it.

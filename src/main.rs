@@ -57,8 +57,8 @@ fn main() -> ExitCode {
                 println!(
                     "{}: ok ({} pools, {} endpoints)",
                     file.display(),
-                    config.pools.len(),
-                    config.endpoints.len()
+                    config.policy.pools.len(),
+                    config.policy.endpoints.len()
                 );
                 ExitCode::SUCCESS
             }
@@ -109,11 +109,16 @@ async fn run(command: Command) -> anyhow::Result<()> {
 
 async fn serve(path: PathBuf) -> anyhow::Result<()> {
     let config = Config::load(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    init_logging(config.log.format, &config.log.level);
-    let listener = tokio::net::TcpListener::bind(config.server.listen)
+    init_logging(config.process.log.format, &config.process.log.level);
+    let listener = tokio::net::TcpListener::bind(config.process.server.listen)
         .await
-        .with_context(|| format!("cannot listen on {} (server.listen)", config.server.listen))?;
-    let scheme = if config.server.tls.is_some() {
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (server.listen)",
+                config.process.server.listen
+            )
+        })?;
+    let scheme = if config.process.server.tls.is_some() {
         "https"
     } else {
         "http"
@@ -152,9 +157,9 @@ async fn simulate(listen: SocketAddr, path: Option<PathBuf>) -> anyhow::Result<(
     let sim_config = match &path {
         Some(p) => {
             let config = Config::load(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-            init_logging(config.log.format, &config.log.level);
-            let mut sim = config.simulator;
-            sim.region = config.upstream.region;
+            init_logging(config.process.log.format, &config.process.log.level);
+            let mut sim = config.process.simulator;
+            sim.region = config.process.upstream.region;
             sim
         }
         None => {

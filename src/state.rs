@@ -7,9 +7,13 @@ use arc_swap::ArcSwap;
 use prometheus::Registry;
 
 use crate::{
-    admission::Admission, auth::Authenticator, metrics::Metrics, observe::Observer,
-    observe::publish::LedgerPublications, upstream::Upstream,
-    upstream::sagemaker::SageMakerUpstreams,
+    admission::{Admission, InputCounter},
+    auth::Authenticator,
+    config::PolicyConfig,
+    ledger::Ledger,
+    metrics::Metrics,
+    observe::{Observer, publish::LedgerPublications},
+    upstream::{Upstream, sagemaker::SageMakerUpstreams},
 };
 
 /// What a config reload replaces: pools, routes, who may call, and the metric series that go
@@ -23,9 +27,24 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Assembles a policy: the observer resolves the series of the admission's pools and routes.
-    pub fn new(admission: Admission, auth: Authenticator, metrics: Arc<Metrics>) -> Policy {
-        let observer = Observer::new(metrics, &admission);
+    /// The policy of `config`: admission over `ledger` (counting input exactly with `counter`
+    /// for pools that ask), who may call, and the observer of both. Used at start and by every
+    /// reload.
+    pub fn build(
+        config: &PolicyConfig,
+        ledger: Arc<dyn Ledger>,
+        counter: Arc<dyn InputCounter>,
+        metrics: &Arc<Metrics>,
+    ) -> Policy {
+        let admission = Admission::new(
+            &config.admission_pools(),
+            &config.routes,
+            config.admission.clone(),
+            ledger,
+        )
+        .with_input_counter(counter);
+        let auth = Authenticator::new(&config.auth, &config.routes, metrics.clone());
+        let observer = Observer::new(metrics.clone(), &admission);
         Policy {
             admission: Arc::new(admission),
             auth: Arc::new(auth),

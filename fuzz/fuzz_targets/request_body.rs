@@ -9,23 +9,15 @@
 
 #![no_main]
 
+#[path = "families.rs"]
+mod families;
+
+use families::PROVIDERS;
 use libfuzzer_sys::fuzz_target;
 use tokengate::{
     admission::estimate::{PER_REQUEST_TOKENS, estimate_input_tokens},
     bedrock::{Operation, max_tokens::requested_max_tokens},
 };
-
-const PROVIDERS: [Option<&str>; 9] = [
-    None,
-    Some("anthropic"),
-    Some("amazon"),
-    Some("meta"),
-    Some("ai21"),
-    Some("mistral"),
-    Some("cohere"),
-    Some("deepseek"),
-    Some("someone-new"),
-];
 
 fn run(body: &[u8]) {
     let Ok(json) = serde_json::from_slice::<serde_json::Value>(body) else {

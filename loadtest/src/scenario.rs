@@ -175,6 +175,9 @@ pub struct Quick {
     pub drain_secs: f64,
     /// Multiplies arrival rates and client counts.
     pub load_scale: f64,
+    /// `[simulator]` keys replaced in quick runs (e.g. higher fault rates, so that a few seconds
+    /// of load still draw each fault).
+    pub simulator: toml::Table,
 }
 
 impl Default for Quick {
@@ -183,6 +186,7 @@ impl Default for Quick {
             duration_secs: 3.0,
             drain_secs: 5.0,
             load_scale: 1.0,
+            simulator: toml::Table::new(),
         }
     }
 }
@@ -245,7 +249,18 @@ impl Scenario {
             self.simulator
                 .insert("tokens_per_second".into(), tps.max(5000.0).into());
         }
-        self.simulator.insert("stall_ms".into(), 1000.into());
+        // A soak's stalls outlast the proxy's idle timeout in quick runs too, so that CI runs the
+        // idle-timeout path; elsewhere (the overhead scenario's open streams) a short stall keeps
+        // a quick run quick.
+        let stall_ms = match self.soak.as_ref().and_then(|s| s.idle_timeout_secs) {
+            Some(idle) => idle * 1000 + 500,
+            None => 1000,
+        };
+        self.simulator
+            .insert("stall_ms".into(), (stall_ms as i64).into());
+        for (key, value) in &q.simulator {
+            self.simulator.insert(key.clone(), value.clone());
+        }
         for g in &mut self.groups {
             g.arrival = match g.arrival.clone() {
                 Arrival::Poisson {

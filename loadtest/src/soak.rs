@@ -8,7 +8,11 @@
 //! - **the ledger is at zero**: `/v1/pools` shows no tokens reserved and nothing in flight, and no
 //!   reservation was dropped unsettled;
 //! - **memory is flat**: the proxy's RSS at the end of the load is within `max_rss_growth` (plus
-//!   4 MiB of allocator noise) of its RSS after the warm-up (not checked in `--quick`);
+//!   4 MiB of allocator noise) of its RSS after the warm-up (`--quick` is too short to say: the
+//!   check is reported `skipped`, never `pass`);
+//! - **faults were injected**, and **stalls end at the idle timeout**: a stream the simulator
+//!   stalls past the proxy's idle timeout ends with the proxy's `idle_timeout` (reported `skipped`
+//!   if no stall was drawn);
 //! - **shutdown is clean**: SIGTERM makes it exit 0 with its last line saying every reservation
 //!   was settled.
 
@@ -81,13 +85,42 @@ pub struct Rss {
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
     pub name: &'static str,
-    pub passed: bool,
+    pub status: Status,
     pub detail: String,
 }
 
+/// A check's verdict; `Skipped` when the run could not evaluate it (said in the detail).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Pass,
+    Fail,
+    Skipped,
+}
+
+impl Check {
+    fn new(name: &'static str, passed: bool, detail: String) -> Check {
+        let status = if passed { Status::Pass } else { Status::Fail };
+        Check {
+            name,
+            status,
+            detail,
+        }
+    }
+
+    fn skipped(name: &'static str, detail: String) -> Check {
+        Check {
+            name,
+            status: Status::Skipped,
+            detail,
+        }
+    }
+}
+
 impl SoakReport {
+    /// No check failed (a skipped one is named in the table, not failed).
     pub fn passed(&self) -> bool {
-        self.checks.iter().all(|c| c.passed)
+        self.checks.iter().all(|c| c.status != Status::Fail)
     }
 
     pub fn markdown(&self) -> String {
@@ -142,7 +175,11 @@ impl SoakReport {
         row("exit code after SIGTERM", format!("{:?}", self.exit_code));
         row("last log line", format!("`{}`", self.last_log_line));
         for c in &self.checks {
-            let verdict = if c.passed { "pass" } else { "FAIL" };
+            let verdict = match c.status {
+                Status::Pass => "pass",
+                Status::Fail => "FAIL",
+                Status::Skipped => "skipped",
+            };
             row(
                 &format!("check: {}", c.name),
                 format!("{verdict}: {}", c.detail),
@@ -247,54 +284,68 @@ fn rss(samples: &[(f64, u64)], s: &Scenario, after_drain: u64, peak: u64) -> Rss
 fn checks(r: &SoakReport, s: &Scenario, quick: bool, max_growth: f64) -> Vec<Check> {
     let unanswered = r.requests - r.answered;
     let l = r.ledger_end;
-    let allowed = (r.rss.start_kib as f64 * (1.0 + max_growth)) as u64 + 4096;
     let faults: u64 = r.faults_injected.values().sum();
-    let mut checks = vec![
-        Check {
-            name: "every call answered",
-            passed: unanswered == 0 && r.requests > 0,
-            detail: format!("{unanswered} of {} without an answer", r.requests),
-        },
-        Check {
-            name: "ledger at zero",
-            passed: l.reserved_tokens == 0
-                && l.in_flight_requests == 0
-                && l.unsettled_reservations == 0,
-            detail: format!(
+    vec![
+        Check::new(
+            "every call answered",
+            unanswered == 0 && r.requests > 0,
+            format!("{unanswered} of {} without an answer", r.requests),
+        ),
+        Check::new(
+            "ledger at zero",
+            l.reserved_tokens == 0 && l.in_flight_requests == 0 && l.unsettled_reservations == 0,
+            format!(
                 "reserved {}, in flight {}, dropped unsettled {}",
                 l.reserved_tokens, l.in_flight_requests, l.unsettled_reservations
             ),
-        },
-        Check {
-            name: "clean shutdown",
-            passed: r.exit_code == Some(0)
+        ),
+        Check::new(
+            "clean shutdown",
+            r.exit_code == Some(0)
                 && r.last_log_line
                     .contains("stopped: every reservation settled"),
-            detail: format!("exit {:?}", r.exit_code),
-        },
-    ];
+            format!("exit {:?}", r.exit_code),
+        ),
+        memory_check(r, s, quick, max_growth),
+        Check::new("faults were injected", faults > 0, format!("{faults}")),
+        stall_check(r),
+    ]
+}
+
+fn memory_check(r: &SoakReport, s: &Scenario, quick: bool, max_growth: f64) -> Check {
+    const NAME: &str = "memory flat";
     if quick {
-        checks.push(Check {
-            name: "memory flat",
-            passed: true,
-            detail: "not checked in --quick (too short to say)".into(),
-        });
-    } else {
-        checks.push(Check {
-            name: "memory flat",
-            passed: r.rss.start_kib > 0 && r.rss.end_kib <= allowed,
-            detail: format!(
-                "{} KiB after the {:.0} s warm-up, {} KiB at the end of the load (at most {allowed})",
-                r.rss.start_kib, s.warmup_secs, r.rss.end_kib
-            ),
-        });
-        checks.push(Check {
-            name: "faults were injected",
-            passed: faults > 0,
-            detail: format!("{faults}"),
-        });
+        return Check::skipped(NAME, "not evaluated in --quick (too short to say)".into());
     }
-    checks
+    let allowed = (r.rss.start_kib as f64 * (1.0 + max_growth)) as u64 + 4096;
+    Check::new(
+        NAME,
+        r.rss.start_kib > 0 && r.rss.end_kib <= allowed,
+        format!(
+            "{} KiB after the {:.0} s warm-up, {} KiB at the end of the load (at most {allowed})",
+            r.rss.start_kib, s.warmup_secs, r.rss.end_kib
+        ),
+    )
+}
+
+/// Stalls outlast the proxy's idle timeout (the scenario's `stall_ms`, also in `--quick`), so
+/// each ends with the proxy's `idle_timeout`, unless its caller hung up first.
+fn stall_check(r: &SoakReport) -> Check {
+    const NAME: &str = "stalls end at the idle timeout";
+    let stalls = r.faults_injected.get("stall").copied().unwrap_or(0);
+    let timeouts = r
+        .proxy_upstream_errors
+        .get("idle_timeout")
+        .copied()
+        .unwrap_or(0);
+    if stalls == 0 {
+        return Check::skipped(NAME, "no stall was drawn in this run".into());
+    }
+    Check::new(
+        NAME,
+        timeouts > 0 && timeouts <= stalls,
+        format!("{stalls} stalls injected, {timeouts} idle timeouts"),
+    )
 }
 
 /// Polls `/v1/pools` until nothing is reserved or in flight (calls cut off at the end of the

@@ -1,5 +1,10 @@
-//! Tests for `body.rs`: the one-pass read agrees with the parsed-`Value` functions, and refuses
-//! exactly what `serde_json::from_slice::<Value>` refuses, with the same message.
+//! Tests for `body.rs`: the one-pass read agrees with the parsed-`Value` functions and with
+//! independent references for both answers (the estimate's below, `maxTokens`'s in
+//! `max_tokens_reference.rs`), and refuses exactly what `serde_json::from_slice::<Value>`
+//! refuses, with the same message.
+//!
+//! (Long: one table of cases per body family, each checked against the oracle; split by family it
+//! would repeat the harness.)
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -10,23 +15,31 @@ use crate::{
     bedrock::max_tokens::requested_max_tokens,
 };
 
+#[path = "max_tokens_reference.rs"]
+mod max_tokens_reference;
+
+use max_tokens_reference::Expected;
+
 const OPERATIONS: [Operation; 4] = [
     Operation::Converse,
     Operation::InvokeModel,
     Operation::InvokeModelWithResponseStream,
     Operation::CountTokens,
 ];
-const PROVIDERS: [Option<&str>; 6] = [
+const PROVIDERS: [Option<&str>; 8] = [
     None,
     Some("anthropic"),
     Some("amazon"),
     Some("meta"),
     Some("ai21"),
     Some("mistral"),
+    Some("cohere"),
+    Some("someone-new"),
 ];
 
-/// `read` of `text` against the parsed-`Value` functions and the estimate's independent oracle
-/// ([`reference`]), for every operation and provider.
+/// `read` of `text` against the parsed-`Value` functions and the independent oracles of the
+/// estimate ([`reference`]) and of `maxTokens` ([`max_tokens_reference`]), for every operation
+/// and provider.
 fn check_agrees(text: &str) {
     let parsed: Value = match serde_json::from_str(text) {
         Ok(v) => v,
@@ -50,6 +63,15 @@ fn check_agrees(text: &str) {
                     max_tokens,
                     input_tokens,
                 });
+            let oracle = max_tokens_reference::max_tokens(operation, provider, &parsed);
+            match (&expected, &oracle) {
+                (Ok(facts), Expected::Absent) => assert_eq!(facts.max_tokens, None, "{text}"),
+                (Ok(facts), Expected::Value(n)) => assert_eq!(facts.max_tokens, Some(*n), "{text}"),
+                (Err(e), Expected::Unusable(field)) => assert_eq!(&e.field, field, "{text}"),
+                (expected, oracle) => panic!(
+                    "{operation} {provider:?}: {expected:?}, the reference says {oracle:?}: {text}"
+                ),
+            }
             match (raw, expected) {
                 (Ok(raw), Ok(expected)) => {
                     assert_eq!(raw, expected, "{operation} {provider:?}: {text}")

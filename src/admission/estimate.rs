@@ -2,7 +2,8 @@
 //!
 //! The estimate is **conservative**: it should come out above the count Bedrock reports, because
 //! admission reserves it before the call and an under-reservation lets the proxy overcommit the
-//! bucket. The proxy multiplies it by a calibrated ratio learned from reported usage, so it only
+//! bucket. The proxy multiplies it by a calibrated ratio learned from reported usage, never below
+//! 1 (calibration raises an estimate that runs low, never lowers one that runs high), so it only
 //! has to be stable and on the high side, not exact.
 //!
 //! # Rule

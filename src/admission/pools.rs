@@ -29,8 +29,11 @@ use crate::{
 /// Safety margin over the calibrated input estimate: Bedrock reserves the real input, so an
 /// estimate below it admits what upstream would throttle.
 const CALIBRATION_MARGIN: f64 = 1.1;
-/// Bounds of the calibration multiplier.
-const RATIO_BOUNDS: (f64, f64) = (0.2, 4.0);
+/// Bounds of the calibration multiplier. The floor is 1: calibration only ever raises the raw
+/// estimate (which is conservative by construction), never lowers it, so the reservation errs
+/// high. A raw estimate that runs 30% high costs some idle quota; one that runs low admits what
+/// upstream throttles.
+const RATIO_BOUNDS: (f64, f64) = (1.0, 4.0);
 /// Weight of each new sample in the moving averages.
 const EWMA_ALPHA: f64 = 0.1;
 /// The quantile of actual/estimate ratios the input multiplier tracks, and the tracker's step.
@@ -79,9 +82,9 @@ struct Feedback {
 
 #[derive(Debug, Clone, Copy)]
 struct Learned {
-    /// Actual input / raw estimate.
-    /// The multiplier applied to raw input estimates: the moving average of actual / raw, times
-    /// the safety margin. Starts at 1 (the raw estimate is already conservative).
+    /// The multiplier applied to raw input estimates: a high quantile of actual / raw, times the
+    /// safety margin, never below 1 ([`RATIO_BOUNDS`]). Starts at 1 (the raw estimate is already
+    /// conservative).
     input_multiplier: f64,
     /// Charged / reserved.
     charge_ratio: f64,
@@ -497,6 +500,35 @@ mod tests {
             (0.69 * CALIBRATION_MARGIN..=0.72 * CALIBRATION_MARGIN).contains(&m),
             "multiplier {m}"
         );
+    }
+
+    fn pool() -> Pool {
+        let config = crate::config::Config::parse(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[upstream]\nregion = \"us-east-1\"\nendpoint = \"simulated\"\n\
+             [[pools]]\nname = \"p\"\nmodels = [\"m.x\"]\ntokens_per_minute = 1000\nmax_concurrency = 1\n\
+             output_burndown = 1\ndefault_max_tokens = 10\n",
+        )
+        .expect("config");
+        Pool::new(
+            0,
+            config.policy.pools[0].clone(),
+            &config.policy.routes,
+            &config.policy.admission,
+        )
+    }
+
+    #[test]
+    fn calibration_never_lowers_the_raw_estimate() {
+        let pool = pool();
+        // Upstream counts half the raw estimate, request after request.
+        for _ in 0..10_000 {
+            pool.learn(1_000, 500, 1_100, 600, Duration::from_secs(1));
+        }
+        assert_eq!(pool.calibration_ratio(), 1.0);
+        assert_eq!(pool.calibrated_input(1_000), 1_000, "errs high, never low");
+        // One that counts more than the raw estimate lifts it, with the margin, at once.
+        pool.learn(1_000, 1_500, 1_100, 1_600, Duration::from_secs(1));
+        assert!(pool.calibrated_input(1_000) >= 1_650);
     }
 
     #[test]

@@ -26,6 +26,9 @@
 //! queue holding nothing: if the dispatcher admitted it in the same instant, the reservation it
 //! was handed is released uncharged. On shutdown every waiter is answered at once with a
 //! retryable error.
+//!
+//! (Long: the queue's state, its order and its dispatcher hold one lock's invariants; the waiting
+//! side is in `waiting.rs`, the tests in `queue_tests.rs`.)
 
 use std::{
     cmp::Reverse,

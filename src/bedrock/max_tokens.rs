@@ -16,6 +16,9 @@
 //! positive integer no larger than 2^31-1 (a float with no fraction, `1024.0`, is accepted as
 //! the integer it is); anything else is a [`MaxTokensError`] naming the field. Read member by
 //! member ([`MaxTokensFields`]), a field or config object that appears twice is an error too.
+//!
+//! (Long: the field rules of every model family, and their clamp, side by side so that a family is
+//! read and changed in one place.)
 
 use serde_json::{Number, Value};
 

@@ -137,7 +137,7 @@ impl Operation {
     /// `bedrock:InvokeModelWithResponseStream`); the Service Authorization Reference for Amazon
     /// Bedrock lists the others under their own names. `None` where AWS documents no action
     /// (InvokeGuardrailChecks, as of the 2026-06 launch) or the call is not forwarded. The
-    /// README's IAM policy is checked against this table (`tests/deploy.rs`).
+    /// README's IAM policy is checked against this table (`tests/it/iam_policy.rs`).
     pub fn iam_action(self) -> Option<&'static str> {
         match self {
             Operation::Converse | Operation::InvokeModel | Operation::StartAsyncInvoke => {

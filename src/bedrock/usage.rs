@@ -28,6 +28,9 @@
 //! usage from then on; output seen so far is kept. Memory stays bounded: the frame reader holds
 //! at most one partial frame plus the current chunk, a partial frame past [`FRAME_CAP`] counts as
 //! corrupt, and body copies stop at [`BODY_CAP`] (past it, no usage is reported from the body).
+//!
+//! (Long: one observer for every response kind, each kind a short section; they share the frame
+//! and JSON buffering.)
 
 use base64::Engine as _;
 use http::HeaderMap;

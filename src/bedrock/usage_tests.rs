@@ -1,4 +1,6 @@
 //! Tests for `usage.rs`: one section per response kind, then splitting and corruption.
+//!
+//! (Long: one section per response kind.)
 
 use base64::Engine as _;
 use http::{HeaderMap, HeaderValue};

@@ -12,12 +12,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, Endpoint, InputEstimate, PoolConfig, invalid};
+use super::{ConfigError, Endpoint, InputEstimate, PoolConfig, invalid, pools, upstream};
 use crate::sagemaker::operation::is_name;
 
 /// A bucket that never binds: an endpoint without a token envelope is limited by concurrency
 /// alone. The largest limit the Redis ledger computes exactly.
-pub const UNLIMITED_TOKENS_PER_MINUTE: u64 = crate::ledger::redis::MAX_TOKENS_PER_MINUTE;
+pub const UNLIMITED_TOKENS_PER_MINUTE: u64 = pools::MAX_TOKENS_PER_MINUTE;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -160,7 +160,7 @@ fn validate_one(
         }
     };
     let name_rule = "1 to 63 letters, digits and hyphens, starting and ending with a letter or digit, as SageMaker names it";
-    if !super::is_pool_name(&raw.name) {
+    if !pools::is_pool_name(&raw.name) {
         return Err(invalid(
             key("name"),
             "must be non-empty letters, digits, '-', '_' or '.'",
@@ -196,14 +196,14 @@ fn validate_one(
         ));
     }
     let default_max_tokens = envelope_default(&key, &raw)?;
-    let (max_wait, max_queue) = super::queue_settings(&key, raw.max_wait_ms, raw.max_queue)?;
+    let (max_wait, max_queue) = pools::queue_settings(raw.max_wait_ms, raw.max_queue, &key)?;
     let region = match raw.region {
-        Some(r) => super::region(&key("region"), r)?,
+        Some(r) => upstream::region(&key("region"), r)?,
         None => default_region.to_string(),
     };
     let inherited = |url: Option<&str>, field: &str| match url {
         None if *upstream == Endpoint::Simulated => Ok(Endpoint::Simulated),
-        url => super::parse_endpoint(&key(field), url),
+        url => upstream::parse_endpoint(&key(field), url),
     };
     Ok(EndpointConfig {
         runtime: inherited(raw.runtime_url.as_deref(), "runtime_url")?,
@@ -276,7 +276,7 @@ max_concurrency_per_copy = 4
     #[test]
     fn an_endpoint_is_a_pool_bound_by_concurrency() {
         let config = parse("refresh_secs = 30\n").unwrap();
-        let e = &config.endpoints[0];
+        let e = &config.policy.endpoints[0];
         assert_eq!(e.region, "us-east-1");
         assert_eq!(
             e.runtime,
@@ -288,31 +288,34 @@ max_concurrency_per_copy = 4
         assert_eq!(pool.max_concurrency, 8);
         assert_eq!(pool.tokens_per_minute, UNLIMITED_TOKENS_PER_MINUTE);
         assert_eq!(pool.models, ["summarizer"]);
-        assert_eq!(config.admission_pools().len(), 1);
-        assert!(config.pools.is_empty());
+        assert_eq!(config.policy.admission_pools().len(), 1);
+        assert!(config.policy.pools.is_empty());
 
         let config = parse("tokens_per_second_per_copy = 50\ndefault_max_tokens = 512\n").unwrap();
-        let pool = config.endpoints[0].pool();
+        let pool = config.policy.endpoints[0].pool();
         assert_eq!(
             pool.tokens_per_minute,
             50 * 60 * 2,
             "the envelope of two copies"
         );
         assert_eq!(pool.default_max_tokens, 512);
-        assert_eq!(config.endpoints[0].tokens_per_minute(0), 0);
+        assert_eq!(config.policy.endpoints[0].tokens_per_minute(0), 0);
     }
 
     #[test]
     fn an_aws_upstream_sends_endpoints_to_aws_unless_told_otherwise() {
         let text = BASE.replace("endpoint = \"simulated\"\n", "");
         let config = Config::parse(&text).unwrap();
-        assert_eq!(config.endpoints[0].runtime, Endpoint::Aws);
+        assert_eq!(config.policy.endpoints[0].runtime, Endpoint::Aws);
         let config = Config::parse(&format!(
             "{text}runtime_url = \"http://127.0.0.1:9000\"\ncontrol_url = \"simulated\"\n"
         ))
         .unwrap();
-        assert!(matches!(config.endpoints[0].runtime, Endpoint::Url(_)));
-        assert_eq!(config.endpoints[0].control, Endpoint::Simulated);
+        assert!(matches!(
+            config.policy.endpoints[0].runtime,
+            Endpoint::Url(_)
+        ));
+        assert_eq!(config.policy.endpoints[0].control, Endpoint::Simulated);
     }
 
     #[test]
@@ -396,6 +399,6 @@ max_concurrency_per_copy = 4
             "tokens_per_second_per_copy = 50\ndefault_max_tokens = 512\n\n[[routes]]\nname = \"app\"\nmodels = [\"summarizer\"]\n[routes.shares]\nsummarizer = { min = 0.5 }\n",
         )
         .unwrap();
-        assert_eq!(config.routes[0].shares["summarizer"].min, 0.5);
+        assert_eq!(config.policy.routes[0].shares["summarizer"].min, 0.5);
     }
 }

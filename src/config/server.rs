@@ -5,7 +5,29 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use super::{ConfigError, invalid, positive, raw::RawServer};
+use serde::Deserialize;
+
+use super::{ConfigError, invalid, positive};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: String,
+    pub admin_listen: Option<String>,
+    pub tls_cert: Option<String>,
+    pub tls_key: Option<String>,
+    pub max_body_bytes: Option<u64>,
+    pub drain_secs: Option<u64>,
+    pub accept_grace_secs: Option<u64>,
+    pub header_read_timeout_secs: Option<u64>,
+    pub body_read_timeout_secs: Option<u64>,
+    pub idle_timeout_secs: Option<u64>,
+    pub max_connections: Option<u64>,
+    pub max_buffered_body_bytes: Option<u64>,
+    pub h2_max_concurrent_streams: Option<u64>,
+    pub h2_keep_alive_interval_secs: Option<u64>,
+    pub h2_keep_alive_timeout_secs: Option<u64>,
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
@@ -180,7 +202,7 @@ mod tests {
 
     fn server(lines: &str) -> Result<ServerConfig, ConfigError> {
         let text = format!("[server]\nlisten = \"127.0.0.1:8080\"\n{lines}\n{BASE}");
-        Config::parse(&text).map(|c| c.server)
+        Config::parse(&text).map(|c| c.process.server)
     }
 
     #[test]

@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::*;
 
 const MINIMAL: &str = r#"
@@ -23,10 +25,10 @@ default_max_tokens = 8192
 #[test]
 fn the_documented_minimal_config_parses() {
     let config = Config::parse(MINIMAL).unwrap();
-    assert_eq!(config.server.listen.port(), 8080);
-    assert_eq!(config.upstream.endpoint, Endpoint::Simulated);
-    assert_eq!(config.ledger, LedgerConfig::Memory);
-    let pool = &config.pools[0];
+    assert_eq!(config.process.server.listen.port(), 8080);
+    assert_eq!(config.process.upstream.endpoint, Endpoint::Simulated);
+    assert_eq!(config.process.ledger, LedgerConfig::Memory);
+    let pool = &config.policy.pools[0];
     assert_eq!(pool.name, "sonnet4-us");
     assert_eq!(pool.region, "us-east-1");
     assert_eq!(pool.usable_tokens_per_minute(), 200_000);
@@ -88,7 +90,7 @@ fn each_invalid_setting_names_its_key() {
         ),
         (
             Box::new(|c| c.replace("backend = \"memory\"", "backend = \"etcd\"")),
-            "ledger.backend: \"etcd\" is not a backend",
+            "unknown variant `etcd`, expected `memory` or `redis`",
         ),
         (
             Box::new(|c| c.replace("backend = \"memory\"", "backend = \"redis\"")),
@@ -137,7 +139,7 @@ fn each_invalid_setting_names_its_key() {
                     "backend = \"redis\"\nurl = \"redis://h\"\non_error = \"open\"",
                 )
             }),
-            "ledger.on_error: \"open\": use \"fail-closed\" or \"local\"",
+            "unknown variant `open`, expected `fail-closed` or `local`",
         ),
         (
             Box::new(|c| {
@@ -177,7 +179,7 @@ fn the_redis_ledger_keys_parse_with_defaults() {
             "backend = \"memory\"",
             &format!("backend = \"redis\"\nurl = \"redis://10.0.0.5:6379\"\n{extra}"),
         );
-        match Config::parse(&text).unwrap().ledger {
+        match Config::parse(&text).unwrap().process.ledger {
             LedgerConfig::Redis(r) => r,
             other => panic!("{other:?}"),
         }
@@ -223,7 +225,7 @@ fn the_redis_url_can_come_from_an_environment_variable() {
         (name == "TOKENGATE_REDIS_URL")
             .then(|| "redis://:s3cret@redis.tokengate:6379/0".to_string())
     };
-    match Config::parse_with_env(&text, &env).unwrap().ledger {
+    match Config::parse_with_env(&text, &env).unwrap().process.ledger {
         LedgerConfig::Redis(r) => assert_eq!(r.url, "redis://:s3cret@redis.tokengate:6379/0"),
         other => panic!("{other:?}"),
     }
@@ -266,12 +268,12 @@ fn with_routes(routes: &str) -> Result<Config, ConfigError> {
 #[test]
 fn routes_default_to_one_implicit_route() {
     let config = with_routes("").expect("no routes");
-    assert_eq!(config.auth.mode, AuthMode::None);
-    assert_eq!(config.auth.default_route, "default");
-    assert_eq!(config.routes.len(), 1);
-    assert_eq!(config.routes[0].name, "default");
+    assert_eq!(config.policy.auth.mode, AuthMode::None);
+    assert_eq!(config.policy.auth.default_route, "default");
+    assert_eq!(config.policy.routes.len(), 1);
+    assert_eq!(config.policy.routes[0].name, "default");
     let one = with_routes("[[routes]]\nname = \"app\"\n").expect("one route");
-    assert_eq!(one.auth.default_route, "app");
+    assert_eq!(one.policy.auth.default_route, "app");
 }
 
 #[test]
@@ -294,7 +296,7 @@ fn route_settings_parse() {
          max_tokens_ceiling = 2000\nmax_tokens_policy = \"reject\"\nrecovery_budget = 0.05\n\
          [routes.shares]\nsonnet4-us = { min = 0.6, max = 0.9 }\n";
     let config = with_routes(text).expect("valid");
-    let r = &config.routes[0];
+    let r = &config.policy.routes[0];
     assert_eq!((r.priority, r.max_tokens_ceiling), (10, Some(2000)));
     assert_eq!(r.max_tokens_policy, MaxTokensPolicy::Reject);
     assert_eq!(
@@ -311,7 +313,10 @@ fn route_settings_parse() {
 fn each_invalid_route_setting_names_its_key() {
     let sha = "a".repeat(64);
     let cases = [
-        ("[auth]\nmode = \"oauth\"\n", "auth.mode: \"oauth\""),
+        (
+            "[auth]\nmode = \"oauth\"\n",
+            "unknown variant `oauth`, expected one of `none`, `bearer`, `sigv4`",
+        ),
         (
             "[auth]\nmode = \"bearer\"\n[[routes]]\nname = \"a\"\nbearer_token_sha256 = \"SHA\"\n",
             "auth.mode: \"bearer\" sends keys in the clear without TLS",
@@ -355,7 +360,7 @@ fn each_invalid_route_setting_names_its_key() {
         ),
         (
             "[[routes]]\nname = \"a\"\nmax_tokens_policy = \"cut\"\n",
-            "routes[0] (a).max_tokens_policy: \"cut\"",
+            "unknown variant `cut`, expected `clamp` or `reject`",
         ),
         (
             "[[routes]]\nname = \"a\"\nrecovery_budget = 2.0\n",
@@ -388,9 +393,12 @@ fn each_invalid_route_setting_names_its_key() {
 #[test]
 fn server_timeouts_default_and_name_their_key() {
     let config = Config::parse(MINIMAL).unwrap();
-    assert_eq!(config.server.drain, Duration::from_secs(30));
-    assert_eq!(config.server.accept_grace, Duration::ZERO);
-    assert_eq!(config.server.header_read_timeout, Duration::from_secs(30));
+    assert_eq!(config.process.server.drain, Duration::from_secs(30));
+    assert_eq!(config.process.server.accept_grace, Duration::ZERO);
+    assert_eq!(
+        config.process.server.header_read_timeout,
+        Duration::from_secs(30)
+    );
     let with = |extra: &str| {
         MINIMAL.replace(
             "listen = \"127.0.0.1:8080\"",
@@ -403,8 +411,8 @@ fn server_timeouts_default_and_name_their_key() {
     .unwrap();
     assert_eq!(
         (
-            config.server.accept_grace,
-            config.server.header_read_timeout
+            config.process.server.accept_grace,
+            config.process.server.header_read_timeout
         ),
         (Duration::from_secs(5), Duration::from_secs(10))
     );
@@ -445,5 +453,5 @@ fn the_regions_served_are_the_upstream_s_and_every_pool_s() {
          tokens_per_minute = 1000\nmax_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 10\n"
     );
     let config = Config::parse(&text).expect("valid");
-    assert_eq!(config.auth.regions, ["us-east-1", "eu-west-1"]);
+    assert_eq!(config.policy.auth.regions, ["us-east-1", "eu-west-1"]);
 }

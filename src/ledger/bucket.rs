@@ -148,45 +148,110 @@ mod tests {
     enum Op {
         Advance(u64),
         Reserve(u64),
-        Settle { index: usize, charge_pct: u64 },
+        /// A reservation through [`TokenBucket::take_in_transit`], reaching upstream `.1` ns later.
+        ReserveInTransit(u64, u64),
+        Settle {
+            index: usize,
+            charge_pct: u64,
+        },
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             (0u64..5_000_000_000).prop_map(Op::Advance),
             (1u64..20_000).prop_map(Op::Reserve),
+            (1u64..20_000, 0u64..200_000_000).prop_map(|(n, t)| Op::ReserveInTransit(n, t)),
             (any::<usize>(), 0u64..=100)
                 .prop_map(|(index, charge_pct)| Op::Settle { index, charge_pct }),
         ]
     }
 
+    /// The bucket as its documentation describes it, computed here without calling it: a level
+    /// in token-nanominutes (one token is `MINUTE` units, so `C` tokens per minute refill `C`
+    /// units per nanosecond), refill from `refills_from` on, never above capacity; a reservation
+    /// taken in transit from a full bucket moves `refills_from` to when it reaches upstream.
+    struct Model {
+        full: i128,
+        level: i128,
+        refills_from: u64,
+        /// Tokens that came in by refill, and credit dropped at the cap, in units.
+        refilled: i128,
+        dropped: i128,
+    }
+
+    impl Model {
+        fn new(capacity: u64) -> Model {
+            let full = i128::from(capacity) * i128::from(MINUTE);
+            Model {
+                full,
+                level: full,
+                refills_from: 0,
+                refilled: 0,
+                dropped: 0,
+            }
+        }
+
+        fn advance_to(&mut self, now: u64, capacity: u64) {
+            if now > self.refills_from {
+                let elapsed = i128::from(now - self.refills_from);
+                let refill = (elapsed * i128::from(capacity)).min(self.full - self.level);
+                self.level += refill.max(0);
+                self.refilled += refill.max(0);
+                self.refills_from = now;
+            }
+        }
+
+        fn take(&mut self, tokens: u64) {
+            self.level -= i128::from(tokens) * i128::from(MINUTE);
+        }
+
+        fn credit(&mut self, tokens: u64) {
+            let credit = i128::from(tokens) * i128::from(MINUTE);
+            let kept = credit.min(self.full - self.level);
+            self.level += kept;
+            self.dropped += credit - kept;
+        }
+    }
+
     proptest! {
-        /// With charges never above the reservation (burndown 1), the level stays within
-        /// [0, capacity]; refill over any split of time equals refill in one step; and
-        /// tokens are conserved: capacity = level + outstanding + charged - refilled.
+        /// With charges never above the reservation (burndown 1): the level is the model's
+        /// (refill of elapsed x capacity / 1 min from when refill runs, capped at capacity;
+        /// credit capped at capacity), computed independently of the code under test; it stays
+        /// within [0, capacity]; refill over any split of time equals refill in one step; and
+        /// tokens are conserved: capacity + refilled = level + outstanding + charged + dropped.
         #[test]
         fn bucket_invariants(capacity in 1u64..1_000_000, ops in prop::collection::vec(op(), 1..200)) {
             let mut b = TokenBucket::new(capacity, 0);
+            let mut model = Model::new(capacity);
             let mut now = 0u64;
             let mut outstanding: Vec<u64> = Vec::new();
             let mut charged: i128 = 0;
-            let mut refilled_units: i128 = 0;
             for op in ops {
                 match op {
                     Op::Advance(ns) => {
-                        let before = b.level;
                         now += ns;
                         let mut split = b.clone();
                         split.refill(now - ns / 2);
                         split.refill(now);
                         b.refill(now);
                         prop_assert_eq!(&split, &b, "refill must not depend on how time is split");
-                        refilled_units += b.level - before;
+                        model.advance_to(now, capacity);
                     }
-                    Op::Reserve(n) => {
+                    Op::Reserve(n) | Op::ReserveInTransit(n, _) => {
                         b.refill(now);
-                        if b.fits(n) {
-                            b.take(n);
+                        model.advance_to(now, capacity);
+                        let fits = model.level >= i128::from(n) * i128::from(MINUTE);
+                        prop_assert_eq!(b.fits(n), fits, "fits {} tokens", n);
+                        if fits {
+                            if let Op::ReserveInTransit(_, transit) = op {
+                                if model.level == model.full {
+                                    model.refills_from = model.refills_from.max(now + transit);
+                                }
+                                b.take_in_transit(n, now, transit);
+                            } else {
+                                b.take(n);
+                            }
+                            model.take(n);
                             outstanding.push(n);
                         } else {
                             prop_assert!(b.wait_for(n).is_none_or(|w| w > Duration::ZERO));
@@ -196,20 +261,23 @@ mod tests {
                         if !outstanding.is_empty() {
                             let reserved = outstanding.swap_remove(index % outstanding.len());
                             let charge = reserved * charge_pct / 100;
-                            let before = b.level;
                             b.adjust(reserved as i64 - charge as i64);
-                            // Credit that would overflow capacity is dropped; account for it.
-                            refilled_units -= i128::from(reserved - charge) * SCALE - (b.level - before);
+                            model.credit(reserved - charge);
                             charged += i128::from(charge);
                         }
                     }
                 }
+                prop_assert_eq!(
+                    b.level * i128::from(MINUTE),
+                    model.level * SCALE,
+                    "the level is the model's"
+                );
                 prop_assert!(b.level >= 0, "never negative");
                 prop_assert!(b.level() as u64 <= capacity, "never above capacity");
                 let out: i128 = outstanding.iter().map(|&n| i128::from(n)).sum();
                 prop_assert_eq!(
-                    i128::from(capacity) * SCALE,
-                    b.level + (out + charged) * SCALE - refilled_units,
+                    model.full + model.refilled,
+                    model.level + (out + charged) * i128::from(MINUTE) + model.dropped,
                     "tokens are conserved"
                 );
             }

@@ -222,7 +222,7 @@ mod tests {
         resolve(id, region, "us-east-1", &BTreeMap::new()).bucket
     }
 
-    /// The forms not covered end to end by `tests/simulator/model_ids.rs` (which sends every
+    /// The forms not covered end to end by `tests/it/simulator/model_ids.rs` (which sends every
     /// id form through the SDK and checks the same keys).
     #[test]
     fn edge_forms_land_in_their_bucket() {

@@ -9,7 +9,8 @@
 - The Dockerfile pins its base images, probes itself and ships the binary only.
 - The image's entrypoint, run the way each manifest runs it (same arguments, the same file layout
   mapped under a temporary root, the manifest's environment, a read-only working directory, the
-  image's non-root user when the suite runs as root), answers on every probe path.
+  image's non-root user), answers on every probe path. Run as anything but root, the non-root
+  part cannot be made: the test then ends as a named skip, and fails under CI.
 """
 
 from __future__ import annotations
@@ -228,20 +229,23 @@ def test_gateway_config_names_the_redis_variable_it_needs(tmp_path):
         in run.stderr, run.stderr
 
 
+def compose_mounts(services: dict, service: str) -> dict[str, Path]:
+    """container path -> host path, for a compose service's bind mounts."""
+    out = {}
+    for volume in services[service]["volumes"]:
+        host, container = volume.split(":")[:2]
+        out[container] = (COMPOSE.parent / host).resolve()
+        assert out[container].exists(), f"{service}: {host} exists"
+    return out
+
+
 def test_compose_stack_agrees_with_its_configs(tmp_path):
     compose = yaml.safe_load(COMPOSE.read_text())
     services = compose["services"]
     assert set(services) == {"simulator", "proxy", "redis", "prometheus", "grafana"}
-    base = COMPOSE.parent
 
     def mounts(service: str) -> dict[str, Path]:
-        """container path -> host path, for the service's bind mounts."""
-        out = {}
-        for volume in services[service]["volumes"]:
-            host, container = volume.split(":")[:2]
-            out[container] = (base / host).resolve()
-            assert out[container].exists(), f"{service}: {host} exists"
-        return out
+        return compose_mounts(services, service)
 
     config_path = dockerfile_exec_form("CMD")[2]
     for name in ("simulator", "proxy"):
@@ -269,11 +273,6 @@ def test_compose_stack_agrees_with_its_configs(tmp_path):
     assert targets == [f"proxy:{admin}"]
     for rule_file in prometheus["rule_files"]:
         assert f"/etc/prometheus/{rule_file}" in prometheus_files, "rule files are mounted"
-    if shutil.which("promtool"):
-        check = subprocess.run(["promtool", "check", "config",
-                                str(prometheus_files["/etc/prometheus/prometheus.yml"])],
-                               capture_output=True, text=True, timeout=60)
-        assert check.returncode == 0, check.stdout + check.stderr
 
     grafana_files = mounts("grafana")
     provisioning = grafana_files["/etc/grafana/provisioning"]
@@ -283,6 +282,18 @@ def test_compose_stack_agrees_with_its_configs(tmp_path):
     dashboard_dir = providers["providers"][0]["options"]["path"]
     dashboards = [c for c in grafana_files if c.startswith(dashboard_dir + "/")]
     assert [grafana_files[c] for c in dashboards] == [(CONFIG_DIR / "grafana" / "tokengate.json").resolve()]
+
+
+def test_compose_prometheus_config_passes_promtool():
+    """promtool (Debian package prometheus) accepts the compose stack's Prometheus config and the
+    rule files it loads. Without promtool: a named skip here, a failure under CI (conftest.py)."""
+    if not shutil.which("promtool"):
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    prometheus_yml = compose_mounts(services, "prometheus")["/etc/prometheus/prometheus.yml"]
+    check = subprocess.run(["promtool", "check", "config", str(prometheus_yml)],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_dockerfile_pins_probes_and_ships_the_binary_only():
@@ -451,6 +462,10 @@ def test_entrypoint_runs_the_way_the_manifest_runs_it(manifest):
         assert rc == 0, f"exit {rc} on SIGTERM\n{proc.stderr_tail()}"
         proc = None
         assert list(workdir.iterdir()) == [], "nothing written to the working directory"
+        if not as_image_user:
+            # Everything else passed; say what was not checked (conftest.py fails it under CI).
+            pytest.skip(f"ran as uid {os.geteuid()}, so not as the image's user {IMAGE_USER}: "
+                        "that check needs root and a binary that user can execute")
     finally:
         if proc is not None:
             proc.kill()

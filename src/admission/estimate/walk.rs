@@ -21,6 +21,9 @@
 //! range): `serde_json`'s skipping is more lenient. The parser's recursion limit (128) bounds the
 //! nesting of a raw body, and with it the recursion here; [`MAX_DEPTH`] bounds a `Value` built in
 //! code: nothing deeper is read.
+//!
+//! (Long: one serde visitor per JSON shape the estimate walks; they share the seeds and are
+//! read together.)
 
 use std::{borrow::Cow, fmt};
 

@@ -1,48 +1,8 @@
 //! `[[simulator.endpoints]]`: the SageMaker endpoints (and inference components) the simulator
-//! runs, each a fleet of copies of one model.
+//! runs, each a fleet of copies of one model: the settings' checks (the settings themselves are
+//! with the rest of `[simulator]`, in [`crate::config::simulator`]).
 
-use serde::{Deserialize, Serialize};
-
-/// One simulated endpoint, or one inference component on an endpoint.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct EndpointSimConfig {
-    /// The endpoint name.
-    pub name: String,
-    /// The inference component: calls must name it (`X-Amzn-SageMaker-Inference-Component`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub inference_component: Option<String>,
-    /// Copies serving at start (instances of a single-model endpoint).
-    pub copies: u32,
-    /// Requests one copy serves at once; past that on every copy, a call is refused as the
-    /// container refuses it (429 inside a `ModelError`).
-    pub max_concurrency_per_copy: u32,
-    /// Delay before the first token. Default 200.
-    #[serde(default = "default_ttft_ms")]
-    pub time_to_first_token_ms: u64,
-    /// Generation speed of one request, in tokens per second (0: instant). Default 50.
-    #[serde(default = "default_tokens_per_second")]
-    pub tokens_per_second: f64,
-    /// How long copies asked for by `POST /_sim/sagemaker` take to arrive or leave (new
-    /// instances take minutes on AWS). Default 0.
-    #[serde(default)]
-    pub scale_delay_ms: u64,
-    /// The output cap of a request that names none. Default 1024.
-    #[serde(default = "default_max_new_tokens")]
-    pub default_max_new_tokens: u64,
-}
-
-fn default_ttft_ms() -> u64 {
-    200
-}
-
-fn default_tokens_per_second() -> f64 {
-    50.0
-}
-
-fn default_max_new_tokens() -> u64 {
-    1024
-}
+pub use crate::config::simulator::EndpointSimConfig;
 
 /// Checks `[[simulator.endpoints]]`; the message names the key at fault.
 pub fn validate(endpoints: &[EndpointSimConfig]) -> Result<(), String> {

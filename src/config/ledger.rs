@@ -1,0 +1,176 @@
+//! `[ledger]`: where reservations are kept (this process's memory, or a Redis shared by every
+//! replica) and what admission does while Redis is unreachable.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{ConfigError, Env, invalid, positive};
+
+const DEFAULT_LEDGER_TIMEOUT_MS: u64 = 250;
+const DEFAULT_LEASE_SECS: u64 = 600;
+
+/// `ledger.backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    Memory,
+    Redis,
+}
+
+/// `ledger.on_error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnError {
+    FailClosed,
+    Local,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLedger {
+    pub backend: Option<Backend>,
+    pub url: Option<String>,
+    /// The name of an environment variable holding the URL (for a password kept in a secret).
+    pub url_env: Option<String>,
+    pub timeout_ms: Option<u64>,
+    pub lease_secs: Option<u64>,
+    pub on_error: Option<OnError>,
+    pub expected_replicas: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerConfig {
+    Memory,
+    Redis(RedisLedgerConfig),
+}
+
+/// `[ledger] backend = "redis"`: one quota shared by every replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisLedgerConfig {
+    /// `redis://host:6379`, `redis://user:password@host:6379/0`, `redis+unix:///path/redis.sock`:
+    /// `url` from the file, or the value of the environment variable named by `url_env`.
+    pub url: String,
+    /// The longest one ledger call may take (connecting included) before it counts as failed.
+    pub timeout: Duration,
+    /// How long a reservation outlives its replica's last renewal (renewed every third of it).
+    pub lease: Duration,
+    pub on_error: OnLedgerError,
+}
+
+/// What admission does while Redis is unreachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnLedgerError {
+    /// 503 `ServiceUnavailableException` with a retry hint; readiness false.
+    FailClosed,
+    /// Admit from a local share of `1 / expected_replicas` of each pool until Redis answers.
+    Local { expected_replicas: u32 },
+}
+
+pub(super) fn validate(raw: RawLedger, env: &Env) -> Result<LedgerConfig, ConfigError> {
+    let url = match raw.backend.unwrap_or(Backend::Memory) {
+        Backend::Memory => {
+            let redis_only = [
+                ("ledger.url", raw.url.is_some()),
+                ("ledger.url_env", raw.url_env.is_some()),
+                ("ledger.timeout_ms", raw.timeout_ms.is_some()),
+                ("ledger.lease_secs", raw.lease_secs.is_some()),
+                ("ledger.on_error", raw.on_error.is_some()),
+                ("ledger.expected_replicas", raw.expected_replicas.is_some()),
+            ];
+            if let Some((key, _)) = redis_only.iter().find(|(_, set)| *set) {
+                return Err(invalid(*key, "only the redis backend takes this key"));
+            }
+            return Ok(LedgerConfig::Memory);
+        }
+        Backend::Redis => redis_url(raw.url, raw.url_env.as_deref(), env)?,
+    };
+    if !["redis://", "redis+unix://", "unix://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
+    {
+        let hint = if url.starts_with("rediss://") {
+            "TLS (rediss://) is not supported in this build; "
+        } else {
+            ""
+        };
+        // Never echo the URL: it may hold a password.
+        return Err(invalid(
+            url_key(raw.url_env.as_deref()),
+            format!("{hint}write redis://host:6379 or redis+unix:///path/to/redis.sock"),
+        ));
+    }
+    let timeout = Duration::from_millis(positive(
+        "ledger.timeout_ms",
+        raw.timeout_ms.unwrap_or(DEFAULT_LEDGER_TIMEOUT_MS),
+    )?);
+    let lease = Duration::from_secs(positive(
+        "ledger.lease_secs",
+        raw.lease_secs.unwrap_or(DEFAULT_LEASE_SECS),
+    )?);
+    if lease <= timeout * 3 {
+        return Err(invalid(
+            "ledger.lease_secs",
+            "must be longer than three ledger.timeout_ms (leases are renewed every third of it)",
+        ));
+    }
+    let on_error = match (
+        raw.on_error.unwrap_or(OnError::FailClosed),
+        raw.expected_replicas,
+    ) {
+        (OnError::FailClosed, None) => OnLedgerError::FailClosed,
+        (OnError::FailClosed, Some(_)) => {
+            return Err(invalid(
+                "ledger.expected_replicas",
+                "only on_error = \"local\" uses it; remove it or set on_error = \"local\"",
+            ));
+        }
+        (OnError::Local, Some(n)) if n > 0 => OnLedgerError::Local {
+            expected_replicas: n,
+        },
+        (OnError::Local, _) => {
+            return Err(invalid(
+                "ledger.expected_replicas",
+                "on_error = \"local\" needs expected_replicas = N (the replica count): each replica then \
+                 admits 1/N of each pool while Redis is unreachable",
+            ));
+        }
+    };
+    Ok(LedgerConfig::Redis(RedisLedgerConfig {
+        url,
+        timeout,
+        lease,
+        on_error,
+    }))
+}
+
+/// `ledger.url`, or the value of the variable `ledger.url_env` names: one of the two.
+fn redis_url(url: Option<String>, url_env: Option<&str>, env: &Env) -> Result<String, ConfigError> {
+    match (url, url_env) {
+        (Some(url), None) => Ok(url),
+        (None, Some(name)) => {
+            if name.is_empty() {
+                return Err(invalid("ledger.url_env", "name an environment variable"));
+            }
+            env(name).filter(|v| !v.is_empty()).ok_or_else(|| {
+                invalid(
+                    "ledger.url_env",
+                    format!("the environment variable {name} is not set (or is empty); set it to redis://host:6379"),
+                )
+            })
+        }
+        (Some(_), Some(_)) => Err(invalid("ledger.url_env", "set url or url_env, not both")),
+        (None, None) => Err(invalid(
+            "ledger.url",
+            "backend = \"redis\" needs url = \"redis://host:6379\" (or url_env = \"VARIABLE\" naming an environment variable that holds it)",
+        )),
+    }
+}
+
+/// The key to blame for a bad Redis URL.
+fn url_key(url_env: Option<&str>) -> String {
+    match url_env {
+        Some(name) => format!("ledger.url_env ({name})"),
+        None => "ledger.url".to_string(),
+    }
+}

@@ -1,0 +1,896 @@
+//! The `Ledger` contract: what every backend must do, run against every backend.
+//!
+//! Each case is an `async fn(Arc<dyn Ledger>)`; [`contract_suite!`] instantiates all of them for
+//! one backend, so adding a backend is one line at the bottom of this file. The suite proves:
+//!
+//! - **all or nothing**: a request turned away by concurrency or by the request bucket leaves the
+//!   token bucket as it was; one turned away by tokens takes no request and no permit;
+//! - **no over-admission** under concurrent callers on a multi-threaded runtime, for tokens and
+//!   for concurrency, and no permit leak under sustained reserve/settle churn;
+//! - **settlement arithmetic**: a refund of `reserved - charged`, an extra debit when the charge
+//!   exceeds the reservation (the level may go negative), repaid by refill;
+//! - **rejection facts**: the binding limit, the projected refill wait, the in-flight figures;
+//! - **limits travel with each call**: shrinking a bucket clamps its level, raising one does not
+//!   credit a burst, raising `max_concurrency` admits more;
+//! - **route shares**: a route within its guarantee is admitted when borrowers are not; an idle
+//!   route's guarantee is lent; a route's `max_share` binds with its own refill; retries use the
+//!   retry reserve within their recovery budget and first attempts never do;
+//! - **the transit hold**: after a reservation empties a full bucket, refill restarts 100 ms later
+//!   (a literal here, so changing `UPSTREAM_TRANSIT_NS` or the Lua's `TRANSIT_MS` fails);
+//! - no reservation is ever dropped unsettled (`unsettled_drops() == 0` after every case).
+//!
+//! The Redis backend runs against a private `redis-server` per case (see
+//! `common/redis_server.rs`): always under CI; locally, without `redis-server`, each Redis case
+//! is a named, counted skip (`common/skip.rs`).
+//!
+//! Backends whose clock is not injectable (Redis uses the server's `TIME`) must pass too, so no
+//! case relies on a manual clock: limits are chosen so that refill during a case is small
+//! (600 tokens per minute refills 10 per second), and wherever refill matters the tolerance is
+//! bounded by the elapsed time measured in the test. Pool names are unique per case and per run,
+//! because shared backends keep state between runs.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU32, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use tokengate::{
+    ledger::{
+        Clock, Decision, Ledger, Limit, Limits, MemoryLedger, PoolSnapshot, RedisLedger,
+        RedisOptions, Rejection, Reservation, ReserveRequest, RouteShare, ShareRequest,
+    },
+    metrics::Metrics,
+};
+use tokio::sync::Barrier;
+
+/// 600 tokens per minute: 10 tokens of refill per second.
+const TPM: u64 = 600;
+const TOKENS_PER_SEC: f64 = TPM as f64 / 60.0;
+
+use crate::common::redis_server;
+
+/// A ledger under test, and whatever must live as long as it (a private Redis).
+struct Backend {
+    ledger: Arc<dyn Ledger>,
+    _server: Option<redis_server::RedisServer>,
+}
+
+/// Instantiates every contract case for one backend: `contract_suite!(name => async factory)`.
+/// The factory returns `None` to skip (no Redis available outside CI; the skip is recorded).
+macro_rules! contract_suite {
+    ($backend:ident => $factory:expr) => {
+        contract_suite!(@cases $backend => $factory;
+            all_or_nothing_concurrency,
+            all_or_nothing_requests,
+            all_or_nothing_tokens,
+            no_over_admission_tokens,
+            no_over_admission_concurrency,
+            churn_never_exceeds_concurrency,
+            settlement_refunds_unused,
+            settlement_burndown_goes_negative_and_refill_repays,
+            rejection_facts_tokens,
+            rejection_facts_concurrency,
+            rejection_facts_never_fits,
+            rejection_facts_requests,
+            rejection_binds_longest_wait_with_concurrency,
+            limits_shrink_clamps_level,
+            limits_raise_credits_no_burst,
+            limits_raise_concurrency,
+            shares_guarantee_is_protected_from_borrowers,
+            shares_idle_guarantees_are_lent,
+            shares_ceiling_binds_with_its_own_refill,
+            shares_retries_use_the_reserve_within_the_budget,
+            hold_back_stays_in_the_bucket,
+            refill_after_a_full_bucket_waits_for_transit,
+        );
+    };
+    (@cases $backend:ident => $factory:expr; $($(#[$attr:meta])* $case:ident),* $(,)?) => {
+        mod $backend {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                $(#[$attr])*
+                async fn $case() {
+                    let Some(backend): Option<Backend> = $factory.await else {
+                        return;
+                    };
+                    super::$case(backend.ledger.clone()).await;
+                    assert_eq!(tokengate::ledger::unsettled_drops(), 0, "a reservation was dropped unsettled");
+                }
+            )*
+        }
+    };
+}
+
+async fn memory_ledger() -> Option<Backend> {
+    Some(Backend {
+        ledger: Arc::new(MemoryLedger::new(Clock::tokio())),
+        _server: None,
+    })
+}
+
+async fn redis_ledger() -> Option<Backend> {
+    let server = redis_server::RedisServer::start().await?;
+    let options = RedisOptions {
+        url: server.url(),
+        timeout: Duration::from_secs(5),
+        lease: Duration::from_secs(60),
+    };
+    let ledger = RedisLedger::connect(options, Arc::new(Metrics::standalone().1))
+        .await
+        .expect("redis ledger");
+    assert!(ledger.is_healthy(), "the private redis-server answers");
+    Some(Backend {
+        ledger: Arc::new(ledger),
+        _server: Some(server),
+    })
+}
+
+contract_suite!(memory => memory_ledger());
+contract_suite!(redis => redis_ledger());
+
+// === helpers ===
+
+/// A pool name no other case or earlier run uses.
+fn pool_name(case: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("contract-{case}-{}-{nanos}", std::process::id())
+}
+
+fn limits(
+    tokens_per_minute: u64,
+    requests_per_minute: Option<u64>,
+    max_concurrency: u32,
+) -> Limits {
+    Limits {
+        tokens_per_minute,
+        requests_per_minute,
+        max_concurrency,
+    }
+}
+
+async fn reserve(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -> Decision {
+    ledger
+        .reserve(&ReserveRequest {
+            pool,
+            limits,
+            tokens,
+            share: None,
+            hold_back: 0,
+        })
+        .await
+        .expect("ledger reachable")
+}
+
+async fn admit(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -> Reservation {
+    match reserve(ledger, pool, limits, tokens).await {
+        Decision::Admitted(r) => r,
+        Decision::Rejected(r) => panic!("expected {tokens} tokens admitted, got {r:?}"),
+    }
+}
+
+async fn reject(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -> Rejection {
+    match reserve(ledger, pool, limits, tokens).await {
+        Decision::Rejected(r) => r,
+        Decision::Admitted(r) => {
+            let id = r.id();
+            ledger.settle(r, 0).await.expect("settle");
+            panic!("expected {tokens} tokens rejected, but reservation {id} was admitted")
+        }
+    }
+}
+
+async fn settle(ledger: &dyn Ledger, reservation: Reservation, charged: u64) {
+    ledger.settle(reservation, charged).await.expect("settle");
+}
+
+async fn snapshot(ledger: &dyn Ledger, pool: &str, limits: Limits) -> PoolSnapshot {
+    ledger.snapshot(pool, &limits).await.expect("snapshot")
+}
+
+/// Whole tokens that refill may have added since `since` at `TPM`, plus one for the rounding of
+/// whole-token levels.
+fn refill_tolerance(since: Instant) -> i64 {
+    (since.elapsed().as_secs_f64() * TOKENS_PER_SEC).ceil() as i64 + 1
+}
+
+/// `after` is `expected` plus at most the refill since `since` (never less).
+fn assert_level(after: i64, expected: i64, since: Instant, what: &str) {
+    let tolerance = refill_tolerance(since);
+    assert!(
+        (expected..=expected + tolerance).contains(&after),
+        "{what}: tokens_available {after}, expected {expected} (+ refill up to {tolerance})"
+    );
+}
+
+fn assert_idle(s: &PoolSnapshot) {
+    assert_eq!(s.reserved_tokens, 0, "nothing reserved: {s:?}");
+    assert_eq!(s.in_flight_requests, 0, "nothing in flight: {s:?}");
+}
+
+// === all or nothing ===
+
+/// A request turned away on concurrency leaves tokens (and requests) untouched.
+async fn all_or_nothing_concurrency(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("aon-concurrency"), limits(TPM, Some(10), 1));
+    let held = admit(&*ledger, &pool, l, 60).await;
+    let start = Instant::now();
+    let before = snapshot(&*ledger, &pool, l).await;
+    for _ in 0..3 {
+        let r = reject(&*ledger, &pool, l, 60).await;
+        assert_eq!(r.limit, Limit::Concurrency);
+    }
+    let after = snapshot(&*ledger, &pool, l).await;
+    assert_level(
+        after.tokens_available,
+        before.tokens_available,
+        start,
+        "after concurrency rejections",
+    );
+    assert_eq!(
+        after.requests_available, before.requests_available,
+        "no request taken"
+    );
+    assert_eq!((after.reserved_tokens, after.in_flight_requests), (60, 1));
+    settle(&*ledger, held, 60).await;
+    assert_idle(&snapshot(&*ledger, &pool, l).await);
+}
+
+/// A request turned away by the request bucket leaves tokens untouched and takes no permit.
+async fn all_or_nothing_requests(ledger: Arc<dyn Ledger>) {
+    // One request per minute: the bucket refills one request per 60 s, never during the case.
+    let (pool, l) = (pool_name("aon-requests"), limits(TPM, Some(1), 10));
+    let first = admit(&*ledger, &pool, l, 60).await;
+    let start = Instant::now();
+    let before = snapshot(&*ledger, &pool, l).await;
+    assert_eq!(before.requests_available, Some(0));
+    for _ in 0..3 {
+        let r = reject(&*ledger, &pool, l, 60).await;
+        assert_eq!(r.limit, Limit::Requests);
+    }
+    let after = snapshot(&*ledger, &pool, l).await;
+    assert_level(
+        after.tokens_available,
+        before.tokens_available,
+        start,
+        "after request rejections",
+    );
+    assert_eq!(
+        (after.reserved_tokens, after.in_flight_requests),
+        (60, 1),
+        "no permit taken"
+    );
+    settle(&*ledger, first, 60).await;
+    assert_idle(&snapshot(&*ledger, &pool, l).await);
+}
+
+/// A request turned away on tokens takes no request from the request bucket and no permit.
+async fn all_or_nothing_tokens(ledger: Arc<dyn Ledger>) {
+    // Five requests per minute and two permits: five token rejections that each took a request
+    // would empty the request bucket; any that took a permit would block the two reserves below.
+    let (pool, l) = (pool_name("aon-tokens"), limits(TPM, Some(5), 2));
+    let all = admit(&*ledger, &pool, l, TPM).await;
+    for _ in 0..5 {
+        let r = reject(&*ledger, &pool, l, 60).await;
+        assert_eq!(r.limit, Limit::Tokens);
+    }
+    let s = snapshot(&*ledger, &pool, l).await;
+    assert_eq!(
+        s.requests_available,
+        Some(4),
+        "only the admitted request counted: {s:?}"
+    );
+    assert_eq!((s.reserved_tokens, s.in_flight_requests), (TPM, 1));
+    settle(&*ledger, all, 0).await;
+    let a = admit(&*ledger, &pool, l, 60).await;
+    let b = admit(&*ledger, &pool, l, 60).await;
+    settle(&*ledger, a, 60).await;
+    settle(&*ledger, b, 60).await;
+    let s = snapshot(&*ledger, &pool, l).await;
+    assert_eq!(
+        s.requests_available,
+        Some(2),
+        "three admitted requests counted: {s:?}"
+    );
+    assert_idle(&s);
+}
+
+// === no over-admission ===
+
+/// Fires `n` reserves of `tokens` at once from spawned tasks; returns what was admitted and
+/// rejected, and when the race started.
+async fn race(
+    ledger: &Arc<dyn Ledger>,
+    pool: &str,
+    l: Limits,
+    n: usize,
+    tokens: u64,
+) -> (Vec<Reservation>, Vec<Rejection>, Instant) {
+    let barrier = Arc::new(Barrier::new(n));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (ledger, barrier, pool) = (ledger.clone(), barrier.clone(), pool.to_owned());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                reserve(&*ledger, &pool, l, tokens).await
+            })
+        })
+        .collect();
+    let (mut admitted, mut rejected) = (Vec::new(), Vec::new());
+    for task in tasks {
+        match task.await.expect("task") {
+            Decision::Admitted(r) => admitted.push(r),
+            Decision::Rejected(r) => rejected.push(r),
+        }
+    }
+    (admitted, rejected, start)
+}
+
+/// 50 concurrent reserves of 60 tokens against a 600-token bucket admit exactly 10.
+async fn no_over_admission_tokens(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("race-tokens"), limits(TPM, None, 1_000));
+    let (admitted, rejected, start) = race(&ledger, &pool, l, 50, 60).await;
+    // An 11th only if the race itself lasted long enough to refill 60 tokens (6 s).
+    let refilled = (start.elapsed().as_secs_f64() * TOKENS_PER_SEC) as usize;
+    let most = 10 + refilled / 60;
+    assert!(
+        (10..=most).contains(&admitted.len()),
+        "admitted {} of 50 (allowed 10..={most})",
+        admitted.len()
+    );
+    assert!(
+        rejected.iter().all(|r| r.limit == Limit::Tokens),
+        "{rejected:?}"
+    );
+    for r in admitted {
+        settle(&*ledger, r, 60).await;
+    }
+    assert_idle(&snapshot(&*ledger, &pool, l).await);
+}
+
+/// 50 concurrent reserves with `max_concurrency = 5` and plenty of tokens admit exactly 5.
+async fn no_over_admission_concurrency(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("race-concurrency"), limits(1_000_000, None, 5));
+    let (admitted, rejected, _) = race(&ledger, &pool, l, 50, 60).await;
+    assert_eq!(admitted.len(), 5, "nothing settles during the race");
+    assert!(
+        rejected.iter().all(|r| r.limit == Limit::Concurrency),
+        "{rejected:?}"
+    );
+    for r in admitted {
+        settle(&*ledger, r, 60).await;
+    }
+    assert_idle(&snapshot(&*ledger, &pool, l).await);
+}
+
+/// 50 tasks looping reserve/settle with 5 permits: never more than 5 holders, every admission
+/// settles, and the pool ends idle.
+async fn churn_never_exceeds_concurrency(ledger: Arc<dyn Ledger>) {
+    const TASKS: usize = 50;
+    const ITERATIONS: usize = 300;
+    let (pool, l) = (pool_name("churn"), limits(1_000_000_000, None, 5));
+    let holders = Arc::new(AtomicU32::new(0));
+    let most_holders = Arc::new(AtomicU32::new(0));
+    let (admitted, settled) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let ledger = ledger.clone();
+            let pool = pool.clone();
+            let (holders, most_holders) = (holders.clone(), most_holders.clone());
+            let (admitted, settled) = (admitted.clone(), settled.clone());
+            tokio::spawn(async move {
+                for _ in 0..ITERATIONS {
+                    match reserve(&*ledger, &pool, l, 60).await {
+                        Decision::Admitted(r) => {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                            let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                            most_holders.fetch_max(now, Ordering::Relaxed);
+                            tokio::task::yield_now().await;
+                            holders.fetch_sub(1, Ordering::SeqCst);
+                            settle(&*ledger, r, 30).await;
+                            settled.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Decision::Rejected(r) => {
+                            assert_eq!(r.limit, Limit::Concurrency, "{r:?}");
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("no task panicked");
+    }
+    let most = most_holders.load(Ordering::Relaxed);
+    assert!(
+        (1..=5).contains(&most),
+        "at most 5 holders at once, saw {most}"
+    );
+    let admitted = admitted.load(Ordering::Relaxed);
+    assert!(admitted > 0);
+    assert_eq!(
+        admitted,
+        settled.load(Ordering::Relaxed),
+        "every admission settled"
+    );
+    assert_idle(&snapshot(&*ledger, &pool, l).await);
+}
+
+// === settlement arithmetic ===
+
+/// Reserve 60, settle for 20: the bucket ends 20 lower than before the reservation.
+async fn settlement_refunds_unused(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("settle-refund"), limits(TPM, None, 10));
+    // Start below capacity so that the level is not held down by the cap.
+    let drain = admit(&*ledger, &pool, l, 300).await;
+    settle(&*ledger, drain, 300).await;
+    let start = Instant::now();
+    let before = snapshot(&*ledger, &pool, l).await.tokens_available;
+    let r = admit(&*ledger, &pool, l, 60).await;
+    let during = snapshot(&*ledger, &pool, l).await;
+    assert_level(
+        during.tokens_available,
+        before - 60,
+        start,
+        "while reserved",
+    );
+    assert_eq!((during.reserved_tokens, during.in_flight_requests), (60, 1));
+    settle(&*ledger, r, 20).await;
+    let after = snapshot(&*ledger, &pool, l).await;
+    assert_level(
+        after.tokens_available,
+        before - 20,
+        start,
+        "after settling 60 for 20",
+    );
+    assert_idle(&after);
+}
+
+/// Settling for more than was reserved debits the excess, even below zero; refill repays it.
+async fn settlement_burndown_goes_negative_and_refill_repays(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("settle-burndown"), limits(TPM, None, 10));
+    let drain = admit(&*ledger, &pool, l, 540).await;
+    settle(&*ledger, drain, 540).await;
+    let start = Instant::now();
+    let before = snapshot(&*ledger, &pool, l).await.tokens_available;
+    let r = admit(&*ledger, &pool, l, 60).await;
+    settle(&*ledger, r, 100).await;
+    let debt_seen = Instant::now();
+    let after = snapshot(&*ledger, &pool, l).await;
+    assert_level(
+        after.tokens_available,
+        before - 100,
+        start,
+        "after settling 60 for 100",
+    );
+    assert!(after.tokens_available < 0, "in debt: {after:?}");
+    assert_idle(&after);
+    // In debt, even one token waits for the debt to be repaid.
+    let r = reject(&*ledger, &pool, l, 1).await;
+    assert_eq!(r.limit, Limit::Tokens);
+    assert!(r.token_deficit > 1, "{r:?}");
+    let nap = Duration::from_millis(500);
+    tokio::time::sleep(nap).await;
+    let later = snapshot(&*ledger, &pool, l).await.tokens_available;
+    let repaid = later - after.tokens_available;
+    // At least the nap's refill (less one for whole-token rounding), at most the refill since
+    // just before the first of the two snapshots.
+    let least = (nap.as_secs_f64() * TOKENS_PER_SEC) as i64 - 1;
+    assert!(
+        (least..=refill_tolerance(debt_seen)).contains(&repaid),
+        "refill repaid {repaid} tokens in {:?} (expected at least {least})",
+        debt_seen.elapsed()
+    );
+}
+
+// === rejection facts ===
+
+/// Tokens: the deficit, a refill wait of deficit / rate, and what is in flight.
+async fn rejection_facts_tokens(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("facts-tokens"), limits(TPM, None, 10));
+    let held = admit(&*ledger, &pool, l, 500).await;
+    let start = Instant::now();
+    let r = reject(&*ledger, &pool, l, 160).await;
+    assert_eq!(r.limit, Limit::Tokens);
+    let tolerance = u64::try_from(refill_tolerance(start)).unwrap_or(u64::MAX);
+    assert!(
+        (60u64.saturating_sub(tolerance)..=60).contains(&r.token_deficit),
+        "deficit {} (expected 60 less refill)",
+        r.token_deficit
+    );
+    let wait = r.refill_wait.expect("refill makes room");
+    let per_token = Duration::from_secs_f64(1.0 / TOKENS_PER_SEC);
+    let projected = per_token * u32::try_from(r.token_deficit).unwrap_or(u32::MAX);
+    let slack = per_token + Duration::from_millis(50);
+    assert!(
+        wait + slack >= projected && wait <= projected + slack,
+        "refill wait {wait:?} for a deficit of {} at {TOKENS_PER_SEC}/s",
+        r.token_deficit
+    );
+    assert_eq!((r.in_flight_tokens, r.in_flight_requests), (500, 1));
+    settle(&*ledger, held, 500).await;
+}
+
+/// Concurrency: a zero refill wait (permits do not refill) and the in-flight figures.
+async fn rejection_facts_concurrency(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("facts-concurrency"), limits(TPM, None, 2));
+    let a = admit(&*ledger, &pool, l, 60).await;
+    let b = admit(&*ledger, &pool, l, 70).await;
+    let r = reject(&*ledger, &pool, l, 60).await;
+    assert_eq!(r.limit, Limit::Concurrency);
+    assert_eq!(r.refill_wait, Some(Duration::ZERO));
+    assert_eq!((r.in_flight_tokens, r.in_flight_requests), (130, 2));
+    settle(&*ledger, a, 60).await;
+    settle(&*ledger, b, 70).await;
+}
+
+/// Demand above capacity: refill alone never makes room, on a full bucket too.
+async fn rejection_facts_never_fits(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("facts-never-fits"), limits(TPM, None, 10));
+    let r = reject(&*ledger, &pool, l, TPM + 1).await;
+    assert_eq!(r.limit, Limit::Tokens);
+    assert_eq!(r.refill_wait, None);
+    assert_eq!(r.token_deficit, 1, "a full bucket is one token short");
+    assert_eq!((r.in_flight_tokens, r.in_flight_requests), (0, 0));
+    assert_idle(&snapshot(&*ledger, &pool, l).await);
+}
+
+/// Requests: the request bucket's own refill wait; when tokens and requests are both short,
+/// the binding limit is the one with the longer wait.
+async fn rejection_facts_requests(ledger: Arc<dyn Ledger>) {
+    // Two requests per minute: one refills every 30 s.
+    let (pool, l) = (pool_name("facts-requests"), limits(TPM, Some(2), 10));
+    let start = Instant::now();
+    let a = admit(&*ledger, &pool, l, 60).await;
+    let b = admit(&*ledger, &pool, l, 500).await;
+    // Tokens are short too (40 left, 60 asked: about 2 s), but requests wait about 30 s.
+    let r = reject(&*ledger, &pool, l, 60).await;
+    assert_eq!(r.limit, Limit::Requests, "{r:?}");
+    let wait = r.refill_wait.expect("requests refill");
+    let elapsed = start.elapsed();
+    assert!(
+        wait <= Duration::from_secs(30)
+            && wait + elapsed + Duration::from_millis(50) >= Duration::from_secs(30),
+        "request refill wait {wait:?} after {elapsed:?}"
+    );
+    assert_eq!((r.in_flight_tokens, r.in_flight_requests), (560, 2));
+    settle(&*ledger, a, 60).await;
+    settle(&*ledger, b, 500).await;
+    // Requests still empty (about 30 s), tokens now far shorter for a big ask: tokens bind.
+    let r = reject(&*ledger, &pool, l, TPM).await;
+    assert_eq!(r.limit, Limit::Tokens, "{r:?}");
+    assert!(
+        r.refill_wait.expect("fits in time") > Duration::from_secs(30),
+        "{r:?}"
+    );
+}
+
+/// Concurrency and tokens both short. `Rejection::limit` is documented as "the binding limit: the
+/// one with the longest projected wait", and a permit has no refill wait (zero), so tokens bind;
+/// otherwise the caller is told to come back when a permit frees up, only to be turned away on
+/// tokens then.
+async fn rejection_binds_longest_wait_with_concurrency(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("facts-both"), limits(TPM, None, 1));
+    let held = admit(&*ledger, &pool, l, 580).await;
+    let r = reject(&*ledger, &pool, l, 60).await;
+    settle(&*ledger, held, 580).await;
+    assert_eq!(r.limit, Limit::Tokens, "{r:?}");
+    assert!(
+        r.refill_wait.is_some_and(|w| w > Duration::from_secs(3)),
+        "{r:?}"
+    );
+}
+
+// === limits travel with each call ===
+
+/// Shrinking `tokens_per_minute` clamps the level to the new capacity.
+async fn limits_shrink_clamps_level(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("limits-shrink");
+    let wide = limits(TPM, None, 10);
+    let full = snapshot(&*ledger, &pool, wide).await;
+    assert_eq!((full.tokens_available, full.tokens_capacity), (600, 600));
+    let narrow = limits(120, None, 10);
+    let s = snapshot(&*ledger, &pool, narrow).await;
+    assert_eq!(
+        (s.tokens_available, s.tokens_capacity),
+        (120, 120),
+        "clamped"
+    );
+    let r = reject(&*ledger, &pool, narrow, 121).await;
+    assert_eq!(r.refill_wait, None, "above the new capacity");
+    let r = admit(&*ledger, &pool, narrow, 120).await;
+    settle(&*ledger, r, 120).await;
+}
+
+/// Raising `tokens_per_minute` raises the capacity, not the level: no burst is credited.
+async fn limits_raise_credits_no_burst(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("limits-raise"), limits(TPM, None, 10));
+    let drain = admit(&*ledger, &pool, l, 540).await;
+    settle(&*ledger, drain, 540).await;
+    let start = Instant::now();
+    let before = snapshot(&*ledger, &pool, l).await.tokens_available;
+    let raised = limits(2 * TPM, None, 10);
+    let s = snapshot(&*ledger, &pool, raised).await;
+    assert_eq!(s.tokens_capacity, 2 * TPM);
+    // Refill runs at up to the raised rate (20 per second) after the raise.
+    let tolerance = 2 * refill_tolerance(start);
+    assert!(
+        (before..=before + tolerance).contains(&s.tokens_available),
+        "level {} after raising, was {before}",
+        s.tokens_available
+    );
+    let r = reject(&*ledger, &pool, raised, 300).await;
+    assert_eq!(r.limit, Limit::Tokens);
+}
+
+/// Raising `max_concurrency` between calls admits more at once.
+async fn limits_raise_concurrency(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("limits-concurrency");
+    let (two, three) = (limits(TPM, None, 2), limits(TPM, None, 3));
+    let a = admit(&*ledger, &pool, two, 60).await;
+    let b = admit(&*ledger, &pool, two, 60).await;
+    assert_eq!(
+        reject(&*ledger, &pool, two, 60).await.limit,
+        Limit::Concurrency
+    );
+    let c = admit(&*ledger, &pool, three, 60).await;
+    assert_eq!(
+        reject(&*ledger, &pool, three, 60).await.limit,
+        Limit::Concurrency
+    );
+    // Lowering it again turns away new requests without touching those in flight.
+    let r = reject(&*ledger, &pool, two, 60).await;
+    assert_eq!((r.limit, r.in_flight_requests), (Limit::Concurrency, 3));
+    for r in [a, b, c] {
+        settle(&*ledger, r, 60).await;
+    }
+    assert_idle(&snapshot(&*ledger, &pool, two).await);
+}
+
+// === route shares ===
+
+fn route(name: &str, priority: i32, min_share: f64, max_share: Option<f64>) -> RouteShare {
+    RouteShare {
+        route: Arc::from(name),
+        priority,
+        min_share,
+        max_share,
+        recovery_share: 0.0,
+    }
+}
+
+/// No retry reserve, no priority margin, routes active for a minute after they ask.
+fn share_request(routes: &[RouteShare], caller: usize) -> ShareRequest<'_> {
+    ShareRequest {
+        routes,
+        caller,
+        retry: false,
+        retry_reserve: 0.0,
+        priority_margin: 0.0,
+        idle: Duration::from_secs(60),
+    }
+}
+
+async fn reserve_as(
+    ledger: &dyn Ledger,
+    pool: &str,
+    tokens: u64,
+    share: ShareRequest<'_>,
+) -> Decision {
+    ledger
+        .reserve(&ReserveRequest {
+            pool,
+            limits: limits(TPM, None, 100),
+            tokens,
+            share: Some(share),
+            hold_back: 0,
+        })
+        .await
+        .expect("ledger reachable")
+}
+
+async fn admit_as(
+    ledger: &dyn Ledger,
+    pool: &str,
+    tokens: u64,
+    share: ShareRequest<'_>,
+) -> Reservation {
+    match reserve_as(ledger, pool, tokens, share).await {
+        Decision::Admitted(r) => r,
+        Decision::Rejected(r) => panic!("expected {tokens} tokens admitted, got {r:?}"),
+    }
+}
+
+async fn reject_as(
+    ledger: &dyn Ledger,
+    pool: &str,
+    tokens: u64,
+    share: ShareRequest<'_>,
+) -> Rejection {
+    match reserve_as(ledger, pool, tokens, share).await {
+        Decision::Rejected(r) => r,
+        Decision::Admitted(r) => {
+            let id = r.id();
+            ledger.settle(r, 0).await.expect("settle");
+            panic!("expected {tokens} tokens rejected, but reservation {id} was admitted")
+        }
+    }
+}
+
+/// Triage (guaranteed half the pool) has asked; backlog borrows only what leaves triage's unused
+/// guarantee free, and triage is admitted into what backlog could not take.
+async fn shares_guarantee_is_protected_from_borrowers(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("shares-guarantee");
+    let routes = [
+        route("triage", 10, 0.5, None),
+        route("backlog", 0, 0.0, None),
+    ];
+    let (triage, backlog) = (share_request(&routes, 0), share_request(&routes, 1));
+    let first = admit_as(&*ledger, &pool, 10, triage).await;
+    assert_eq!(
+        first.share().map(|h| h.guaranteed),
+        Some(10),
+        "taken from the guarantee"
+    );
+    settle(&*ledger, first, 10).await;
+    // Bucket 590, triage's unused guarantee 290: backlog may take 590 - 290 = 300.
+    let borrowed = admit_as(&*ledger, &pool, 250, backlog).await;
+    assert_eq!(borrowed.share().map(|h| h.guaranteed), Some(0));
+    let refused = reject_as(&*ledger, &pool, 100, backlog).await;
+    assert_eq!(refused.limit, Limit::Tokens);
+    assert!(
+        refused.token_deficit >= 40,
+        "must leave triage's guarantee: {refused:?}"
+    );
+    let owner = admit_as(&*ledger, &pool, 290, triage).await;
+    settle(&*ledger, owner, 290).await;
+    settle(&*ledger, borrowed, 250).await;
+    assert_idle(&snapshot(&*ledger, &pool, limits(TPM, None, 100)).await);
+}
+
+/// A route that has not asked within `idle` lends its whole guarantee.
+async fn shares_idle_guarantees_are_lent(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("shares-idle");
+    let routes = [
+        route("triage", 10, 0.5, None),
+        route("backlog", 0, 0.0, None),
+    ];
+    let mut triage = share_request(&routes, 0);
+    let mut backlog = share_request(&routes, 1);
+    triage.idle = Duration::ZERO;
+    backlog.idle = Duration::ZERO;
+    let first = admit_as(&*ledger, &pool, 10, triage).await;
+    settle(&*ledger, first, 10).await;
+    let all = admit_as(&*ledger, &pool, 580, backlog).await;
+    settle(&*ledger, all, 580).await;
+}
+
+/// `max_share` 0.25 of 600: 150 tokens per minute at most, refilling at 2.5 per second.
+async fn shares_ceiling_binds_with_its_own_refill(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("shares-ceiling");
+    let routes = [
+        route("batch", 0, 0.0, Some(0.25)),
+        route("app", 0, 0.0, None),
+    ];
+    let batch = share_request(&routes, 0);
+    let held = admit_as(&*ledger, &pool, 100, batch).await;
+    let refused = reject_as(&*ledger, &pool, 100, batch).await;
+    assert_eq!(refused.limit, Limit::Share);
+    assert!((49..=50).contains(&refused.token_deficit), "{refused:?}");
+    let wait = refused.refill_wait.expect("the ceiling refills");
+    assert!(
+        (Duration::from_secs(19)..=Duration::from_secs(20)).contains(&wait),
+        "50 tokens at 2.5 per second: {wait:?}"
+    );
+    // The pool itself still has room for other routes.
+    let other = admit_as(&*ledger, &pool, 300, share_request(&routes, 1)).await;
+    settle(&*ledger, other, 0).await;
+    settle(&*ledger, held, 0).await;
+    let again = admit_as(&*ledger, &pool, 140, batch).await;
+    settle(&*ledger, again, 0).await;
+}
+
+/// A reserve of 0.2 (120 tokens) that first attempts leave alone, and a recovery budget of 0.1
+/// (60 tokens per minute) for the route's retries.
+async fn shares_retries_use_the_reserve_within_the_budget(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("shares-retry");
+    let mut routes = [route("app", 0, 0.0, None)];
+    routes[0].recovery_share = 0.1;
+    let mut first = share_request(&routes, 0);
+    first.retry_reserve = 0.2;
+    let mut retry = first;
+    retry.retry = true;
+    assert_eq!(
+        reject_as(&*ledger, &pool, 500, first).await.limit,
+        Limit::Tokens
+    );
+    let bulk = admit_as(&*ledger, &pool, 480, first).await;
+    assert_eq!(bulk.share().map(|h| h.recovered), Some(false));
+    // 120 left: only the reserve. A first attempt cannot have it; a retry can.
+    reject_as(&*ledger, &pool, 10, first).await;
+    let recovering = admit_as(&*ledger, &pool, 50, retry).await;
+    assert_eq!(recovering.share().map(|h| h.recovered), Some(true));
+    // The budget has 10 left: the next retry of 50 waits like a first attempt.
+    reject_as(&*ledger, &pool, 50, retry).await;
+    settle(&*ledger, recovering, 50).await;
+    settle(&*ledger, bulk, 480).await;
+    assert_idle(&snapshot(&*ledger, &pool, limits(TPM, None, 100)).await);
+}
+
+/// `hold_back` tokens (charges expected but not settled) must stay in the bucket.
+async fn hold_back_stays_in_the_bucket(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("hold-back");
+    let l = limits(TPM, None, 10);
+    let request = |tokens, hold_back| ReserveRequest {
+        pool: &pool,
+        limits: l,
+        tokens,
+        share: None,
+        hold_back,
+    };
+    let refused = match ledger.reserve(&request(500, 200)).await.expect("ledger") {
+        Decision::Rejected(r) => r,
+        Decision::Admitted(r) => panic!("500 + 200 held back cannot fit 600: {r:?}"),
+    };
+    assert_eq!(refused.limit, Limit::Tokens);
+    assert_eq!(refused.token_deficit, 100);
+    let fits = match ledger.reserve(&request(400, 200)).await.expect("ledger") {
+        Decision::Admitted(r) => r,
+        Decision::Rejected(r) => panic!("400 + 200 fits 600: {r:?}"),
+    };
+    settle(&*ledger, fits, 0).await;
+    assert_idle(&snapshot(&*ledger, &pool, l).await);
+}
+
+// === the transit hold ===
+
+/// From a full bucket, refill restarts 100 ms after the reservation (the request's transit to
+/// upstream, whose own full bucket refills nothing until it arrives). At 600,000 tokens per
+/// minute (10 a millisecond), a bucket emptied at `T` holds `10 x (t - T - 100 ms)` tokens at
+/// `t`: the snapshot is checked against that, with `T` and `t` bounded by clocks read around
+/// the calls. Only an attempt whose two calls took under 50 ms together can tell a hold of
+/// 100 ms from none, so slower attempts are repeated on a fresh pool.
+async fn refill_after_a_full_bucket_waits_for_transit(ledger: Arc<dyn Ledger>) {
+    const TPM: u64 = 600_000;
+    const PER_MS: i64 = 10;
+    let hold = Duration::from_millis(100);
+    let l = limits(TPM, None, 10);
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    for attempt in 0..10 {
+        let pool = pool_name(&format!("transit-{attempt}"));
+        let before_admit = Instant::now();
+        let all = admit(&*ledger, &pool, l, TPM).await;
+        let after_admit = Instant::now();
+        let early = snapshot(&*ledger, &pool, l).await.tokens_available;
+        let early_read = Instant::now();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let before_read = Instant::now();
+        let late = snapshot(&*ledger, &pool, l).await.tokens_available;
+        let after_read = Instant::now();
+        settle(&*ledger, all, TPM).await;
+        // Refill since the hold ended, as bounded by the clocks around the calls (a token of
+        // rounding either way: Redis counts whole milliseconds).
+        let least = PER_MS * ms(before_read.saturating_duration_since(after_admit + hold)) - PER_MS;
+        let most = PER_MS * ms(after_read.saturating_duration_since(before_admit + hold)) + PER_MS;
+        assert!(
+            (least..=most).contains(&late),
+            "{late} tokens {:?} after taking the whole bucket: refill from 100 ms after, \
+             {least}..={most}",
+            before_read - after_admit
+        );
+        if early_read - before_admit < hold {
+            assert_eq!(early, 0, "nothing refills while the request is in transit");
+        }
+        if after_read - before_admit < before_read - after_admit + Duration::from_millis(50) {
+            return;
+        }
+    }
+    panic!("no attempt made its ledger calls within 50 ms: the machine is too slow to tell");
+}

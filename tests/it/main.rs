@@ -1,0 +1,46 @@
+//! The integration suite: one binary, one module per surface. The simulator and the proxy run on
+//! `127.0.0.1:0`, driven by real clients (aws-sdk-bedrockruntime, raw sockets, raw h2 frames), and
+//! every test ends with the ledger back at zero. Shared helpers live in [`common`].
+//!
+//! | module | what it covers |
+//! |---|---|
+//! | `proxy` | every operation through the proxy equals the same call direct to the simulator |
+//! | `admission` | rejections and their hints, never-fitting requests, settlement on every path |
+//! | `queue`, `queue_fleet` | the admission queue (paused clock), and a closed-loop SDK fleet against it |
+//! | `routes` | application routes and caller identity: keys, allow-lists, shares, recovery |
+//! | `saturation` | the product's promise under saturating load: no upstream throttle, the quota busy |
+//! | `ledger_contract`, `redis` | what every ledger backend must do; the shared ledger end to end |
+//! | `reload`, `lifecycle` | config reload; shutdown through the real binary |
+//! | `access_log`, `observability`, `dashboards`, `admin` | what operators see: the log line, metrics, the dashboard and alerts, the admin endpoints |
+//! | `bad_input`, `client_faults`, `upstream_faults` | bad requests, misbehaving clients, misbehaving upstreams |
+//! | `security_request`, `security_transport`, `security_bodies` | the attacks of issue #14, one test each |
+//! | `iam_policy` | the README's IAM policy against the forwarded operations |
+//! | `simulator` | the simulator on its own: Bedrock's arithmetic and wire shapes, with real clients |
+//! | `endpoints` | SageMaker endpoint pools with aws-sdk-sagemakerruntime: the per-copy limit, the queue, hints, the copies from the control plane |
+
+mod common;
+
+mod access_log;
+mod admin;
+mod admission;
+mod bad_input;
+mod client_faults;
+mod dashboards;
+mod endpoints;
+mod iam_policy;
+mod ledger_contract;
+mod lifecycle;
+mod observability;
+mod proxy;
+mod queue;
+mod queue_fleet;
+mod redis;
+mod reload;
+mod router;
+mod routes;
+mod saturation;
+mod security_bodies;
+mod security_request;
+mod security_transport;
+mod simulator;
+mod upstream_faults;
