@@ -25,7 +25,7 @@
 //! no endpoint in no pool).
 
 use std::sync::{
-    Mutex,
+    Arc, Mutex,
     atomic::{AtomicU32, AtomicU64, Ordering},
 };
 
@@ -33,6 +33,7 @@ use serde::Serialize;
 
 use super::{Admission, Decision, Estimate, Facts, Invalid, Pass, Pool, Problem, allow, reserve};
 use crate::{
+    bedrock::Usage,
     config::{EndpointConfig, UnknownModels},
     sagemaker::{EndpointTarget, control::Copies, payload},
 };
@@ -99,6 +100,50 @@ pub struct EndpointView {
     pub refreshes: u64,
     pub refresh_errors: u64,
     pub last_refresh_error: Option<String>,
+}
+
+/// What differs between a Bedrock pool and an endpoint pool, in one place.
+impl Pool {
+    /// Concurrent requests admitted now under throttle feedback `factor`: the configured limit,
+    /// or an endpoint's copies x its per-copy cap (scaled too, never to zero while a copy serves).
+    pub(super) fn concurrency(&self, factor: f64) -> u32 {
+        match (self.endpoint_config(), self.copies()) {
+            (Some(e), Some(copies)) => {
+                let full = e.max_concurrency(copies);
+                ((f64::from(full) * factor).floor() as u32).max(u32::from(full > 0))
+            }
+            _ => self.config.max_concurrency,
+        }
+    }
+
+    /// Tokens per minute the pool holds at most now, before throttle feedback: the configured
+    /// quota after headroom, or an endpoint's envelope at the copies serving.
+    pub fn capacity(&self) -> u64 {
+        match (self.endpoint_config(), self.copies()) {
+            (Some(e), Some(copies)) => e.tokens_per_minute(copies),
+            _ => self.config.usable_tokens_per_minute(),
+        }
+    }
+
+    /// Whether a reservation of `tokens` fits the bucket at all (else it could never be
+    /// admitted). An endpoint scaled to zero is judged as one copy: it refuses for now, not
+    /// forever.
+    pub fn can_ever_hold(&self, tokens: u64) -> bool {
+        match (self.endpoint_config(), self.copies()) {
+            (Some(e), Some(copies)) => tokens <= e.tokens_per_minute(copies.max(1)),
+            _ => self.config.can_ever_hold(tokens),
+        }
+    }
+
+    /// The charge of a request that reported `usage`: Bedrock's (`input + cacheWrite + output
+    /// x burndown`), or for an endpoint the tokens it generated.
+    pub fn charge(&self, usage: &Usage) -> u64 {
+        if self.config.endpoint.is_some() {
+            usage.output_tokens
+        } else {
+            usage.charge(self.config.output_burndown)
+        }
+    }
 }
 
 impl Pool {
@@ -245,6 +290,14 @@ fn endpoint_estimate(pool: &Pool, facts: &Facts<'_>) -> Result<Estimate, Problem
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl super::PoolTable {
+    /// The endpoint pool of a call to `endpoint` naming `component` (or none).
+    pub fn resolve_endpoint(&self, endpoint: &str, component: Option<&str>) -> Option<&Arc<Pool>> {
+        let key = (endpoint.to_string(), component.map(str::to_string));
+        self.pools.get(*self.by_endpoint.get(&key)?)
+    }
 }
 
 /// The endpoint pools' part of [`super::PoolTable`]: (endpoint, inference component) to pool.

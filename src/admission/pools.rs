@@ -21,7 +21,7 @@ use super::{
     routes::PoolShares,
 };
 use crate::{
-    bedrock::{ModelRef, Usage, model_id::application_profile_id},
+    bedrock::{ModelRef, model_id::application_profile_id},
     config::{AdmissionConfig, PoolConfig, RouteConfig},
     ledger::{Limit, Limits},
 };
@@ -250,46 +250,10 @@ impl Pool {
     pub fn limits(&self) -> Limits {
         let factor = self.limit_factor();
         let tokens = ((self.capacity() as f64) * factor).floor() as u64;
-        let max_concurrency = match (self.endpoint_config(), self.copies()) {
-            (Some(e), Some(copies)) => {
-                let full = e.max_concurrency(copies);
-                ((f64::from(full) * factor).floor() as u32).max(u32::from(full > 0))
-            }
-            _ => self.config.max_concurrency,
-        };
         Limits {
             tokens_per_minute: tokens.max(1),
             requests_per_minute: self.config.requests_per_minute,
-            max_concurrency,
-        }
-    }
-
-    /// Tokens per minute the pool holds at most now, before throttle feedback: the configured
-    /// quota after headroom, or an endpoint's envelope at the copies serving.
-    pub fn capacity(&self) -> u64 {
-        match (self.endpoint_config(), self.copies()) {
-            (Some(e), Some(copies)) => e.tokens_per_minute(copies),
-            _ => self.config.usable_tokens_per_minute(),
-        }
-    }
-
-    /// Whether a reservation of `tokens` fits the bucket at all (else it could never be
-    /// admitted). An endpoint scaled to zero is judged as one copy: it refuses for now, not
-    /// forever.
-    pub fn can_ever_hold(&self, tokens: u64) -> bool {
-        match (self.endpoint_config(), self.copies()) {
-            (Some(e), Some(copies)) => tokens <= e.tokens_per_minute(copies.max(1)),
-            _ => self.config.can_ever_hold(tokens),
-        }
-    }
-
-    /// The charge of a request that reported `usage`: Bedrock's (`input + cacheWrite + output
-    /// x burndown`), or for an endpoint the tokens it generated.
-    pub fn charge(&self, usage: &Usage) -> u64 {
-        if self.config.endpoint.is_some() {
-            usage.output_tokens
-        } else {
-            usage.charge(self.config.output_burndown)
+            max_concurrency: self.concurrency(factor),
         }
     }
 
@@ -400,9 +364,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Every pool, and the map from model ids to them.
 #[derive(Debug)]
 pub struct PoolTable {
-    pools: Vec<Arc<Pool>>,
+    pub(super) pools: Vec<Arc<Pool>>,
     by_model: HashMap<String, usize>,
-    by_endpoint: EndpointIndex,
+    /// Endpoint pools by endpoint and inference component ([`super::endpoint`]).
+    pub(super) by_endpoint: EndpointIndex,
     /// Application inference profile (ARN or id) -> model id.
     profiles: HashMap<String, String>,
 }
@@ -443,12 +408,6 @@ impl PoolTable {
             by_endpoint,
             profiles,
         }
-    }
-
-    /// The endpoint pool of a call to `endpoint` naming `component` (or none).
-    pub fn resolve_endpoint(&self, endpoint: &str, component: Option<&str>) -> Option<&Arc<Pool>> {
-        let key = (endpoint.to_string(), component.map(str::to_string));
-        self.pools.get(*self.by_endpoint.get(&key)?)
     }
 
     pub fn pools(&self) -> &[Arc<Pool>] {

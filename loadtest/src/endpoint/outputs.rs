@@ -12,6 +12,8 @@ use tokengate::simulator::sagemaker::FleetStats;
 use super::scaler::Sample;
 use super::scenario::EndpointScenario;
 use crate::client::Record;
+use plotters::style::RGBColor;
+
 use crate::plot::{self, Series};
 use crate::report::{Pcts, pcts};
 use crate::stack::Options;
@@ -198,50 +200,24 @@ fn markdown(sides: &[&SideReport]) -> String {
 fn plots(
     s: &EndpointScenario,
     o: &Options,
-    [direct, proxy]: [&SideReport; 2],
-    [direct_records, proxy_records]: [&[Record]; 2],
+    sides: [&SideReport; 2],
+    records: [&[Record]; 2],
 ) -> anyhow::Result<()> {
-    let line = |label: String, points, color| Series {
-        label,
-        points,
-        color,
-    };
-    let light = |c: plotters::style::RGBColor| {
-        plotters::style::RGBColor(c.0 / 2 + 120, c.1 / 2 + 120, c.2 / 2 + 120)
-    };
-    let copies = |r: &SideReport| {
-        r.timeline
-            .iter()
-            .map(|x| (x.t, f64::from(x.copies)))
-            .collect()
-    };
-    let signal = |r: &SideReport| r.timeline.iter().map(|x| (x.t, x.signal)).collect();
+    let path = |kind: &str| o.plots.join(format!("{}-{kind}.png", s.name));
     plot::lines(
-        &o.plots.join(format!("{}-scaling.png", s.name)),
+        &path("scaling"),
         &format!(
             "{}: copies serving, and the per-copy signal each side scales on",
             s.name
         ),
         ("seconds", "copies / signal per copy"),
-        &[
-            line("copies, direct".into(), copies(direct), plot::DIRECT),
-            line("copies, tokengate".into(), copies(proxy), plot::PROXY),
-            line(
-                "direct: SageMaker concurrency per copy".into(),
-                signal(direct),
-                light(plot::DIRECT),
-            ),
-            line(
-                "tokengate: demand per copy".into(),
-                signal(proxy),
-                light(plot::PROXY),
-            ),
-        ],
+        &scaling_lines(sides),
     )?;
     let until = s.duration_secs + s.drain_secs;
     let window = (s.duration_secs / 12.0).clamp(0.5, 20.0);
+    let [direct_records, proxy_records] = records;
     plot::lines(
-        &o.plots.join(format!("{}-errors.png", s.name)),
+        &path("errors"),
         &format!(
             "{}: calls failed after the SDK's retries, per minute ({window:.0} s window)",
             s.name
@@ -249,22 +225,77 @@ fn plots(
         ("seconds", "failed calls per minute"),
         &[
             line(
-                "direct".into(),
+                "direct",
                 failures_per_minute(direct_records, window, until),
                 plot::DIRECT,
             ),
             line(
-                "tokengate".into(),
+                "tokengate",
                 failures_per_minute(proxy_records, window, until),
                 plot::PROXY,
             ),
         ],
     )?;
+    plot::lines(
+        &path("latency"),
+        &format!(
+            "{}: p99 latency of completed calls by start time, per team",
+            s.name
+        ),
+        ("seconds", "latency, s"),
+        &latency_lines(sides[0].teams.keys(), records, s.duration_secs),
+    )
+}
+
+fn line(label: &str, points: Vec<(f64, f64)>, color: RGBColor) -> Series {
+    Series {
+        label: label.into(),
+        points,
+        color,
+    }
+}
+
+/// A lighter shade of `c`, for a side's second line.
+fn light(c: RGBColor) -> RGBColor {
+    RGBColor(c.0 / 2 + 120, c.1 / 2 + 120, c.2 / 2 + 120)
+}
+
+/// Copies serving and the signal, both sides.
+fn scaling_lines([direct, proxy]: [&SideReport; 2]) -> Vec<Series> {
+    let copies = |r: &SideReport| {
+        r.timeline
+            .iter()
+            .map(|x| (x.t, f64::from(x.copies)))
+            .collect()
+    };
+    let signal = |r: &SideReport| r.timeline.iter().map(|x| (x.t, x.signal)).collect();
+    vec![
+        line("copies, direct", copies(direct), plot::DIRECT),
+        line("copies, tokengate", copies(proxy), plot::PROXY),
+        line(
+            "direct: SageMaker concurrency per copy",
+            signal(direct),
+            light(plot::DIRECT),
+        ),
+        line(
+            "tokengate: demand per copy",
+            signal(proxy),
+            light(plot::PROXY),
+        ),
+    ]
+}
+
+/// Each team's p99 latency by start time, both sides (the first team in full colour).
+fn latency_lines<'a>(
+    teams: impl Iterator<Item = &'a String>,
+    [direct, proxy]: [&[Record]; 2],
+    until: f64,
+) -> Vec<Series> {
     let mut lines = Vec::new();
-    for (i, team) in direct.teams.keys().enumerate() {
+    for (i, team) in teams.enumerate() {
         for (side, records, color) in [
-            ("direct", direct_records, plot::DIRECT),
-            ("tokengate", proxy_records, plot::PROXY),
+            ("direct", direct, plot::DIRECT),
+            ("tokengate", proxy, plot::PROXY),
         ] {
             let of_team: Vec<Record> = records
                 .iter()
@@ -272,22 +303,11 @@ fn plots(
                 .cloned()
                 .collect();
             let color = if i == 0 { color } else { light(color) };
-            lines.push(line(
-                format!("{side} {team} p99"),
-                plot::latency_over_time(&of_team, 0.99, 12, s.duration_secs),
-                color,
-            ));
+            let points = plot::latency_over_time(&of_team, 0.99, 12, until);
+            lines.push(line(&format!("{side} {team} p99"), points, color));
         }
     }
-    plot::lines(
-        &o.plots.join(format!("{}-latency.png", s.name)),
-        &format!(
-            "{}: p99 latency of completed calls by start time, per team",
-            s.name
-        ),
-        ("seconds", "latency, s"),
-        &lines,
-    )
+    lines
 }
 
 /// Failed calls (after the SDK gave up) ending in a sliding `window`, per minute.

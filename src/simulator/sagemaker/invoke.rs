@@ -147,16 +147,47 @@ pub(super) async fn invoke(
         tier: None,
     };
     let request_id = new_request_id();
-    let variant = parts
-        .headers
-        .get("x-amzn-sagemaker-target-variant")
-        .cloned()
-        .unwrap_or(HeaderValue::from_static("AllTraffic"));
+    let answer = Answer {
+        schema: ask.schema,
+        text: &text,
+        usage: &usage,
+        request_id: &request_id,
+        timing: &timing,
+    };
     let mut response = if streaming {
-        let steps = stream::steps(&timing, &ask.schema, &text, &usage, &request_id, plan.fault);
-        let paced = Paced::new(steps, None, usage.output, plan.fault == Some(Fault::Cut));
-        let body = Body::from_stream(Served::new(paced, slot, fleet.clone(), usage.output));
-        let mut r = Response::new(body);
+        let cut = plan.fault == Some(Fault::Cut);
+        answer.streamed(plan.fault, cut, slot, fleet.clone())
+    } else {
+        answer.whole(slot, fleet).await
+    };
+    stamp(&mut response, parts, &request_id);
+    response
+}
+
+/// What a call answers, once planned.
+struct Answer<'a> {
+    schema: Schema,
+    text: &'a str,
+    usage: &'a Usage<'a>,
+    request_id: &'a str,
+    /// The endpoint's own timing, in the shape the simulator's stream layout reads.
+    timing: &'a SimulatorConfig,
+}
+
+impl Answer<'_> {
+    /// A stream of paced `PayloadPart` frames that holds `slot` until it ends.
+    fn streamed(&self, fault: Option<Fault>, cut: bool, slot: Slot, fleet: Arc<Fleet>) -> Response {
+        let u = self.usage;
+        let steps = stream::steps(
+            self.timing,
+            &self.schema,
+            self.text,
+            u,
+            self.request_id,
+            fault,
+        );
+        let paced = Paced::new(steps, None, u.output, cut);
+        let mut r = Response::new(Body::from_stream(Served::new(paced, slot, fleet, u.output)));
         let h = r.headers_mut();
         h.insert(
             header::CONTENT_TYPE,
@@ -167,27 +198,39 @@ pub(super) async fn invoke(
             HeaderValue::from_static("text/event-stream"),
         );
         r
-    } else {
-        tokio::time::sleep(generate::ready_at(&timing, usage.output)).await;
-        fleet.served(usage.output);
+    }
+
+    /// The whole answer, once the generation's time has passed; the slot is held until then.
+    async fn whole(&self, slot: Slot, fleet: &Fleet) -> Response {
+        tokio::time::sleep(generate::ready_at(self.timing, self.usage.output)).await;
+        fleet.served(self.usage.output);
         drop(slot);
-        let mut r = Response::new(Body::from(whole(&ask.schema, &text, &usage, &request_id)));
+        let body = whole(&self.schema, self.text, self.usage, self.request_id);
+        let mut r = Response::new(Body::from(body));
         r.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
         r
-    };
+    }
+}
+
+/// The headers every answer carries: the variant that served it, the caller's custom attributes
+/// echoed (as a container may answer its own), the request id.
+fn stamp(response: &mut Response, parts: &Parts, request_id: &str) {
+    let variant = parts
+        .headers
+        .get("x-amzn-sagemaker-target-variant")
+        .cloned()
+        .unwrap_or(HeaderValue::from_static("AllTraffic"));
     let h = response.headers_mut();
     h.insert("x-amzn-invoked-production-variant", variant);
-    // The container echoes the caller's custom attributes (as a container may answer its own).
     if let Some(attributes) = parts.headers.get(CUSTOM_ATTRIBUTES) {
         h.insert(CUSTOM_ATTRIBUTES, attributes.clone());
     }
-    if let Ok(id) = HeaderValue::from_str(&request_id) {
+    if let Ok(id) = HeaderValue::from_str(request_id) {
         h.insert(X_AMZN_REQUEST_ID, id);
     }
-    response
 }
 
 /// A whole (non-streamed) answer.
