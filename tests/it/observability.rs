@@ -401,7 +401,11 @@ async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
 
     // An endpoint pool nobody called: its copies, and no demand on them.
     m.expect("tokengate_endpoint_copies", &[("pool", "llm")], 2.0);
-    m.expect("tokengate_endpoint_demand_per_copy", &[("pool", "llm")], 0.0);
+    m.expect(
+        "tokengate_endpoint_demand_per_copy",
+        &[("pool", "llm")],
+        0.0,
+    );
 
     // ... every metric the proxy registers is in the scrape ...
     let (_, fresh) = tokengate::metrics::Metrics::standalone();

@@ -22,7 +22,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from botocore.validate import ParamValidator
 
-from conftest import REPO_ROOT, Proxy, Simulator, http_json, write_config
+from conftest import REPO_ROOT, Proxy, Simulator, http_json
 
 ENDPOINT = "llm-prod"
 POOL = "summarizer"
@@ -81,22 +81,15 @@ def fleets(tmp_path_factory):
 
 
 @pytest.fixture
-def endpoint_proxy(fleets, tmp_path):
-    """Starts proxies in front of the fleets; each is stopped at teardown and must exit 0."""
-    started: list[Proxy] = []
+def endpoint_proxy(fleets, start_proxy):
+    """Starts proxies in front of the fleets (conftest's `start_proxy`: each is stopped at
+    teardown and must exit 0)."""
 
     def start(max_wait_ms: int = 0, refresh_secs: int | None = None, extra: str = "") -> Proxy:
-        name = f"proxy{len(started)}"
-        config = write_config(tmp_path, name, endpoint=fleets.url, extra=extra,
-                              pools=endpoint_pools(fleets.url, max_wait_ms=max_wait_ms,
-                                                   refresh_secs=refresh_secs))
-        proxy = Proxy(config, tmp_path, name)
-        started.append(proxy)
-        return proxy
+        pools = endpoint_pools(fleets.url, max_wait_ms=max_wait_ms, refresh_secs=refresh_secs)
+        return start_proxy(pools, extra=extra, endpoint=fleets.url)
 
-    yield start
-    for proxy in started:
-        proxy.stop()
+    return start
 
 
 def chat(output: int, max_tokens: int = 500) -> str:
