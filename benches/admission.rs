@@ -60,7 +60,7 @@ fn reserve_settle(ledger: &MemoryLedger, pool: &str) {
     };
     let decision = ledger.reserve(black_box(&request)).now_or_never();
     match decision {
-        Some(Ok(ledger::Decision::Admitted(reservation))) => {
+        Some(Ok(ledger::Verdict::Granted(reservation))) => {
             let settled = ledger.settle(reservation, 0).now_or_never();
             assert!(matches!(settled, Some(Ok(()))), "settle: {settled:?}");
         }

@@ -7,7 +7,8 @@
 //! - **throughput**: 32 tasks on a 2-worker runtime doing reserve/settle pairs for a few seconds:
 //!   decisions per second (one decision = one reserve; each is followed by its settle).
 //! - **round trips**: Redis's own count of `EVALSHA` calls (`INFO commandstats`) per decision, to
-//!   show one round trip to admit and one to settle.
+//!   show one round trip to admit and one to settle, and Redis's own time per call (the scripts'
+//!   cost on the server, which client-side latency on a busy machine hides).
 //!
 //! Run: `cargo bench --bench ledger` (needs `redis-server` on PATH; prints a Markdown table).
 
@@ -22,11 +23,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokengate::{
-    ledger::{
-        Clock, Decision, Ledger, Limits, MemoryLedger, RedisLedger, RedisOptions, ReserveRequest,
-    },
-    metrics::Metrics,
+use tokengate::ledger::{
+    Clock, Ledger, Limits, MemoryLedger, RedisLedger, RedisOptions, ReserveRequest, Verdict,
 };
 
 const LIMITS: Limits = Limits {
@@ -54,9 +52,9 @@ async fn run() {
     };
     let (tcp, _tcp_server) = tcp_server().await;
     println!(
-        "| backend | reserve p50 | reserve p99 | reserve p99.9 | settle p50 | settle p99 | decisions/s ({TASKS} tasks) | EVALSHA per reserve + settle |"
+        "| backend | reserve p50 | reserve p99 | reserve p99.9 | settle p50 | settle p99 | decisions/s ({TASKS} tasks) | EVALSHA per reserve + settle | Redis µs per EVALSHA |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let memory: Arc<dyn Ledger> = Arc::new(MemoryLedger::new(Clock::tokio()));
     report("memory", &memory, None).await;
     for (name, url) in [
@@ -68,11 +66,8 @@ async fn run() {
             timeout: Duration::from_secs(2),
             lease: Duration::from_secs(600),
         };
-        let ledger: Arc<dyn Ledger> = Arc::new(
-            RedisLedger::connect(options, Arc::new(Metrics::standalone().1))
-                .await
-                .expect("redis ledger"),
-        );
+        let ledger: Arc<dyn Ledger> =
+            Arc::new(RedisLedger::connect(options).await.expect("redis ledger"));
         report(name, &ledger, Some(&url)).await;
     }
 }
@@ -83,8 +78,8 @@ async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: Option<&str>) {
         pair(ledger.as_ref(), "warm-up").await;
     }
     let evals_before = match redis {
-        Some(url) => evalsha_calls(url).await,
-        None => 0,
+        Some(url) => evalsha_stats(url).await,
+        None => (0, 0),
     };
     let (mut reserves, mut settles) = (
         Vec::with_capacity(SEQUENTIAL),
@@ -95,18 +90,22 @@ async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: Option<&str>) {
         reserves.push(r);
         settles.push(s);
     }
-    let per_decision = match redis {
-        Some(url) => format!(
-            "{:.2}",
-            (evalsha_calls(url).await - evals_before) as f64 / SEQUENTIAL as f64
-        ),
-        None => "-".into(),
+    let (per_decision, server_us) = match redis {
+        Some(url) => {
+            let (calls, usec) = evalsha_stats(url).await;
+            let calls = calls - evals_before.0;
+            (
+                format!("{:.2}", calls as f64 / SEQUENTIAL as f64),
+                format!("{:.2}", (usec - evals_before.1) as f64 / calls as f64),
+            )
+        }
+        None => ("-".into(), "-".into()),
     };
     let rate = throughput(ledger).await;
     reserves.sort_unstable();
     settles.sort_unstable();
     println!(
-        "| {name} | {} | {} | {} | {} | {} | {rate:.0} | {per_decision} |",
+        "| {name} | {} | {} | {} | {} | {} | {rate:.0} | {per_decision} | {server_us} |",
         us(percentile(&reserves, 0.50)),
         us(percentile(&reserves, 0.99)),
         us(percentile(&reserves, 0.999)),
@@ -127,7 +126,7 @@ async fn pair(ledger: &dyn Ledger, pool: &str) -> (Duration, Duration) {
     let started = Instant::now();
     let decision = ledger.reserve(&request).await;
     let reserved = started.elapsed();
-    let Ok(Decision::Admitted(reservation)) = decision else {
+    let Ok(Verdict::Granted(reservation)) = decision else {
         panic!("the bench pool admits everything: {decision:?}");
     };
     let started = Instant::now();
@@ -166,8 +165,8 @@ fn us(d: Duration) -> String {
     format!("{:.1} µs", d.as_secs_f64() * 1e6)
 }
 
-/// `EVALSHA` calls so far, from `INFO commandstats`.
-async fn evalsha_calls(url: &str) -> u64 {
+/// `EVALSHA` calls so far and the microseconds Redis spent in them, from `INFO commandstats`.
+async fn evalsha_stats(url: &str) -> (u64, u64) {
     let client = redis::Client::open(url).expect("url");
     let mut conn = client
         .get_multiplexed_async_connection()
@@ -178,11 +177,19 @@ async fn evalsha_calls(url: &str) -> u64 {
         .query_async(&mut conn)
         .await
         .expect("INFO");
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    let Some(line) = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+    else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("calls"), field("usec"))
 }
 
 /// Kills the server when dropped.

@@ -112,7 +112,7 @@ async fn pools(State(state): State<Arc<AppState>>) -> Response {
     let pools = admission.pool_views().await;
     Json(json!({
         "ledger": admission.ledger().backend(),
-        "unsettled_reservations": crate::ledger::unsettled_drops(),
+        "unsettled_reservations": admission.ledger().stats().unsettled_drops(),
         "pools": pools,
     }))
     .into_response()

@@ -310,7 +310,7 @@ impl Gateway {
         }
         let result = self.proxy.stop().await;
         let settled_by = tokio::time::Instant::now() + SETTLEMENT_WAIT;
-        while crate::admission::hold::pending_settlements() > 0
+        while admission.ledger().stats().settlements_in_flight() > 0
             && tokio::time::Instant::now() < settled_by
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -337,8 +337,8 @@ pub struct ShutdownReport {
     /// Requests this replica admitted and did not settle.
     pub in_flight: i64,
     /// Settlements handed to the ledger that did not complete.
-    pub pending_settlements: usize,
-    /// Reservations dropped unsettled since the process started (a bug if non-zero).
+    pub pending_settlements: u64,
+    /// Reservations the ledger issued that were dropped unsettled (a bug if non-zero).
     pub unsettled_drops: u64,
 }
 
@@ -354,8 +354,8 @@ impl ShutdownReport {
         ShutdownReport {
             reserved_tokens: sum(|p| p.load.reserved_tokens()),
             in_flight: sum(|p| p.load.in_flight()),
-            pending_settlements: crate::admission::hold::pending_settlements(),
-            unsettled_drops: crate::ledger::unsettled_drops(),
+            pending_settlements: admission.ledger().stats().settlements_in_flight(),
+            unsettled_drops: admission.ledger().stats().unsettled_drops(),
         }
     }
 
@@ -405,7 +405,7 @@ pub async fn assemble(config: &Config, options: GatewayOptions) -> Result<Assemb
     let clock = options.clock.unwrap_or_default();
     let ledger: Arc<dyn Ledger> = match &config.process.ledger {
         LedgerConfig::Memory => Arc::new(MemoryLedger::new(clock)),
-        LedgerConfig::Redis(redis) => redis_ledger(redis, clock, metrics.clone()).await?,
+        LedgerConfig::Redis(redis) => redis_ledger(redis, clock).await?,
     };
     let ledger = Arc::new(TimedLedger::new(ledger, metrics.ledger_seconds.clone()));
     let counter = Arc::new(UpstreamCounter(upstream.clone()));
@@ -561,14 +561,13 @@ async fn bind_admin(addr: SocketAddr) -> Result<(SocketAddr, TcpListener), Start
 async fn redis_ledger(
     config: &RedisLedgerConfig,
     clock: Clock,
-    metrics: Arc<Metrics>,
 ) -> Result<Arc<dyn Ledger>, StartError> {
     let options = RedisOptions {
         url: config.url.clone(),
         timeout: config.timeout,
         lease: config.lease,
     };
-    let shared = RedisLedger::connect(options, metrics.clone())
+    let shared = RedisLedger::connect(options)
         .await
         .map_err(|e| StartError::Ledger(e.message))?;
     if !shared.is_healthy() {
@@ -576,12 +575,9 @@ async fn redis_ledger(
     }
     Ok(match config.on_error {
         OnLedgerError::FailClosed => Arc::new(shared),
-        OnLedgerError::Local { expected_replicas } => Arc::new(FallbackLedger::new(
-            shared,
-            MemoryLedger::new(clock),
-            expected_replicas,
-            metrics,
-        )),
+        OnLedgerError::Local { expected_replicas } => {
+            Arc::new(FallbackLedger::new(shared, clock, expected_replicas))
+        }
     })
 }
 

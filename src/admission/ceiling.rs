@@ -3,6 +3,10 @@
 //! where the proxy re-serialises a body. A request that names no `maxTokens` gets the ceiling
 //! written in (whatever the policy), and reserves it: Bedrock would otherwise reserve, and allow,
 //! the model's maximum. (A `maxTokens` named twice never gets here: [`super::body`] refuses it.)
+//!
+//! An InvokeModelWithBidirectionalStream session names its `maxTokens` in its `sessionStart`
+//! event, which arrives after admission: the ceiling only caps its reservation here, and is
+//! applied to that event as it passes ([`crate::proxy::duplex`]).
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -32,6 +36,10 @@ pub(super) fn apply(
     let Some(ceiling) = route.config.max_tokens_ceiling else {
         return Ok(None);
     };
+    if asked.operation == Operation::InvokeModelWithBidirectionalStream {
+        estimate.max_tokens = estimate.max_tokens.min(ceiling);
+        return Ok(None);
+    }
     match asked.max_tokens {
         Some(n) if n <= ceiling => return Ok(None),
         Some(n) if route.config.max_tokens_policy == MaxTokensPolicy::Reject => {

@@ -6,9 +6,9 @@
 //!
 //! | rule | when | charge |
 //! |---|---|---|
-//! | `usage` | upstream reported usage (Converse body, ConverseStream `metadata`, InvokeModel headers or body, the last chunk's invocation metrics; an endpoint container's `usage` or `details`) | `input + cacheWrite + output x burndown`, the moment it is seen (an endpoint pool: the output) |
-//! | `not_charged` | upstream answered an error status, or was never reached | 0: Bedrock does not charge failed requests |
-//! | `no_usage` | a response started but ended without usage: stream cut, idle timeout, corrupt frames, the client hung up | the larger of the reservation and `input estimate + output seen x burndown`: generation may have run to `maxTokens` and may still be running upstream |
+//! | `usage` | upstream reported usage (Converse body, ConverseStream `metadata`, InvokeModel headers or body, the last chunk's invocation metrics, a bidirectional stream's last `usageEvent` when it ends; an endpoint container's `usage` or `details`) | `input + cacheWrite + output x burndown`, the moment it is seen (an endpoint pool: the output) |
+//! | `not_charged` | upstream answered an error status, or was never reached, or refused a bidirectional stream in-band (a `throttlingException` before any usage) | 0: Bedrock does not charge failed requests |
+//! | `no_usage` | a response started but ended without usage: stream cut, idle timeout, corrupt frames, the client hung up | the larger of the reservation and `input estimate + output seen x burndown` (a bidirectional stream: its last running totals' charge): generation may have run to `maxTokens` and may still be running upstream |
 //! | `timeout` | no response head within `upstream.response_timeout_secs`, or by the shutdown drain deadline | the reservation |
 //! | `abandoned` | the request was dropped before any of the above (the client hung up while the proxy waited for upstream) | the reservation |
 //!
@@ -17,13 +17,7 @@
 //! observe; the guard itself only settles: it updates the ledger and what its pool learns
 //! (calibration, typical duration, maxTokens advice, the load it carries), nothing else.
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use futures_util::FutureExt;
 use tokio::time::Instant;
@@ -222,6 +216,14 @@ impl Hold {
         self.finish_now(|reserved| reserved.max(seen), SettlementRule::NoUsage)
     }
 
+    /// A bidirectional stream ended without its final usage, after upstream reported `running`
+    /// totals: the larger of the reservation and those totals' charge (the session may have
+    /// used more since).
+    pub fn settle_cut_after(&mut self, running: &Usage) -> Option<Settled> {
+        let seen = running.charge(self.pool.config.output_burndown);
+        self.finish_now(|reserved| reserved.max(seen), SettlementRule::NoUsage)
+    }
+
     /// No response head in time: the request may still run upstream.
     pub fn settle_timeout(&mut self) -> Option<Settled> {
         self.finish_now(|reserved| reserved, SettlementRule::Timeout)
@@ -298,16 +300,10 @@ fn settle_in_background(
     });
 }
 
-/// Settlements running on a task, not finished yet (shutdown waits for them).
-static PENDING: AtomicUsize = AtomicUsize::new(0);
-
-/// Settlements handed to a task (a ledger that waits, like Redis) and not finished yet.
-pub fn pending_settlements() -> usize {
-    PENDING.load(Ordering::Acquire)
-}
-
 /// Runs `work` to completion now if it never waits (the memory ledger), else on a task.
-/// Settlement happens from `Drop` and `poll_frame`, which cannot wait.
+/// Settlement happens from `Drop` and `poll_frame`, which cannot wait. A settlement on its way
+/// counts in its ledger's `LedgerStats::settlements_in_flight` from its first poll (here) on,
+/// and shutdown waits for them.
 fn now_or_spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
     let mut work = Box::pin(work);
     if (&mut work).now_or_never().is_some() {
@@ -315,11 +311,7 @@ fn now_or_spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
     }
     match tokio::runtime::Handle::try_current() {
         Ok(handle) => {
-            PENDING.fetch_add(1, Ordering::AcqRel);
-            handle.spawn(async move {
-                work.await;
-                PENDING.fetch_sub(1, Ordering::AcqRel);
-            });
+            handle.spawn(work);
         }
         Err(_) => tracing::error!("settlement outside a runtime could not complete"),
     }

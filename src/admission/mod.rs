@@ -5,8 +5,10 @@
 //! model call: resolve the pool from the modelId; read `maxTokens` (the pool's `default_max_tokens` when absent) and estimate input tokens
 //! (conservative, calibrated online from reported usage); apply the route's `max_tokens_ceiling`;
 //! reserve `input + maxTokens` in the ledger, every limit at once, waiting in the pool's queue
-//! when the wait is worth it ([`queue`]). A sagemaker-runtime call is decided the same way in
-//! its endpoint pool, whose limits follow the endpoint's copies ([`endpoint`]).
+//! when the wait is worth it ([`queue`]). An InvokeModelWithBidirectionalStream session, decided
+//! from its head before any event arrives, reserves the pool's `bidirectional_reservation`. A
+//! sagemaker-runtime call is decided the same way in its endpoint pool, whose limits follow the
+//! endpoint's copies ([`endpoint`]).
 //!
 //! [`Admission::decide`] returns pure data ([`decision`]): an admitted request carries a [`Hold`]
 //! that settles it ([`hold`] has the rules); a refusal says why and, when retrying can help, when
@@ -215,6 +217,20 @@ impl Admission {
         model: &ModelRef<'_>,
     ) -> Result<Estimated, Problem> {
         let operation = facts.operation;
+        if operation == Operation::InvokeModelWithBidirectionalStream {
+            // Its events have not arrived yet (they stream for up to 8 minutes): the session
+            // reserves what its pool says one holds, and settles to its usage at the end.
+            let estimate = Estimate {
+                raw_input: 0,
+                input: 0,
+                max_tokens: pool.config.bidirectional_reservation,
+            };
+            return Ok(Estimated {
+                estimate,
+                requested: None,
+                count_failed: None,
+            });
+        }
         let read = body::read(operation, model.provider(), facts.body).map_err(|e| match e {
             body::BodyError::NotJson(e) => Problem::NotJson {
                 operation: operation.name(),

@@ -47,7 +47,7 @@ use tokio::{
     time::Instant,
 };
 
-use crate::ledger::{Decision, Ledger, Limit, Reservation, ReserveRequest, RouteDemand};
+use crate::ledger::{Ledger, Limit, Reservation, ReserveRequest, ShareRequest, Verdict};
 
 /// How many smaller waiters may pass a head that does not fit, before it blocks the queue.
 pub const MAX_BYPASS: u32 = 4;
@@ -61,7 +61,7 @@ const LEDGER_RETRY: Duration = Duration::from_millis(100);
 pub struct WaiterClass {
     pub priority: i32,
     pub route: Arc<str>,
-    pub demand: Option<RouteDemand>,
+    pub demand: Option<ShareRequest>,
 }
 
 impl Default for WaiterClass {
@@ -79,7 +79,7 @@ struct Waiter {
     id: u64,
     tokens: u64,
     route: Arc<str>,
-    demand: Option<RouteDemand>,
+    demand: Option<ShareRequest>,
     enqueued: Instant,
     bypassed: u32,
     tx: oneshot::Sender<Reservation>,
@@ -92,7 +92,7 @@ struct Head {
     tokens: u64,
     /// How many smaller waiters have passed it.
     bypassed: u32,
-    demand: Option<RouteDemand>,
+    demand: Option<ShareRequest>,
     route: Arc<str>,
 }
 
@@ -434,13 +434,13 @@ impl AdmissionQueue {
                     pool,
                     limits,
                     tokens,
-                    share: demand.as_ref().map(RouteDemand::request),
+                    share: demand.as_ref(),
                     hold_back,
                 })
                 .await
             {
-                Ok(Decision::Admitted(reservation)) => self.deliver(id, reservation, ledger).await,
-                Ok(Decision::Rejected(rejection)) => {
+                Ok(Verdict::Granted(reservation)) => self.deliver(id, reservation, ledger).await,
+                Ok(Verdict::Refused(rejection)) => {
                     self.set_last_limit(rejection.limit);
                     let free = tokens.saturating_sub(rejection.token_deficit);
                     // A head held back by its own route (its ceiling, or what it must leave for
@@ -514,12 +514,12 @@ impl AdmissionQueue {
                 pool,
                 limits,
                 tokens,
-                share: demand.as_ref().map(RouteDemand::request),
+                share: demand.as_ref(),
                 hold_back,
             })
             .await
         {
-            Ok(Decision::Admitted(reservation)) => {
+            Ok(Verdict::Granted(reservation)) => {
                 if count {
                     let mut state = self.lock();
                     for level in state.levels.values_mut() {

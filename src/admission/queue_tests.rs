@@ -96,7 +96,7 @@ async fn drained(ledger: &MemoryLedger) -> Vec<Reservation> {
             })
             .await
         {
-            Ok(Decision::Admitted(r)) => r,
+            Ok(Verdict::Granted(r)) => r,
             other => panic!("setup reserve failed: {other:?}"),
         }
     };
@@ -225,7 +225,7 @@ async fn leaving_the_queue_holds_nothing_even_when_admitted_at_that_instant() {
     assert_eq!(after.tokens_available, 60_000, "released uncharged");
     queue.close();
     dispatcher.await.unwrap();
-    assert_eq!(crate::ledger::unsettled_drops(), 0);
+    assert_eq!(ledger.stats().unsettled_drops(), 0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -10,7 +10,7 @@ use super::{
     Admission, Admitted, Caller, Decision, Estimate, Hold, NeverFits, Pool, ShadowReason, Throttle,
     ThrottleWhy, Unavailability, Unavailable, hint,
 };
-use crate::ledger::{Decision as Verdict, LedgerError, Rejection, Reservation, ReserveRequest};
+use crate::ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict};
 
 /// What admission prepared before reserving: the estimate and the body to forward.
 #[derive(Debug)]
@@ -70,13 +70,13 @@ impl Admission {
             None
         } else {
             match self.try_reserve(pool, tokens, caller).await {
-                Ok(Verdict::Admitted(reservation)) => {
+                Ok(Verdict::Granted(reservation)) => {
                     return Ok(Granted {
                         reservation,
                         queued_for: None,
                     });
                 }
-                Ok(Verdict::Rejected(rejection)) => Some(rejection),
+                Ok(Verdict::Refused(rejection)) => Some(rejection),
                 Err(e) => return Err(self.ledger_unavailable(pool, &e)),
             }
         };
@@ -113,11 +113,11 @@ impl Admission {
             return Err(waived(ShadowReason::NeverFits));
         }
         match self.try_reserve(pool, estimate.reservation(), caller).await {
-            Ok(Verdict::Admitted(reservation)) => Ok(Granted {
+            Ok(Verdict::Granted(reservation)) => Ok(Granted {
                 reservation,
                 queued_for: None,
             }),
-            Ok(Verdict::Rejected(rejection)) => Err(waived(ShadowReason::Limit(rejection.limit))),
+            Ok(Verdict::Refused(rejection)) => Err(waived(ShadowReason::Limit(rejection.limit))),
             Err(_) => Err(waived(ShadowReason::LedgerError)),
         }
     }
@@ -129,12 +129,13 @@ impl Admission {
         tokens: u64,
         caller: &Caller,
     ) -> Result<Verdict, LedgerError> {
+        let share = pool.shares.request(&caller.route.name, caller.retry);
         self.ledger
             .reserve(&ReserveRequest {
                 pool: &pool.name,
                 limits: pool.limits(),
                 tokens,
-                share: pool.shares.request(&caller.route.name, caller.retry),
+                share: share.as_ref(),
                 hold_back: pool.pending_excess(),
             })
             .await

@@ -11,7 +11,7 @@ use std::{
 
 use crate::{
     config::{AdmissionConfig, PoolConfig, RouteConfig},
-    ledger::{RouteDemand, RouteShare, ShareRequest},
+    ledger::{RouteShare, ShareRequest},
 };
 
 /// A configured route.
@@ -197,22 +197,9 @@ impl PoolShares {
     }
 
     /// The ledger request for `route` (retrying if `retry`); `None` for a route not in the pool.
-    pub fn request(&self, route: &str, retry: bool) -> Option<ShareRequest<'_>> {
+    pub fn request(&self, route: &str, retry: bool) -> Option<ShareRequest> {
         let caller = *self.index.get(route)?;
         Some(ShareRequest {
-            routes: &self.shares,
-            caller,
-            retry,
-            retry_reserve: self.retry_reserve,
-            priority_margin: self.priority_margin,
-            idle: self.idle,
-        })
-    }
-
-    /// [`PoolShares::request`], owned, for the admission queue.
-    pub fn demand(&self, route: &str, retry: bool) -> Option<RouteDemand> {
-        let caller = *self.index.get(route)?;
-        Some(RouteDemand {
             routes: self.shares.clone(),
             caller,
             retry,

@@ -39,7 +39,7 @@ impl Admission {
         let class = WaiterClass {
             priority: caller.route.config.priority,
             route: caller.route.name.clone(),
-            demand: pool.shares.demand(&caller.route.name, caller.retry),
+            demand: pool.shares.request(&caller.route.name, caller.retry),
         };
         let Some(ticket) = queue.enqueue(&class, tokens, self.ledger.clone()) else {
             if queue.is_closed() {

@@ -80,6 +80,8 @@ impl EndpointConfig {
             max_concurrency: self.max_concurrency(self.copies),
             output_burndown: 1,
             default_max_tokens: self.default_max_tokens,
+            // Never used: an endpoint is called by sagemaker-runtime, never by a Bedrock stream.
+            bidirectional_reservation: self.default_max_tokens,
             headroom: 0.0,
             input_estimate: InputEstimate::Heuristic,
             max_wait: self.max_wait,

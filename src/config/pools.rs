@@ -26,6 +26,7 @@ pub struct RawPool {
     pub max_concurrency: u32,
     pub output_burndown: u32,
     pub default_max_tokens: u64,
+    pub bidirectional_reservation: Option<u64>,
     pub headroom: Option<f64>,
     pub input_estimate: Option<InputEstimate>,
     pub max_wait_ms: Option<u64>,
@@ -55,6 +56,9 @@ pub struct PoolConfig {
     pub max_concurrency: u32,
     pub output_burndown: u32,
     pub default_max_tokens: u64,
+    /// Reserved for the whole of an InvokeModelWithBidirectionalStream session, whose input and
+    /// output are not known when it opens (`bidirectional_reservation`, else `default_max_tokens`).
+    pub bidirectional_reservation: u64,
     /// Fraction of the bucket kept free, in `[0, 1)`.
     pub headroom: f64,
     pub input_estimate: InputEstimate,
@@ -140,6 +144,10 @@ pub(super) fn validate(
         max_concurrency,
         output_burndown: raw.output_burndown,
         default_max_tokens,
+        bidirectional_reservation: match raw.bidirectional_reservation {
+            Some(v) => nonzero("bidirectional_reservation", v)?,
+            None => default_max_tokens,
+        },
         headroom,
         input_estimate: raw.input_estimate.unwrap_or(InputEstimate::Heuristic),
         max_wait,
@@ -148,16 +156,28 @@ pub(super) fn validate(
         shadow: raw.shadow.unwrap_or(false),
         endpoint: None,
     };
-    if default_max_tokens >= pool.usable_tokens_per_minute() {
-        return Err(invalid(
-            key("default_max_tokens"),
-            format!(
-                "{default_max_tokens} does not fit in the bucket ({} tokens per minute after headroom): lower it",
-                pool.usable_tokens_per_minute()
-            ),
-        ));
-    }
+    reservations_fit(&pool, &key)?;
     Ok(pool)
+}
+
+/// A pool's fixed reservations (`default_max_tokens`, `bidirectional_reservation`) must fit its
+/// bucket, or requests that use them could never be admitted.
+fn reservations_fit(pool: &PoolConfig, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    for (name, tokens) in [
+        ("default_max_tokens", pool.default_max_tokens),
+        ("bidirectional_reservation", pool.bidirectional_reservation),
+    ] {
+        if tokens >= pool.usable_tokens_per_minute() {
+            return Err(invalid(
+                key(name),
+                format!(
+                    "{tokens} does not fit in the bucket ({} tokens per minute after headroom): lower it",
+                    pool.usable_tokens_per_minute()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The pool's name and model list.

@@ -10,8 +10,12 @@
 
 use std::time::Duration;
 
+use super::units::NANOS_PER_MINUTE;
+
 /// Units per token: nanoseconds per minute.
-pub const SCALE: i128 = 60_000_000_000;
+pub const SCALE: i128 = NANOS_PER_MINUTE as i128;
+
+const NANOS_PER_MILLI: i128 = 1_000_000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenBucket {
@@ -63,7 +67,9 @@ impl TokenBucket {
     }
 
     /// How long until `tokens` fit, given refill alone; zero if they fit now. `None` if they can
-    /// never fit (more than the capacity, or a zero-capacity bucket).
+    /// never fit (more than the capacity, or a zero-capacity bucket). Rounded up to the whole
+    /// millisecond: the resolution of the Redis scripts, so that both backends report the same
+    /// wait (and compare waits the same way), and never a moment before refill makes room.
     pub fn wait_for(&self, tokens: u64) -> Option<Duration> {
         let need = i128::from(tokens) * SCALE;
         if need <= self.level {
@@ -73,10 +79,11 @@ impl TokenBucket {
             return None;
         }
         let deficit = need - self.level;
-        let cap = i128::from(self.capacity);
-        let nanos = (deficit + cap - 1) / cap;
-        Some(Duration::from_nanos(
-            u64::try_from(nanos).unwrap_or(u64::MAX),
+        // Refill is `capacity` units per nanosecond: a millisecond refills 10^6 times that.
+        let per_ms = i128::from(self.capacity) * NANOS_PER_MILLI;
+        let millis = (deficit + per_ms - 1) / per_ms;
+        Some(Duration::from_millis(
+            u64::try_from(millis).unwrap_or(u64::MAX),
         ))
     }
 
@@ -142,6 +149,19 @@ mod tests {
         assert_eq!(b.level(), -9_000);
         assert_eq!(b.available(), 0);
         assert_eq!(b.wait_for(1_000), Some(Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn waits_round_up_to_the_millisecond() {
+        let mut b = TokenBucket::new(60_000, 0);
+        b.take(60_000);
+        // One token refills in 1 ms exactly; 1.5 ms of refill is reported as 2 ms.
+        assert_eq!(b.wait_for(1), Some(Duration::from_millis(1)));
+        b.refill(500_000);
+        assert_eq!(b.wait_for(2), Some(Duration::from_millis(2)));
+        // 999,990 ns of refill missing: 1 ms.
+        b.refill(1_000_001);
+        assert_eq!(b.wait_for(2), Some(Duration::from_millis(1)));
     }
 
     #[derive(Debug, Clone)]

@@ -6,9 +6,11 @@
 //! - **Redis fails a reserve** (unreachable, timed out, error): that request is decided by the
 //!   local ledger instead, and so is every request after it until the shared ledger answers again
 //!   (its background `PING`, every second while unhealthy, says when; no request waits on a
-//!   probe). Each switch to the local share counts in `tokengate_ledger_fallback_total`; every
-//!   absorbed Redis error counts in `tokengate_ledger_errors_total{backend="redis"}`;
+//!   probe). Each switch to the local share counts in [`LedgerStats::fallbacks`]
+//!   (`tokengate_ledger_fallback_total`); every absorbed Redis error in
+//!   [`LedgerStats::absorbed_errors`] (`tokengate_ledger_errors_total{backend="redis"}`);
 //!   `tokengate_ledger_mode` says which mode serves now. Readiness stays true: the replica admits.
+//!   The fallback and both ledgers inside it count into one [`LedgerStats`].
 //! - **The local share** is a [`MemoryLedger`] holding `1 / expected_replicas` of each pool's
 //!   limits (tokens, requests, concurrency; at least one of each), so that replicas that all lose
 //!   Redis together stay, between them, within the pool's limits.
@@ -25,18 +27,14 @@
 //! - Snapshots while Redis answers add the local reservations still outstanding to the shared
 //!   figures, so "nothing in flight" means nothing in flight in either.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
-};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 
 use super::{
-    Decision, Ledger, LedgerError, LedgerMode, Limits, MemoryLedger, PoolSnapshot, RedisLedger,
-    Reservation, ReserveRequest,
+    Clock, Ledger, LedgerError, LedgerMode, LedgerStats, Limits, MemoryLedger, Origin,
+    PoolSnapshot, RedisLedger, Reservation, ReserveRequest, Verdict,
 };
-use crate::metrics::Metrics;
 
 /// The shared ledger with a local share behind it.
 #[derive(Debug)]
@@ -46,22 +44,17 @@ pub struct FallbackLedger {
     replicas: u32,
     /// True from a fallback until the shared ledger admits again.
     in_local: AtomicBool,
-    metrics: Arc<Metrics>,
 }
 
 impl FallbackLedger {
-    pub fn new(
-        shared: RedisLedger,
-        local: MemoryLedger,
-        expected_replicas: u32,
-        metrics: Arc<Metrics>,
-    ) -> FallbackLedger {
+    /// `shared` with a local share on `clock` behind it; both count into `shared`'s stats.
+    pub fn new(shared: RedisLedger, clock: Clock, expected_replicas: u32) -> FallbackLedger {
+        let local = MemoryLedger::with_stats(clock, shared.stats_handle());
         FallbackLedger {
             shared,
             local,
             replicas: expected_replicas.max(1),
             in_local: AtomicBool::new(false),
-            metrics,
         }
     }
 
@@ -81,7 +74,7 @@ impl FallbackLedger {
 
     fn enter_local(&self, reason: &LedgerError) {
         if !self.in_local.swap(true, Ordering::AcqRel) {
-            self.metrics.ledger_fallbacks.inc();
+            self.shared.stats().count_fallback();
             tracing::warn!(error = %reason, replicas = self.replicas, "shared ledger unavailable: admitting from the local share (1/expected_replicas of each pool)");
         }
     }
@@ -92,7 +85,7 @@ impl FallbackLedger {
         }
     }
 
-    async fn reserve_local(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError> {
+    async fn reserve_local(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         let local = ReserveRequest {
             pool: request.pool,
             limits: self.local_share(&request.limits),
@@ -107,18 +100,15 @@ impl FallbackLedger {
 
 #[async_trait]
 impl Ledger for FallbackLedger {
-    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError> {
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         if self.shared.is_healthy() {
             match self.shared.reserve(request).await {
-                Ok(decision) => {
+                Ok(verdict) => {
                     self.enter_shared();
-                    return Ok(decision);
+                    return Ok(verdict);
                 }
                 Err(e) => {
-                    self.metrics
-                        .ledger_errors
-                        .with_label_values(&[self.shared.backend()])
-                        .inc();
+                    self.shared.stats().count_absorbed_error();
                     self.enter_local(&e);
                 }
             }
@@ -136,10 +126,9 @@ impl Ledger for FallbackLedger {
         reservation: Reservation,
         charged_tokens: u64,
     ) -> Result<(), LedgerError> {
-        if reservation.backend() == self.local.backend() {
-            self.local.settle(reservation, charged_tokens).await
-        } else {
-            self.shared.settle(reservation, charged_tokens).await
+        match reservation.origin() {
+            Origin::Local => self.local.settle(reservation, charged_tokens).await,
+            Origin::Shared => self.shared.settle(reservation, charged_tokens).await,
         }
     }
 
@@ -155,10 +144,7 @@ impl Ledger for FallbackLedger {
                 Ok(shared)
             }
             Err(e) => {
-                self.metrics
-                    .ledger_errors
-                    .with_label_values(&[self.shared.backend()])
-                    .inc();
+                self.shared.stats().count_absorbed_error();
                 tracing::warn!(error = %e, "shared snapshot failed; showing the local share");
                 Ok(local)
             }
@@ -169,11 +155,52 @@ impl Ledger for FallbackLedger {
         self.shared.backend()
     }
 
+    fn stats(&self) -> &LedgerStats {
+        self.shared.stats()
+    }
+
     fn mode(&self) -> LedgerMode {
         if self.shared.is_healthy() {
             LedgerMode::Shared
         } else {
             LedgerMode::LocalShare
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ledger::RedisOptions;
+
+    #[tokio::test]
+    async fn the_fallback_and_its_ledgers_count_into_one_stats() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let options = RedisOptions {
+            url: format!("redis+unix://{}/nobody.sock", dir.path().display()),
+            timeout: Duration::from_millis(200),
+            lease: Duration::from_secs(60),
+        };
+        let shared = RedisLedger::connect(options).await.expect("a usable URL");
+        let fallback = FallbackLedger::new(shared, Clock::manual(), 2);
+        assert!(
+            fallback.stats().absorbed_errors() >= 1,
+            "the probe at connect failed and was absorbed"
+        );
+        let request = crate::ledger::tests::small_request();
+        let Ok(Verdict::Granted(local)) = fallback.reserve(&request).await else {
+            panic!("the local share admits");
+        };
+        assert_eq!(local.origin(), Origin::Local);
+        assert_eq!(fallback.stats().fallbacks(), 1);
+        drop(local); // unsettled, on purpose
+        assert_eq!(fallback.stats().unsettled_drops(), 1);
+        assert_eq!(
+            fallback.shared().stats().unsettled_drops(),
+            1,
+            "the local share counts in the shared ledger's stats"
+        );
     }
 }

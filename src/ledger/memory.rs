@@ -3,6 +3,10 @@
 //! Each decision takes the pool's lock once, refills, checks every limit, and commits all of them
 //! or none, so a rejected request holds nothing. Pools are created on first use from the limits
 //! passed in, and follow those limits as they change.
+//!
+//! It never waits and cannot fail, except to settle a reservation of a pool it never saw (only a
+//! bug can do that: the reservation came from another ledger). Time comes from an injectable
+//! [`Clock`], in nanoseconds.
 
 use std::sync::{
     Arc, Mutex, MutexGuard,
@@ -10,17 +14,18 @@ use std::sync::{
 };
 
 use async_trait::async_trait;
-use dashmap::DashMap;
+use dashmap::{DashMap, mapref::one::Ref};
 
 use super::{
-    Clock, Decision, Ledger, LedgerError, Limit, Limits, PoolSnapshot, Rejection, Reservation,
-    ReserveRequest, ShareHold, ShareRequest,
+    Clock, Issuer, Ledger, LedgerError, LedgerStats, Limit, Limits, Origin, PoolSnapshot,
+    Rejection, Reservation, ReserveRequest, ShareHold, ShareRequest, Verdict,
     bucket::TokenBucket,
     shares::{Need, RouteStates},
+    units::UPSTREAM_TRANSIT_NS,
 };
 
 #[derive(Debug)]
-struct PoolState {
+struct PoolLedger {
     tokens: TokenBucket,
     requests: Option<TokenBucket>,
     max_concurrency: u32,
@@ -29,9 +34,9 @@ struct PoolState {
     routes: RouteStates,
 }
 
-impl PoolState {
+impl PoolLedger {
     fn new(limits: &Limits, now: u64) -> Self {
-        PoolState {
+        PoolLedger {
             tokens: TokenBucket::new(limits.tokens_per_minute, now),
             requests: limits
                 .requests_per_minute
@@ -67,14 +72,13 @@ impl PoolState {
         &mut self,
         tokens: u64,
         hold_back: u64,
-        share: Option<&ShareRequest<'_>>,
+        share: Option<&ShareRequest>,
         now: u64,
     ) -> Result<Option<ShareHold>, Rejection> {
         let plan = match share {
             None => None,
             Some(request) => {
                 let tpm = self.tokens.capacity();
-                self.routes.sync(request, tpm, now);
                 match self
                     .routes
                     .need(request, tokens, self.tokens.level(), tpm, now)
@@ -157,45 +161,62 @@ impl PoolState {
     }
 }
 
-/// How long a request takes to reach upstream, at most: refill after a full bucket starts this
-/// long after the reservation ([`TokenBucket::take_in_transit`]). Costs a pool at most this much
-/// refill (100 ms of a minute: 0.17%) per idle spell.
-pub const UPSTREAM_TRANSIT_NS: u64 = 100_000_000;
-
 /// The single-process ledger.
 #[derive(Debug)]
 pub struct MemoryLedger {
-    pools: DashMap<Arc<str>, Arc<Mutex<PoolState>>>,
+    pools: DashMap<Arc<str>, MemoryPool>,
     clock: Clock,
     next_id: AtomicU64,
+    stats: Arc<LedgerStats>,
+}
+
+/// One pool: its state, and the issuer its reservations share.
+#[derive(Debug)]
+struct MemoryPool {
+    issuer: Arc<Issuer>,
+    state: Mutex<PoolLedger>,
 }
 
 impl MemoryLedger {
     pub fn new(clock: Clock) -> Self {
+        Self::with_stats(clock, Arc::default())
+    }
+
+    /// A memory ledger counting into `stats` (a fallback's local share counts with the shared
+    /// ledger).
+    pub(crate) fn with_stats(clock: Clock, stats: Arc<LedgerStats>) -> Self {
         MemoryLedger {
             pools: DashMap::new(),
             clock,
             next_id: AtomicU64::new(1),
+            stats,
         }
     }
 
-    fn pool(&self, name: &str, limits: &Limits) -> (Arc<str>, Arc<Mutex<PoolState>>) {
-        if let Some(entry) = self.pools.get(name) {
-            return (entry.key().clone(), entry.value().clone());
+    /// The pool, created on first use from `limits`. The map's read guard is held while the
+    /// caller works on the pool (a few integer updates): creating another pool waits for it.
+    fn pool(&self, name: &str, limits: &Limits) -> Ref<'_, Arc<str>, MemoryPool> {
+        if let Some(pool) = self.pools.get(name) {
+            return pool;
         }
         let key: Arc<str> = Arc::from(name);
-        let state = self
-            .pools
+        self.pools
             .entry(key.clone())
-            .or_insert_with(|| Arc::new(Mutex::new(PoolState::new(limits, self.clock.now_ns()))))
-            .clone();
-        (key, state)
+            .or_insert_with(|| MemoryPool {
+                issuer: Arc::new(Issuer {
+                    pool: key,
+                    origin: Origin::Local,
+                    stats: self.stats.clone(),
+                }),
+                state: Mutex::new(PoolLedger::new(limits, self.clock.now_ns())),
+            })
+            .downgrade()
     }
 }
 
 /// A poisoned lock means a panic mid-update elsewhere; the state itself is still consistent
 /// (every update is a handful of integer writes), so keep serving.
-fn lock(state: &Mutex<PoolState>) -> MutexGuard<'_, PoolState> {
+fn lock(state: &Mutex<PoolLedger>) -> MutexGuard<'_, PoolLedger> {
     state
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -203,25 +224,20 @@ fn lock(state: &Mutex<PoolState>) -> MutexGuard<'_, PoolState> {
 
 #[async_trait]
 impl Ledger for MemoryLedger {
-    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError> {
-        let (key, state) = self.pool(request.pool, &request.limits);
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
+        let pool = self.pool(request.pool, &request.limits);
         let now = self.clock.now_ns();
-        let mut state = lock(&state);
+        let mut state = lock(&pool.state);
         state.sync(&request.limits, now);
         Ok(
-            match state.reserve(
-                request.tokens,
-                request.hold_back,
-                request.share.as_ref(),
-                now,
-            ) {
+            match state.reserve(request.tokens, request.hold_back, request.share, now) {
                 Ok(hold) => {
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                    Decision::Admitted(
-                        Reservation::new(key, request.tokens, id, "memory").with_share(hold),
+                    Verdict::Granted(
+                        Reservation::new(pool.issuer.clone(), request.tokens, id).with_share(hold),
                     )
                 }
-                Err(rejection) => Decision::Rejected(rejection),
+                Err(rejection) => Verdict::Refused(rejection),
             },
         )
     }
@@ -231,15 +247,17 @@ impl Ledger for MemoryLedger {
         reservation: Reservation,
         charged_tokens: u64,
     ) -> Result<(), LedgerError> {
-        let (pool, reserved, _id, hold) = reservation.disarm_with_share();
-        let Some(state) = self.pools.get(&pool).map(|e| e.value().clone()) else {
+        let Some(pool) = self.pools.get(reservation.pool()) else {
+            let message = format!("settle for unknown pool {}", reservation.pool());
+            let _ = reservation.disarm();
             return Err(LedgerError {
                 backend: "memory",
-                message: format!("settle for unknown pool {pool}"),
+                message,
             });
         };
+        let (reserved, _id, hold) = reservation.disarm();
         let now = self.clock.now_ns();
-        let mut state = lock(&state);
+        let mut state = lock(&pool.state);
         state.tokens.refill(now);
         let delta = i128::from(reserved) - i128::from(charged_tokens);
         state
@@ -254,9 +272,9 @@ impl Ledger for MemoryLedger {
     }
 
     async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError> {
-        let (_, state) = self.pool(pool, limits);
+        let pool = self.pool(pool, limits);
         let now = self.clock.now_ns();
-        let mut state = lock(&state);
+        let mut state = lock(&pool.state);
         state.sync(limits, now);
         Ok(PoolSnapshot {
             tokens_available: state.tokens.level(),
@@ -269,5 +287,33 @@ impl Ledger for MemoryLedger {
 
     fn backend(&self) -> &'static str {
         "memory"
+    }
+
+    fn stats(&self) -> &LedgerStats {
+        &self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn each_ledger_counts_its_own_unsettled_drops() {
+        let (a, b) = (
+            MemoryLedger::new(Clock::manual()),
+            MemoryLedger::new(Clock::manual()),
+        );
+        let request = crate::ledger::tests::small_request();
+        let Ok(Verdict::Granted(settled)) = a.reserve(&request).await else {
+            panic!("admitted");
+        };
+        a.settle(settled, 10).await.expect("settles");
+        let Ok(Verdict::Granted(dropped)) = a.reserve(&request).await else {
+            panic!("admitted");
+        };
+        drop(dropped); // unsettled, on purpose
+        assert_eq!(a.stats().unsettled_drops(), 1);
+        assert_eq!(b.stats().unsettled_drops(), 0, "another ledger's drop");
     }
 }

@@ -2,43 +2,61 @@
 //!
 //! [`Ledger`] is the seam between admission (which decides *what* to ask for) and storage (which
 //! holds the shared state and answers atomically). A backend checks every limit of a pool (the
-//! token bucket, the request bucket, the concurrency semaphore) and takes all of them or none.
-//! The memory backend serves one process; the Redis backend ([`redis`]) shares one quota between
-//! replicas behind the same trait, and [`fallback`] puts a local share behind it for when Redis is
-//! unreachable.
+//! token bucket, the request bucket, the concurrency semaphore, the caller's route share) and
+//! takes all of them or none: [`Ledger::reserve`] answers a [`Verdict`], `Granted` with a
+//! [`Reservation`] or `Refused` with a [`Rejection`] that says which limit bound and when refill
+//! would make room. The memory backend ([`memory`]) serves one process; the Redis backend
+//! ([`redis`], its Lua in `lua/` and the scripts' wire in `scripts.rs`) shares one quota between
+//! replicas behind the same trait, and [`fallback`] puts a local share behind it for when Redis
+//! is unreachable.
 //!
 //! Limits travel with each call instead of living in the backend: admission owns the effective
 //! limits (headroom, upstream-throttle feedback, config reloads), and every replica sharing a
 //! Redis ledger applies its own current view.
 //!
-//! A [`Reservation`] is `#[must_use]` and must be handed back to [`Ledger::settle`] exactly once.
-//! Dropping one unsettled is a bug: it is logged and counted in [`unsettled_drops`], which tests
+//! # One arithmetic, two backends
+//!
+//! The bucket arithmetic ([`bucket`]) and the route-share rules ([`shares`]) are written in Rust
+//! for the memory backend and in Lua for Redis. What ties them together is not comments: the
+//! constants both use are defined once ([`units`]) and formatted into the scripts; the scripts
+//! answer typed JSON replies; the contract suite (`tests/it/ledger_contract.rs`) runs every case
+//! on both backends; and a differential property test (`tests/it/ledger_differential.rs`) drives
+//! both through the same random operations at the same instants and requires the same answers,
+//! exactly. The memory backend counts in nanoseconds and Redis in milliseconds: at
+//! whole milliseconds their levels agree, and both report waits in whole milliseconds, rounded
+//! up.
+//!
+//! # Settlement and counters
+//!
+//! A [`Reservation`] is `#[must_use]` and must be handed back to [`Ledger::settle`] of the ledger
+//! that issued it ([`Reservation::origin`]) exactly once. Dropping one unsettled is a bug: it is
+//! logged and counted in the issuing ledger's [`LedgerStats`] ([`Ledger::stats`]), which tests
 //! assert stays zero. (The admission layer wraps reservations in a guard that always settles.)
+//! Each ledger instance keeps its own stats (unsettled drops, settlements in flight, errors it
+//! absorbed, fallbacks); nothing here is process-wide, and the ledger knows nothing of
+//! Prometheus: `/metrics` publishes the stats when it is scraped.
 
 pub mod bucket;
 pub mod clock;
 pub mod fallback;
 pub mod memory;
 pub mod redis;
+mod scripts;
 pub mod shares;
+pub mod stats;
+pub mod units;
 
-use std::{
-    fmt,
-    sync::{
-        Arc,
-        atomic::{AtomicU64, Ordering},
-    },
-    time::Duration,
-};
+use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use clock::Clock;
 pub use fallback::FallbackLedger;
 pub use memory::MemoryLedger;
 pub use redis::{RedisLedger, RedisOptions};
-pub use shares::{RouteDemand, RouteShare, ShareHold, ShareRequest};
+pub use shares::{RouteShare, ShareHold, ShareRequest};
+pub use stats::LedgerStats;
 
 /// The limits of one pool, as admission currently applies them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +76,7 @@ pub struct ReserveRequest<'a> {
     pub tokens: u64,
     /// The calling route and the shares of every route in the pool; `None` checks the pool's
     /// limits alone.
-    pub share: Option<ShareRequest<'a>>,
+    pub share: Option<&'a ShareRequest>,
     /// Tokens the bucket must hold beyond this request: charges admission expects but has not
     /// settled yet (the burndown excess of streams in flight, which upstream deducts when they
     /// end, a moment before their usage reaches the proxy).
@@ -66,7 +84,7 @@ pub struct ReserveRequest<'a> {
 }
 
 /// Which limit turned a request away.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Limit {
     Tokens,
@@ -106,38 +124,50 @@ pub struct Rejection {
     pub held_for_others: bool,
 }
 
-/// The outcome of [`Ledger::reserve`].
+/// The ledger's answer to [`Ledger::reserve`].
 #[derive(Debug)]
-pub enum Decision {
-    Admitted(Reservation),
-    Rejected(Rejection),
+pub enum Verdict {
+    /// Everything was taken: settle the reservation exactly once.
+    Granted(Reservation),
+    /// Nothing was taken.
+    Refused(Rejection),
 }
 
-static UNSETTLED_DROPS: AtomicU64 = AtomicU64::new(0);
+/// Which ledger issued a reservation, and so must settle it: a [`FallbackLedger`] holds both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// This process's memory (the memory backend, or a fallback's local share).
+    Local,
+    /// The shared (Redis) ledger.
+    Shared,
+}
 
-/// Reservations dropped without being settled since the process started (a bug if non-zero).
-pub fn unsettled_drops() -> u64 {
-    UNSETTLED_DROPS.load(Ordering::Relaxed)
+/// Who issued a reservation: the pool it was taken in, the ledger that must settle it, and
+/// that ledger's stats (where an unsettled drop is counted). One per pool in the memory backend,
+/// shared by every reservation of the pool.
+#[derive(Debug)]
+pub(crate) struct Issuer {
+    pub pool: Arc<str>,
+    pub origin: Origin,
+    pub stats: Arc<LedgerStats>,
 }
 
 /// Tokens, a request and a concurrency permit held in one pool until settled.
 #[must_use = "a reservation must be settled with Ledger::settle"]
 pub struct Reservation {
-    pool: Arc<str>,
+    issuer: Arc<Issuer>,
     tokens: u64,
     id: u64,
-    backend: &'static str,
     share: Option<ShareHold>,
     settled: bool,
 }
 
 impl Reservation {
-    pub(crate) fn new(pool: Arc<str>, tokens: u64, id: u64, backend: &'static str) -> Self {
+    pub(crate) fn new(issuer: Arc<Issuer>, tokens: u64, id: u64) -> Self {
         Reservation {
-            pool,
+            issuer,
             tokens,
             id,
-            backend,
             share: None,
             settled: false,
         }
@@ -154,13 +184,13 @@ impl Reservation {
         self.share.as_ref()
     }
 
-    /// The backend that issued it (`memory`, `redis`): a reservation is settled where it was taken.
-    pub fn backend(&self) -> &'static str {
-        self.backend
+    /// The ledger that issued it: a reservation is settled where it was taken.
+    pub fn origin(&self) -> Origin {
+        self.issuer.origin
     }
 
     pub fn pool(&self) -> &str {
-        &self.pool
+        &self.issuer.pool
     }
 
     /// Tokens reserved.
@@ -173,27 +203,21 @@ impl Reservation {
         self.id
     }
 
-    /// Marks the reservation settled; backends call this inside `settle`.
-    pub(crate) fn disarm(mut self) -> (Arc<str>, u64, u64) {
+    /// Marks the reservation settled (backends call this inside `settle`): its tokens, id and
+    /// route hold.
+    pub(crate) fn disarm(mut self) -> (u64, u64, Option<ShareHold>) {
         self.settled = true;
-        (self.pool.clone(), self.tokens, self.id)
-    }
-
-    /// [`Reservation::disarm`], with the route hold.
-    pub(crate) fn disarm_with_share(mut self) -> (Arc<str>, u64, u64, Option<ShareHold>) {
-        let share = self.share.take();
-        let (pool, tokens, id) = self.disarm();
-        (pool, tokens, id, share)
+        (self.tokens, self.id, self.share.take())
     }
 }
 
 impl fmt::Debug for Reservation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reservation")
-            .field("pool", &self.pool)
+            .field("pool", &self.issuer.pool)
             .field("tokens", &self.tokens)
             .field("id", &self.id)
-            .field("backend", &self.backend)
+            .field("origin", &self.issuer.origin)
             .field("share", &self.share)
             .finish()
     }
@@ -202,14 +226,14 @@ impl fmt::Debug for Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.settled {
-            UNSETTLED_DROPS.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(pool = %self.pool, tokens = self.tokens, id = self.id, "reservation dropped without settlement");
+            self.issuer.stats.count_unsettled_drop();
+            tracing::error!(pool = %self.issuer.pool, tokens = self.tokens, id = self.id, "reservation dropped without settlement");
         }
     }
 }
 
-/// A pool's live state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A pool's live state (also the Redis snapshot script's reply, field for field).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolSnapshot {
     /// Tokens in the bucket now; negative while repaying a burndown charge.
     pub tokens_available: i64,
@@ -269,7 +293,7 @@ impl LedgerMode {
 pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// Takes `tokens` from the token bucket, one request from the request bucket (if limited)
     /// and one concurrency permit, all or nothing.
-    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError>;
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError>;
 
     /// Settles a reservation to the actual charge: credits back `reserved - charged` (or debits
     /// the excess), releases the permit. The request stays counted in the request bucket.
@@ -285,9 +309,32 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// `memory`, `redis`, ...: for logs and metrics.
     fn backend(&self) -> &'static str;
 
+    /// What this ledger counts about itself (shared by a fallback and the ledgers inside it).
+    fn stats(&self) -> &LedgerStats;
+
     /// How the ledger is serving now (readiness follows it). A backend that cannot fail is
     /// always [`LedgerMode::Memory`].
     fn mode(&self) -> LedgerMode {
         LedgerMode::Memory
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::{Limits, ReserveRequest};
+
+    /// Ten tokens in pool `p` of 1,000 tokens per minute and four permits: always admitted first.
+    pub fn small_request() -> ReserveRequest<'static> {
+        ReserveRequest {
+            pool: "p",
+            limits: Limits {
+                tokens_per_minute: 1_000,
+                requests_per_minute: None,
+                max_concurrency: 4,
+            },
+            tokens: 10,
+            share: None,
+            hold_back: 0,
+        }
     }
 }

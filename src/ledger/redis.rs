@@ -7,14 +7,18 @@
 //! live leases; and `tg:v1:{pool}:l`, a sorted set of leases, one per admitted request, scored by
 //! expiry (its size is the number of requests in flight). The logic is server-side Lua
 //! (`src/ledger/lua/`), one script per operation, each one round trip: `admit` (purge expired
-//! leases, refill, check tokens, requests and concurrency, take all or nothing), `settle`,
-//! `renew`, `snapshot`. Scripts are called by SHA1 (`EVALSHA`; a Redis that lost them gets them
-//! again on `NOSCRIPT`) and read the time from Redis `TIME`, never from a replica.
+//! leases, refill, check tokens, requests, concurrency and the caller's route share, take all or
+//! nothing), `settle`, `renew`, `snapshot`. Scripts are called by SHA1 (`EVALSHA`; a Redis that
+//! lost them gets them again on `NOSCRIPT`) and read the time from Redis `TIME`, never from a
+//! replica. Each answers a JSON object decoded into a typed reply; how the scripts are built
+//! (the shared constants formatted in from [`super::units`]), what each call sends and what it
+//! answers is in `ledger/scripts.rs`.
 //!
 //! The arithmetic is [`super::bucket`]'s, exact in integers, at millisecond resolution: a level is
 //! kept in token-milliminutes (Lua numbers are doubles, and token-nanominutes would pass 2^53),
-//! so refill over any split of time is exact; waits are rounded up to the millisecond.
-//! Limits above [`MAX_TOKENS_PER_MINUTE`] are refused rather than computed inexactly.
+//! so refill over any split of time is exact; waits are rounded up to the millisecond (as the
+//! memory backend reports them too). Limits above [`MAX_TOKENS_PER_MINUTE`] are refused rather
+//! than computed inexactly.
 //!
 //! # Leases
 //!
@@ -50,11 +54,18 @@
 //!   by their charge above their reservation (output burndown), which nobody debits: at most
 //!   `maxTokens x (burndown - 1)` per request the dead replica had in flight.
 //! - **Clocks.** Only Redis `TIME` is used. After a failover to a Redis whose clock is behind,
-//!   refill pauses until that clock catches up (time never runs backwards in a bucket).
-//! - **Rolling deploys.** Keys carry the layout version (`tg:v1:`) and scripts are addressed by
-//!   their SHA1, so two builds never run each other's scripts or read each other's state. A new
-//!   layout version means new keys: while both versions run, each enforces the full limits on its
-//!   own state, so roll such a change quickly or lower the limits while it rolls.
+//!   refill pauses until that clock catches up (time never runs backwards in a bucket). The one
+//!   exception is for tests: [`RedisLedger::connect_with_clock`] builds the scripts to take the
+//!   time from a clock of the test's, passed with every call; production never uses it.
+//! - **Rolling deploys.** Scripts are addressed by their SHA1, so two builds never run each
+//!   other's scripts; they share state as long as the key layout version (`tg:v1:`) is the same,
+//!   which changes only with what is stored or what it means. A new layout version means new
+//!   keys: while both versions run, each enforces the full limits on its own state, so roll such
+//!   a change quickly or lower the limits while it rolls.
+//! - **Counters.** Errors this ledger handles itself (failed renewals and probes) count in its
+//!   [`LedgerStats`]; errors it returns are the caller's to count. Settlements count as in
+//!   flight from the call's first poll until they complete or are dropped: shutdown waits for
+//!   them.
 //! - **Expiry of idle pools.** Both keys live until every lease has expired and both buckets are
 //!   full again, plus a minute; a pool that expired is the same as a fresh, full one.
 
@@ -70,30 +81,21 @@ use std::{
 use async_trait::async_trait;
 use dashmap::DashMap;
 use redis::{
-    FromRedisValue, Script, ScriptInvocation,
+    FromRedisValue, ScriptInvocation,
     aio::{ConnectionManager, ConnectionManagerConfig},
 };
 use tokio::task::AbortHandle;
 
 use super::{
-    Decision, Ledger, LedgerError, LedgerMode, Limit, Limits, PoolSnapshot, Rejection, Reservation,
-    ReserveRequest, ShareHold, shares::share_tokens,
+    Clock, Issuer, Ledger, LedgerError, LedgerMode, LedgerStats, Limits, Origin, PoolSnapshot,
+    Rejection, Reservation, ReserveRequest, ShareHold, Verdict,
+    scripts::{AdmitReply, BACKEND, Scripts, SettleReply, check_limits, decode, lease_id, member},
 };
-use crate::metrics::Metrics;
 
-/// The version of the key layout and scripts, in every key: bump it with any change to either.
-pub const LAYOUT_VERSION: &str = "v1";
+pub use super::scripts::{LAYOUT_VERSION, MAX_TOKENS_PER_MINUTE};
 
-/// The largest `tokens_per_minute` the scripts keep exact: a full bucket is `tpm x 60,000` units,
-/// and levels (including burndown debt) must stay far below 2^53.
-pub const MAX_TOKENS_PER_MINUTE: u64 = 1_000_000_000;
-/// Charges above this are debited as this much (ten of the largest buckets): same reason.
-const MAX_CHARGE: u64 = 10 * MAX_TOKENS_PER_MINUTE;
 /// Leases renewed per script call.
 const RENEW_BATCH: usize = 256;
-const BACKEND: &str = "redis";
-
-const COMMON: &str = include_str!("lua/common.lua");
 
 /// How to reach Redis and how long leases last.
 #[derive(Debug, Clone)]
@@ -104,26 +106,6 @@ pub struct RedisOptions {
     pub timeout: Duration,
     /// How long a reservation outlives the last renewal by its holder.
     pub lease: Duration,
-}
-
-#[derive(Debug)]
-struct Scripts {
-    admit: Script,
-    settle: Script,
-    renew: Script,
-    snapshot: Script,
-}
-
-impl Scripts {
-    fn new() -> Scripts {
-        let script = |body: &str| Script::new(&format!("{COMMON}\n{body}"));
-        Scripts {
-            admit: script(include_str!("lua/admit.lua")),
-            settle: script(include_str!("lua/settle.lua")),
-            renew: script(include_str!("lua/renew.lua")),
-            snapshot: script(include_str!("lua/snapshot.lua")),
-        }
-    }
 }
 
 /// The Redis-backed ledger. Cheap to share behind an `Arc`; dropping it stops lease renewal.
@@ -142,7 +124,10 @@ struct Inner {
     /// Leases this replica holds and renews: id -> (pool, tokens).
     held: DashMap<u64, (Arc<str>, u64)>,
     healthy: AtomicBool,
-    metrics: Arc<Metrics>,
+    stats: Arc<LedgerStats>,
+    /// Tests only ([`RedisLedger::connect_with_clock`]): the clock whose milliseconds every
+    /// script call carries, instead of the scripts reading Redis `TIME`.
+    test_clock: Option<Clock>,
 }
 
 // === impl RedisLedger ===
@@ -150,9 +135,25 @@ struct Inner {
 impl RedisLedger {
     /// Connects (lazily: an unreachable Redis makes the ledger unavailable, not the start fail)
     /// and starts lease renewal. Errors only on a URL that cannot be used.
-    pub async fn connect(
+    pub async fn connect(options: RedisOptions) -> Result<RedisLedger, LedgerError> {
+        Self::start(options, None).await
+    }
+
+    /// [`RedisLedger::connect`], with the scripts taking the time from `clock` (its milliseconds
+    /// are passed with every call) instead of reading Redis `TIME`. **For tests only**, which
+    /// must drive both backends through the same instants to compare them exactly; production
+    /// never calls it (the gateway uses [`RedisLedger::connect`]), because replicas' clocks
+    /// differ and the shared state must follow one clock.
+    pub async fn connect_with_clock(
         options: RedisOptions,
-        metrics: Arc<Metrics>,
+        clock: Clock,
+    ) -> Result<RedisLedger, LedgerError> {
+        Self::start(options, Some(clock)).await
+    }
+
+    async fn start(
+        options: RedisOptions,
+        test_clock: Option<Clock>,
     ) -> Result<RedisLedger, LedgerError> {
         let client = redis::Client::open(options.url.as_str()).map_err(|e| LedgerError {
             backend: BACKEND,
@@ -170,12 +171,13 @@ impl RedisLedger {
             })?;
         let inner = Arc::new(Inner {
             conn,
-            scripts: Scripts::new(),
+            scripts: Scripts::new(test_clock.is_some()),
             timeout: options.timeout,
             lease: options.lease,
             held: DashMap::new(),
             healthy: AtomicBool::new(true),
-            metrics,
+            stats: Arc::default(),
+            test_clock,
         });
         inner.probe().await;
         let maintenance = tokio::spawn(maintain(Arc::downgrade(&inner))).abort_handle();
@@ -190,6 +192,11 @@ impl RedisLedger {
     /// Leases this replica holds (and renews).
     pub fn held_leases(&self) -> usize {
         self.inner.held.len()
+    }
+
+    /// The stats, to share with a fallback's local ledger.
+    pub(crate) fn stats_handle(&self) -> Arc<LedgerStats> {
+        self.inner.stats.clone()
     }
 
     /// Renews every lease this replica holds now (the background task does this every
@@ -229,91 +236,20 @@ async fn maintain(inner: Weak<Inner>) {
     }
 }
 
-fn keys(pool: &str) -> [String; 2] {
-    [
-        format!("tg:{LAYOUT_VERSION}:{{{pool}}}:s"),
-        format!("tg:{LAYOUT_VERSION}:{{{pool}}}:l"),
-    ]
-}
-
-/// The lease's member in the pool's sorted set: its id and the tokens it holds.
-fn member(id: u64, tokens: u64) -> String {
-    format!("{id:016x}:{tokens}")
-}
-
-fn lease_id(member: &str) -> Option<u64> {
-    let (id, _) = member.split_once(':')?;
-    u64::from_str_radix(id, 16).ok()
-}
-
-fn check_limits(pool: &str, limits: &Limits) -> Result<(), LedgerError> {
-    let too_big = |what: &str, v: u64| LedgerError {
-        backend: BACKEND,
-        message: format!(
-            "pool {pool:?}: {what} = {v} is above the redis ledger's exact range ({MAX_TOKENS_PER_MINUTE})"
-        ),
-    };
-    if limits.tokens_per_minute > MAX_TOKENS_PER_MINUTE {
-        return Err(too_big("tokens_per_minute", limits.tokens_per_minute));
-    }
-    match limits.requests_per_minute {
-        Some(rpm) if rpm > MAX_TOKENS_PER_MINUTE => Err(too_big("requests_per_minute", rpm)),
-        _ => Ok(()),
-    }
-}
-
-/// The admit script's route-share arguments (see admit.lua): `0` without shares.
-fn share_args(invocation: &mut ScriptInvocation<'_>, request: &ReserveRequest<'_>) {
-    let Some(share) = &request.share else {
-        invocation.arg(0);
-        return;
-    };
-    let tpm = request.limits.tokens_per_minute;
-    invocation
-        .arg(share.routes.len())
-        .arg(share.caller + 1)
-        .arg(u8::from(share.retry))
-        .arg(share_tokens(share.retry_reserve, tpm))
-        .arg(share_tokens(share.priority_margin, tpm))
-        .arg(u64::try_from(share.idle.as_millis()).unwrap_or(u64::MAX));
-    for route in share.routes {
-        let (guaranteed, ceiling, recovery) = route.capacities(tpm);
-        invocation
-            .arg(&*route.route)
-            .arg(route.priority)
-            .arg(guaranteed)
-            .arg(ceiling.map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX)))
-            .arg(recovery);
-    }
-}
-
-fn rpm_arg(limits: &Limits) -> i64 {
-    limits
-        .requests_per_minute
-        .map_or(-1, |r| i64::try_from(r).unwrap_or(i64::MAX))
-}
-
-fn unexpected(op: &str, reply: &[i64]) -> LedgerError {
-    LedgerError {
-        backend: BACKEND,
-        message: format!("{op}: unexpected reply from the script: {reply:?}"),
-    }
-}
-
-fn count(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
-}
-
 // === impl Inner ===
 
 impl Inner {
     /// Runs one script call within the timeout; records health.
     async fn run<T: FromRedisValue>(
         &self,
-        invocation: &ScriptInvocation<'_>,
+        mut invocation: ScriptInvocation<'_>,
         op: &str,
         pool: &str,
     ) -> Result<T, LedgerError> {
+        if let Some(clock) = &self.test_clock {
+            // The last argument: lua/test_clock.lua's now_ms() takes it.
+            invocation.arg(clock.now_ns() / 1_000_000);
+        }
         let mut conn = self.conn.clone();
         let outcome = tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await;
         let message = match outcome {
@@ -350,10 +286,7 @@ impl Inner {
     /// Errors this ledger absorbs (renewal, probes) are counted here; errors returned to the
     /// caller are counted by whoever handles them, so each is counted once.
     fn count_absorbed_error(&self) {
-        self.metrics
-            .ledger_errors
-            .with_label_values(&[BACKEND])
-            .inc();
+        self.stats.count_absorbed_error();
     }
 
     async fn probe(&self) {
@@ -381,16 +314,10 @@ impl Inner {
                 .or_default()
                 .push(member(*entry.key(), *tokens));
         }
-        let lease_ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
         for (pool, members) in by_pool {
-            let keys = keys(&pool);
             for batch in members.chunks(RENEW_BATCH) {
-                let mut invocation = self.scripts.renew.prepare_invoke();
-                invocation.key(&keys[0]).key(&keys[1]).arg(lease_ms);
-                for m in batch {
-                    invocation.arg(m);
-                }
-                match self.run::<Vec<String>>(&invocation, "renew", &pool).await {
+                let invocation = self.scripts.renew(&pool, self.lease, batch);
+                match self.run::<Vec<String>>(invocation, "renew", &pool).await {
                     Ok(missing) => {
                         for id in missing.iter().filter_map(|m| lease_id(m)) {
                             self.held.remove(&id);
@@ -410,26 +337,16 @@ impl Inner {
 
 #[async_trait]
 impl Ledger for RedisLedger {
-    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError> {
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         let inner = &self.inner;
-        let limits = &request.limits;
-        check_limits(request.pool, limits)?;
+        check_limits(request.pool, &request.limits)?;
         let id: u64 = rand::random();
-        let keys = keys(request.pool);
-        let mut invocation = inner.scripts.admit.prepare_invoke();
-        invocation
-            .key(&keys[0])
-            .key(&keys[1])
-            .arg(member(id, request.tokens))
-            .arg(request.tokens)
-            .arg(limits.tokens_per_minute)
-            .arg(rpm_arg(limits))
-            .arg(limits.max_concurrency)
-            .arg(u64::try_from(inner.lease.as_millis()).unwrap_or(u64::MAX))
-            .arg(request.hold_back.min(MAX_TOKENS_PER_MINUTE));
-        share_args(&mut invocation, request);
-        let reply: Vec<i64> = inner.run(&invocation, "admit", request.pool).await?;
-        let purged = reply.get(1).copied().unwrap_or(0);
+        let invocation = inner
+            .scripts
+            .admit(request, &member(id, request.tokens), inner.lease);
+        let reply: String = inner.run(invocation, "admit", request.pool).await?;
+        let reply: AdmitReply = decode("admit", &reply)?;
+        let purged = reply.purged();
         if purged > 0 {
             tracing::warn!(
                 pool = request.pool,
@@ -437,47 +354,43 @@ impl Ledger for RedisLedger {
                 "expired leases reclaimed: a replica stopped renewing (crashed, or lost Redis)"
             );
         }
-        match reply.as_slice() {
-            [1, _, guaranteed, recovered] => {
+        Ok(match reply {
+            AdmitReply::Granted {
+                guaranteed,
+                recovered,
+                ..
+            } => {
                 let pool: Arc<str> = Arc::from(request.pool);
                 inner.held.insert(id, (pool.clone(), request.tokens));
-                let hold = request.share.as_ref().map(|share| ShareHold {
+                let hold = request.share.map(|share| ShareHold {
                     route: share.caller().route.clone(),
-                    guaranteed: count(*guaranteed),
-                    recovered: *recovered == 1,
+                    guaranteed,
+                    recovered,
                 });
-                Ok(Decision::Admitted(
-                    Reservation::new(pool, request.tokens, id, BACKEND).with_share(hold),
-                ))
+                let issuer = Arc::new(Issuer {
+                    pool,
+                    origin: Origin::Shared,
+                    stats: inner.stats.clone(),
+                });
+                Verdict::Granted(Reservation::new(issuer, request.tokens, id).with_share(hold))
             }
-            [
-                0,
-                _,
+            AdmitReply::Refused {
                 limit,
-                wait,
+                wait_ms,
                 deficit,
                 reserved,
                 in_flight,
                 held_for_others,
-            ] => {
-                let limit = match limit {
-                    1 => Limit::Tokens,
-                    2 => Limit::Requests,
-                    3 => Limit::Concurrency,
-                    4 => Limit::Share,
-                    _ => return Err(unexpected("admit", &reply)),
-                };
-                Ok(Decision::Rejected(Rejection {
-                    limit,
-                    refill_wait: (*wait >= 0).then(|| Duration::from_millis(count(*wait))),
-                    token_deficit: count(*deficit),
-                    in_flight_tokens: count(*reserved),
-                    in_flight_requests: u32::try_from(*in_flight).unwrap_or(u32::MAX),
-                    held_for_others: *held_for_others == 1,
-                }))
-            }
-            _ => Err(unexpected("admit", &reply)),
-        }
+                ..
+            } => Verdict::Refused(Rejection {
+                limit,
+                refill_wait: wait_ms.map(Duration::from_millis),
+                token_deficit: deficit,
+                in_flight_tokens: reserved,
+                in_flight_requests: in_flight,
+                held_for_others,
+            }),
+        })
     }
 
     async fn settle(
@@ -486,59 +399,39 @@ impl Ledger for RedisLedger {
         charged_tokens: u64,
     ) -> Result<(), LedgerError> {
         let inner = &self.inner;
-        let (pool, reserved, id, hold) = reservation.disarm_with_share();
+        let _in_flight = inner.stats.settlement_started();
+        let pool = reservation.pool().to_owned();
+        let (reserved, id, hold) = reservation.disarm();
         // Whatever happens next, this replica stops renewing it: a settle that fails leaves a
         // lease that expires.
         inner.held.remove(&id);
-        let keys = keys(&pool);
-        let mut invocation = inner.scripts.settle.prepare_invoke();
-        invocation
-            .key(&keys[0])
-            .key(&keys[1])
-            .arg(member(id, reserved))
-            .arg(reserved)
-            .arg(charged_tokens.min(MAX_CHARGE));
-        if let Some(hold) = &hold {
-            invocation
-                .arg(&*hold.route)
-                .arg(hold.guaranteed)
-                .arg(u8::from(hold.recovered));
+        let invocation = inner.scripts.settle(
+            &pool,
+            &member(id, reserved),
+            (reserved, charged_tokens),
+            hold.as_ref(),
+        );
+        let reply: String = inner.run(invocation, "settle", &pool).await?;
+        let reply: SettleReply = decode("settle", &reply)?;
+        if !reply.held {
+            tracing::warn!(pool = %pool, reserved, charged_tokens, "settled after the lease expired: it was charged in full");
         }
-        let reply: Vec<i64> = inner.run(&invocation, "settle", &pool).await?;
-        match reply.as_slice() {
-            [1, _] => Ok(()),
-            [0, _] => {
-                tracing::warn!(pool = %pool, reserved, charged_tokens, "settled after the lease expired: it was charged in full");
-                Ok(())
-            }
-            _ => Err(unexpected("settle", &reply)),
-        }
+        Ok(())
     }
 
     async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError> {
         check_limits(pool, limits)?;
-        let keys = keys(pool);
-        let mut invocation = self.inner.scripts.snapshot.prepare_invoke();
-        invocation
-            .key(&keys[0])
-            .key(&keys[1])
-            .arg(limits.tokens_per_minute)
-            .arg(rpm_arg(limits));
-        let reply: Vec<i64> = self.inner.run(&invocation, "snapshot", pool).await?;
-        match reply.as_slice() {
-            [available, capacity, reserved, in_flight, requests] => Ok(PoolSnapshot {
-                tokens_available: *available,
-                tokens_capacity: count(*capacity),
-                reserved_tokens: count(*reserved),
-                in_flight_requests: u32::try_from(*in_flight).unwrap_or(u32::MAX),
-                requests_available: (*requests >= 0).then(|| count(*requests)),
-            }),
-            _ => Err(unexpected("snapshot", &reply)),
-        }
+        let invocation = self.inner.scripts.snapshot(pool, limits);
+        let reply: String = self.inner.run(invocation, "snapshot", pool).await?;
+        decode("snapshot", &reply)
     }
 
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn stats(&self) -> &LedgerStats {
+        &self.inner.stats
     }
 
     fn mode(&self) -> LedgerMode {
@@ -547,25 +440,5 @@ impl Ledger for RedisLedger {
         } else {
             LedgerMode::Unavailable
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_share_one_hash_tag_per_pool() {
-        let [state, leases] = keys("sonnet4-us");
-        assert_eq!(state, "tg:v1:{sonnet4-us}:s");
-        assert_eq!(leases, "tg:v1:{sonnet4-us}:l");
-    }
-
-    #[test]
-    fn lease_members_carry_id_and_tokens() {
-        let m = member(0xabc, 1_500);
-        assert_eq!(m, "0000000000000abc:1500");
-        assert_eq!(lease_id(&m), Some(0xabc));
-        assert_eq!(lease_id("nonsense"), None);
     }
 }

@@ -22,7 +22,13 @@
 //!
 //! Settlement credits back to each bucket what it lent beyond the charge: the guarantee keeps the
 //! charge first (it is what the route consumed), the ceiling and the recovery budget follow the
-//! pool's own credit. The same rules run in the memory backend (here) and in the Redis scripts.
+//! pool's own credit.
+//!
+//! A route's buckets are created, full, when it first asks, and follow the pool's capacity when
+//! it asks again. Another route's unused guarantee is read as of now within its current capacity,
+//! and not written: a route's buckets change only through its own requests and settlements. The
+//! same rules run in the memory backend (here) and in the Redis scripts (`lua/admit.lua`), held
+//! together by the contract suite and the differential test.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -59,11 +65,12 @@ impl RouteShare {
     }
 }
 
-/// Who asks, among the routes that share a pool.
-#[derive(Debug, Clone, Copy)]
-pub struct ShareRequest<'a> {
+/// Who asks, among the routes that share a pool. Owned and cheap to clone (the route list is
+/// shared), so a request waiting in the admission queue keeps its own.
+#[derive(Debug, Clone)]
+pub struct ShareRequest {
     /// Every route that uses the pool.
-    pub routes: &'a [RouteShare],
+    pub routes: Arc<[RouteShare]>,
     /// Index of the calling route in `routes`.
     pub caller: usize,
     /// The request is an SDK retry (attempt > 1).
@@ -76,33 +83,9 @@ pub struct ShareRequest<'a> {
     pub idle: Duration,
 }
 
-impl ShareRequest<'_> {
+impl ShareRequest {
     pub fn caller(&self) -> &RouteShare {
         &self.routes[self.caller]
-    }
-}
-
-/// A [`ShareRequest`] that owns its route list, for requests that wait in the admission queue.
-#[derive(Debug, Clone)]
-pub struct RouteDemand {
-    pub routes: Arc<[RouteShare]>,
-    pub caller: usize,
-    pub retry: bool,
-    pub retry_reserve: f64,
-    pub priority_margin: f64,
-    pub idle: Duration,
-}
-
-impl RouteDemand {
-    pub fn request(&self) -> ShareRequest<'_> {
-        ShareRequest {
-            routes: &self.routes,
-            caller: self.caller,
-            retry: self.retry,
-            retry_reserve: self.retry_reserve,
-            priority_margin: self.priority_margin,
-            idle: self.idle,
-        }
     }
 }
 
@@ -145,6 +128,14 @@ impl RouteState {
             (Some(bucket), Some(cap)) => sync_bucket(bucket, cap, now),
             (slot, cap) => *slot = cap.map(|c| TokenBucket::new(c, now)),
         }
+    }
+
+    /// The guarantee's whole tokens now, within the current capacity `guaranteed`, as another
+    /// route sees it: read, not written (the route's own calls bring it up to date).
+    fn unused_guarantee(&self, guaranteed: u64, now: u64) -> u64 {
+        let mut bucket = self.guarantee.clone();
+        bucket.refill(now);
+        bucket.available().min(guaranteed)
     }
 
     fn active(&self, now: u64, idle: Duration) -> bool {
@@ -191,25 +182,13 @@ pub(crate) struct RouteStates {
 }
 
 impl RouteStates {
-    /// Brings every route of `request` up to `now` in a pool of `tpm` tokens per minute,
-    /// creating new ones full.
-    pub fn sync(&mut self, request: &ShareRequest<'_>, tpm: u64, now: u64) {
-        for share in request.routes {
-            match self.routes.get_mut(&share.route) {
-                Some(state) => state.sync(share, tpm, now),
-                None => {
-                    self.routes
-                        .insert(share.route.clone(), RouteState::new(share, tpm, now));
-                }
-            }
-        }
-    }
-
     /// What the pool's bucket (`pool_level` whole tokens now, `tpm` capacity) must hold for
-    /// `tokens` from the caller, or the caller's ceiling refusing. Marks the caller active.
+    /// `tokens` from the caller, or the caller's ceiling refusing. Marks the caller active, and
+    /// brings its buckets to `now` under the capacities of `tpm` (created full the first time it
+    /// asks). Other routes' buckets change only when they ask or settle.
     pub fn need(
         &mut self,
-        request: &ShareRequest<'_>,
+        request: &ShareRequest,
         tokens: u64,
         pool_level: i64,
         tpm: u64,
@@ -219,8 +198,9 @@ impl RouteStates {
         let (guarantee, recovery_fits) = {
             let state = self
                 .routes
-                .get_mut(&caller.route)
-                .expect("sync creates every route");
+                .entry(caller.route.clone())
+                .and_modify(|state| state.sync(caller, tpm, now))
+                .or_insert_with(|| RouteState::new(caller, tpm, now));
             state.last_seen_ns = Some(now);
             if let Some(ceiling) = &state.ceiling
                 && !ceiling.fits(tokens)
@@ -263,7 +243,7 @@ impl RouteStates {
 
     /// What a borrower from the caller must leave: the unused guarantees of the other active
     /// routes, and the priority margin if an active route outranks it.
-    fn protected(&self, request: &ShareRequest<'_>, tpm: u64, now: u64) -> u64 {
+    fn protected(&self, request: &ShareRequest, tpm: u64, now: u64) -> u64 {
         let caller = request.caller();
         let mut protected = 0u64;
         let mut outranked = false;
@@ -277,7 +257,8 @@ impl RouteStates {
             if !state.active(now, request.idle) {
                 continue;
             }
-            protected = protected.saturating_add(state.guarantee.available());
+            let (guaranteed, _, _) = share.capacities(tpm);
+            protected = protected.saturating_add(state.unused_guarantee(guaranteed, now));
             outranked |= share.priority > caller.priority;
         }
         if outranked {
@@ -287,7 +268,7 @@ impl RouteStates {
     }
 
     /// Takes an admitted request's tokens from the caller's buckets.
-    pub fn take(&mut self, request: &ShareRequest<'_>, tokens: u64, plan: Plan) -> ShareHold {
+    pub fn take(&mut self, request: &ShareRequest, tokens: u64, plan: Plan) -> ShareHold {
         let route = request.caller().route.clone();
         if let Some(state) = self.routes.get_mut(&route) {
             state.guarantee.take(plan.guaranteed);
@@ -354,9 +335,9 @@ mod tests {
         }
     }
 
-    fn request(routes: &[RouteShare], caller: usize) -> ShareRequest<'_> {
+    fn request(routes: &[RouteShare], caller: usize) -> ShareRequest {
         ShareRequest {
-            routes,
+            routes: routes.into(),
             caller,
             retry: false,
             retry_reserve: 0.0,
@@ -370,7 +351,6 @@ mod tests {
         let routes = [share("triage", 10, 0.6), share("backlog", 0, 0.0)];
         let mut states = RouteStates::default();
         let r = request(&routes, 0);
-        states.sync(&r, TPM, 0);
         let need = states.need(&r, 500, 1_000, TPM, 0).unwrap();
         assert_eq!(need.tokens, 500);
         assert_eq!(need.hold.guaranteed, 500);
@@ -380,13 +360,11 @@ mod tests {
     fn borrower_leaves_active_guarantees_and_idle_ones_are_lent() {
         let routes = [share("triage", 10, 0.6), share("backlog", 0, 0.0)];
         let mut states = RouteStates::default();
-        states.sync(&request(&routes, 0), TPM, 0);
         // Triage asked at t=0: active for 5 s.
         states.need(&request(&routes, 0), 1, 1_000, TPM, 0).unwrap();
         let b = request(&routes, 1);
         assert_eq!(states.need(&b, 100, 1_000, TPM, SEC).unwrap().tokens, 700);
         // Six seconds later triage is idle: its guarantee is lent.
-        states.sync(&b, TPM, 6 * SEC);
         assert_eq!(
             states.need(&b, 100, 1_000, TPM, 6 * SEC).unwrap().tokens,
             100
@@ -398,12 +376,10 @@ mod tests {
         let routes = [share("triage", 0, 0.6), share("backlog", 0, 0.0)];
         let mut states = RouteStates::default();
         let t = request(&routes, 0);
-        states.sync(&t, TPM, 0);
         let need = states.need(&t, 100, 1_000, TPM, 0).unwrap();
         let hold = states.take(&t, 100, need.hold);
         let b = request(&routes, 1);
         // A minute later triage has not asked again: idle, its guarantee is lent.
-        states.sync(&b, TPM, 60 * SEC);
         assert_eq!(
             states.need(&b, 100, 1_000, TPM, 60 * SEC).unwrap().tokens,
             100
@@ -424,7 +400,6 @@ mod tests {
         h.priority_margin = 0.05;
         let mut l = request(&routes, 1);
         l.priority_margin = 0.05;
-        states.sync(&h, TPM, 0);
         states.need(&h, 1, 1_000, TPM, 0).unwrap();
         states.need(&l, 1, 1_000, TPM, 0).unwrap();
         assert_eq!(states.need(&l, 100, 1_000, TPM, 0).unwrap().tokens, 150);
@@ -438,7 +413,6 @@ mod tests {
         let mut states = RouteStates::default();
         let mut r = request(&routes, 0);
         r.retry_reserve = 0.2;
-        states.sync(&r, TPM, 0);
         // The bucket holds 250: a first attempt of 100 must leave 200.
         assert_eq!(states.need(&r, 100, 250, TPM, 0).unwrap().tokens, 300);
         r.retry = true;
@@ -460,7 +434,6 @@ mod tests {
         routes[0].max_share = Some(0.6);
         let mut states = RouteStates::default();
         let r = request(&routes, 0);
-        states.sync(&r, TPM, 0);
         let need = states.need(&r, 500, 10_000, TPM, 0).unwrap();
         states.take(&r, 500, need.hold);
         let over = states.need(&r, 200, 10_000, TPM, 0).unwrap_err();

@@ -11,10 +11,13 @@ use crate::{
 
 use super::Observer;
 
-/// Publications of counts the ledger keeps, which outlive policy reloads (as the ledger does).
+/// Publications of counts the ledger keeps ([`crate::ledger::LedgerStats`]), which outlive
+/// policy reloads (as the ledger does).
 #[derive(Debug, Default)]
 pub struct LedgerPublications {
     unsettled: Publication,
+    absorbed_errors: Publication,
+    fallbacks: Publication,
 }
 
 impl Observer {
@@ -80,7 +83,9 @@ impl Observer {
     }
 }
 
-/// The ledger's mode and the reservations it saw dropped unsettled.
+/// The ledger's mode, and what it counts itself: reservations dropped unsettled, the errors it
+/// absorbed (added to `tokengate_ledger_errors_total`, where the pipeline counts the errors it
+/// was returned), switches to the local share.
 pub fn ledger(metrics: &Metrics, ledger: &dyn Ledger, published: &LedgerPublications) {
     let mode = ledger.mode();
     for m in LedgerMode::ALL {
@@ -89,8 +94,15 @@ pub fn ledger(metrics: &Metrics, ledger: &dyn Ledger, published: &LedgerPublicat
             .with_label_values(&[m.label()])
             .set(i64::from(m == mode));
     }
-    published.unsettled.publish(
-        &metrics.unsettled_reservations,
-        crate::ledger::unsettled_drops(),
+    let stats = ledger.stats();
+    published
+        .unsettled
+        .publish(&metrics.unsettled_reservations, stats.unsettled_drops());
+    published.absorbed_errors.publish(
+        &metrics.ledger_errors.with_label_values(&[ledger.backend()]),
+        stats.absorbed_errors(),
     );
+    published
+        .fallbacks
+        .publish(&metrics.ledger_fallbacks, stats.fallbacks());
 }

@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use prometheus::Histogram;
 
 use crate::ledger::{
-    Decision, Ledger, LedgerError, LedgerMode, Limits, PoolSnapshot, Reservation, ReserveRequest,
+    Ledger, LedgerError, LedgerMode, LedgerStats, Limits, PoolSnapshot, Reservation,
+    ReserveRequest, Verdict,
 };
 
 /// A ledger whose reserve and settle calls are timed.
@@ -26,7 +27,7 @@ impl TimedLedger {
 
 #[async_trait]
 impl Ledger for TimedLedger {
-    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Decision, LedgerError> {
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         let started = Instant::now();
         let decision = self.inner.reserve(request).await;
         self.seconds.observe(started.elapsed().as_secs_f64());
@@ -50,6 +51,10 @@ impl Ledger for TimedLedger {
 
     fn backend(&self) -> &'static str {
         self.inner.backend()
+    }
+
+    fn stats(&self) -> &LedgerStats {
+        self.inner.stats()
     }
 
     fn mode(&self) -> LedgerMode {

@@ -8,15 +8,16 @@ use std::sync::Arc;
 
 use axum::{body::Body, response::Response};
 use http::{StatusCode, header, request::Parts};
+use hyper::body::Incoming;
 
 use super::meter::{ExceptionFrame, InFlight, Meter, MeteredBody, UsageReader};
 use crate::{
     admission::{Admitted, hint},
     answer,
-    bedrock::{ErrorCode, Operation, eventstream},
+    bedrock::{ErrorCode, Operation, eventstream, operation::raw_path_and_query},
     observe::Observation,
     sagemaker,
-    state::Policy,
+    state::{AppState, Policy},
     upstream::{Upstream, UpstreamError, headers::strip_hop_by_hop},
 };
 
@@ -35,32 +36,41 @@ pub struct Outgoing<'a> {
 
 /// Forwards `request`; an `admitted` request takes `obs` along, to be written at settlement.
 pub async fn forward(
+    state: &AppState,
     policy: &Arc<Policy>,
     request: Outgoing<'_>,
     admitted: Option<Admitted>,
     obs: &mut Option<Observation>,
 ) -> Response {
     let mut body = request.body;
-    let mut in_flight = admitted.map(|admitted| {
+    let in_flight = admitted.map(|admitted| {
         if let Some(rewritten) = admitted.body {
             body = rewritten;
         }
         InFlight::new(admitted.hold, obs.take(), policy.observer.clone())
     });
     let parts = request.parts;
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or(parts.uri.path(), |p| p.as_str());
+    let path_and_query = raw_path_and_query(&parts.uri);
     let sent = request
         .upstream
         .send(parts.method.clone(), path_and_query, &request.headers, body)
         .await;
+    match sent {
+        Ok(response) => respond(state, policy, request.operation, in_flight, response),
+        Err(e) => unreachable(policy, in_flight, &e, request.operation),
+    }
+}
+
+/// Upstream's answer, on its way to the client: an error status settled and passed on, a
+/// success passed through a body that meters it.
+pub fn respond(
+    state: &AppState,
+    policy: &Arc<Policy>,
+    operation: Operation,
+    mut in_flight: Option<InFlight>,
+    response: http::Response<Incoming>,
+) -> Response {
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
-    let response = match sent {
-        Ok(response) => response,
-        Err(e) => return unreachable(policy, in_flight, &e, request.operation),
-    };
     let status = response.status();
     policy.observer.upstream_response(pool.as_deref(), status);
     let (mut head, incoming) = response.into_parts();
@@ -79,7 +89,7 @@ pub async fn forward(
         }
         Some(mut f) => {
             f.answered(status, &head.headers);
-            UsageReader::for_operation(request.operation).map(|mut usage| {
+            UsageReader::for_operation(operation).map(|mut usage| {
                 if let Some(u) = usage.on_headers(&head.headers) {
                     f.settle_usage(&u);
                 }
@@ -88,17 +98,19 @@ pub async fn forward(
         }
         None => None,
     };
-    let exception: ExceptionFrame = if request.operation.is_endpoint() {
+    let exception: ExceptionFrame = if operation.is_endpoint() {
         sagemaker::error::stream_exception_frame
     } else {
         eventstream::exception_frame
     };
+    // Every upstream client shares the idle timeout and the drain deadline: bedrock-runtime's
+    // stands for them all.
     let body = MeteredBody::new(
         incoming,
         meter,
         policy.observer.clone(),
         pool,
-        request.upstream,
+        &state.upstream,
         event_stream.then_some(exception),
     );
     Response::from_parts(head, Body::new(body))
@@ -121,7 +133,7 @@ fn refused(
     if throttled {
         let pool = in_flight.hold().pool().clone();
         let hint = policy.admission.upstream_throttled(&pool);
-        policy.observer.upstream_throttled(&pool, hint);
+        policy.observer.upstream_throttled(&pool, Some(hint));
         answer::upstream_throttled(headers, hint);
     }
     in_flight.answered(status, headers);
@@ -129,7 +141,7 @@ fn refused(
 }
 
 /// No response from upstream: a retryable 503, settled by the rule for the failure.
-fn unreachable(
+pub fn unreachable(
     policy: &Policy,
     in_flight: Option<InFlight>,
     error: &UpstreamError,

@@ -17,11 +17,16 @@
 //! Only the headers the API defines (and a SigV4 caller signed) go upstream
 //! ([`crate::upstream::headers`]). tokengate's own answers to endpoint calls carry
 //! sagemaker-runtime's error names ([`crate::sagemaker::error::own_answer`]).
+//!
+//! InvokeModelWithBidirectionalStream takes the same steps from its head alone, its body being
+//! the session's events, which stream upstream as they come ([`duplex`], [`relay`]).
 
 pub mod caller;
 pub mod count_tokens;
+pub mod duplex;
 pub mod forward;
 pub mod meter;
+pub mod relay;
 
 use std::sync::Arc;
 
@@ -154,8 +159,11 @@ async fn proxy(
     };
     let operation = call.operation();
     record.target(operation, call.label().as_deref());
-    if !operation.forwarded() {
-        return answer::not_forwarded(operation);
+    if let Call::Model(target) = &call
+        && operation == Operation::InvokeModelWithBidirectionalStream
+    {
+        let model_id = target.model_id.as_deref();
+        return duplex::proxy(state, policy, parts, body, model_id, obs, route).await;
     }
     let (api, service) = call.api();
     // Who is calling, from the head alone: an unknown caller never gets a body buffered.
@@ -208,7 +216,7 @@ async fn proxy(
         body,
         upstream: &upstream,
     };
-    forward::forward(policy, request, admitted, obs).await
+    forward::forward(state, policy, request, admitted, obs).await
 }
 
 /// Where a call goes: bedrock-runtime, or the sagemaker-runtime of its endpoint's pool (of

@@ -16,8 +16,9 @@
 //!   route's guarantee is lent; a route's `max_share` binds with its own refill; retries use the
 //!   retry reserve within their recovery budget and first attempts never do;
 //! - **the transit hold**: after a reservation empties a full bucket, refill restarts 100 ms later
-//!   (a literal here, so changing `UPSTREAM_TRANSIT_NS` or the Lua's `TRANSIT_MS` fails);
-//! - no reservation is ever dropped unsettled (`unsettled_drops() == 0` after every case).
+//!   (a literal here, so changing `units::UPSTREAM_TRANSIT` or the Lua's `TRANSIT_MS` fails);
+//! - no reservation is ever dropped unsettled (the ledger's `stats().unsettled_drops() == 0`
+//!   after every case).
 //!
 //! The Redis backend runs against a private `redis-server` per case (see
 //! `common/redis_server.rs`): always under CI; locally, without `redis-server`, each Redis case
@@ -37,12 +38,9 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use tokengate::{
-    ledger::{
-        Clock, Decision, Ledger, Limit, Limits, MemoryLedger, PoolSnapshot, RedisLedger,
-        RedisOptions, Rejection, Reservation, ReserveRequest, RouteShare, ShareRequest,
-    },
-    metrics::Metrics,
+use tokengate::ledger::{
+    Clock, Ledger, Limit, Limits, MemoryLedger, PoolSnapshot, RedisLedger, RedisOptions, Rejection,
+    Reservation, ReserveRequest, RouteShare, ShareRequest, Verdict,
 };
 use tokio::sync::Barrier;
 
@@ -98,7 +96,7 @@ macro_rules! contract_suite {
                         return;
                     };
                     super::$case(backend.ledger.clone()).await;
-                    assert_eq!(tokengate::ledger::unsettled_drops(), 0, "a reservation was dropped unsettled");
+                    assert_eq!(backend.ledger.stats().unsettled_drops(), 0, "a reservation was dropped unsettled");
                 }
             )*
         }
@@ -119,9 +117,7 @@ async fn redis_ledger() -> Option<Backend> {
         timeout: Duration::from_secs(5),
         lease: Duration::from_secs(60),
     };
-    let ledger = RedisLedger::connect(options, Arc::new(Metrics::standalone().1))
-        .await
-        .expect("redis ledger");
+    let ledger = RedisLedger::connect(options).await.expect("redis ledger");
     assert!(ledger.is_healthy(), "the private redis-server answers");
     Some(Backend {
         ledger: Arc::new(ledger),
@@ -154,7 +150,7 @@ fn limits(
     }
 }
 
-async fn reserve(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -> Decision {
+async fn reserve(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -> Verdict {
     ledger
         .reserve(&ReserveRequest {
             pool,
@@ -169,15 +165,15 @@ async fn reserve(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -
 
 async fn admit(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -> Reservation {
     match reserve(ledger, pool, limits, tokens).await {
-        Decision::Admitted(r) => r,
-        Decision::Rejected(r) => panic!("expected {tokens} tokens admitted, got {r:?}"),
+        Verdict::Granted(r) => r,
+        Verdict::Refused(r) => panic!("expected {tokens} tokens admitted, got {r:?}"),
     }
 }
 
 async fn reject(ledger: &dyn Ledger, pool: &str, limits: Limits, tokens: u64) -> Rejection {
     match reserve(ledger, pool, limits, tokens).await {
-        Decision::Rejected(r) => r,
-        Decision::Admitted(r) => {
+        Verdict::Refused(r) => r,
+        Verdict::Granted(r) => {
             let id = r.id();
             ledger.settle(r, 0).await.expect("settle");
             panic!("expected {tokens} tokens rejected, but reservation {id} was admitted")
@@ -325,8 +321,8 @@ async fn race(
     let (mut admitted, mut rejected) = (Vec::new(), Vec::new());
     for task in tasks {
         match task.await.expect("task") {
-            Decision::Admitted(r) => admitted.push(r),
-            Decision::Rejected(r) => rejected.push(r),
+            Verdict::Granted(r) => admitted.push(r),
+            Verdict::Refused(r) => rejected.push(r),
         }
     }
     (admitted, rejected, start)
@@ -387,7 +383,7 @@ async fn churn_never_exceeds_concurrency(ledger: Arc<dyn Ledger>) {
             tokio::spawn(async move {
                 for _ in 0..ITERATIONS {
                     match reserve(&*ledger, &pool, l, 60).await {
-                        Decision::Admitted(r) => {
+                        Verdict::Granted(r) => {
                             admitted.fetch_add(1, Ordering::Relaxed);
                             let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
                             most_holders.fetch_max(now, Ordering::Relaxed);
@@ -396,7 +392,7 @@ async fn churn_never_exceeds_concurrency(ledger: Arc<dyn Ledger>) {
                             settle(&*ledger, r, 30).await;
                             settled.fetch_add(1, Ordering::Relaxed);
                         }
-                        Decision::Rejected(r) => {
+                        Verdict::Refused(r) => {
                             assert_eq!(r.limit, Limit::Concurrency, "{r:?}");
                             tokio::task::yield_now().await;
                         }
@@ -667,9 +663,9 @@ fn route(name: &str, priority: i32, min_share: f64, max_share: Option<f64>) -> R
 }
 
 /// No retry reserve, no priority margin, routes active for a minute after they ask.
-fn share_request(routes: &[RouteShare], caller: usize) -> ShareRequest<'_> {
+fn share_request(routes: &[RouteShare], caller: usize) -> ShareRequest {
     ShareRequest {
-        routes,
+        routes: routes.into(),
         caller,
         retry: false,
         retry_reserve: 0.0,
@@ -678,12 +674,7 @@ fn share_request(routes: &[RouteShare], caller: usize) -> ShareRequest<'_> {
     }
 }
 
-async fn reserve_as(
-    ledger: &dyn Ledger,
-    pool: &str,
-    tokens: u64,
-    share: ShareRequest<'_>,
-) -> Decision {
+async fn reserve_as(ledger: &dyn Ledger, pool: &str, tokens: u64, share: &ShareRequest) -> Verdict {
     ledger
         .reserve(&ReserveRequest {
             pool,
@@ -700,11 +691,11 @@ async fn admit_as(
     ledger: &dyn Ledger,
     pool: &str,
     tokens: u64,
-    share: ShareRequest<'_>,
+    share: &ShareRequest,
 ) -> Reservation {
     match reserve_as(ledger, pool, tokens, share).await {
-        Decision::Admitted(r) => r,
-        Decision::Rejected(r) => panic!("expected {tokens} tokens admitted, got {r:?}"),
+        Verdict::Granted(r) => r,
+        Verdict::Refused(r) => panic!("expected {tokens} tokens admitted, got {r:?}"),
     }
 }
 
@@ -712,11 +703,11 @@ async fn reject_as(
     ledger: &dyn Ledger,
     pool: &str,
     tokens: u64,
-    share: ShareRequest<'_>,
+    share: &ShareRequest,
 ) -> Rejection {
     match reserve_as(ledger, pool, tokens, share).await {
-        Decision::Rejected(r) => r,
-        Decision::Admitted(r) => {
+        Verdict::Refused(r) => r,
+        Verdict::Granted(r) => {
             let id = r.id();
             ledger.settle(r, 0).await.expect("settle");
             panic!("expected {tokens} tokens rejected, but reservation {id} was admitted")
@@ -733,7 +724,7 @@ async fn shares_guarantee_is_protected_from_borrowers(ledger: Arc<dyn Ledger>) {
         route("backlog", 0, 0.0, None),
     ];
     let (triage, backlog) = (share_request(&routes, 0), share_request(&routes, 1));
-    let first = admit_as(&*ledger, &pool, 10, triage).await;
+    let first = admit_as(&*ledger, &pool, 10, &triage).await;
     assert_eq!(
         first.share().map(|h| h.guaranteed),
         Some(10),
@@ -741,15 +732,15 @@ async fn shares_guarantee_is_protected_from_borrowers(ledger: Arc<dyn Ledger>) {
     );
     settle(&*ledger, first, 10).await;
     // Bucket 590, triage's unused guarantee 290: backlog may take 590 - 290 = 300.
-    let borrowed = admit_as(&*ledger, &pool, 250, backlog).await;
+    let borrowed = admit_as(&*ledger, &pool, 250, &backlog).await;
     assert_eq!(borrowed.share().map(|h| h.guaranteed), Some(0));
-    let refused = reject_as(&*ledger, &pool, 100, backlog).await;
+    let refused = reject_as(&*ledger, &pool, 100, &backlog).await;
     assert_eq!(refused.limit, Limit::Tokens);
     assert!(
         refused.token_deficit >= 40,
         "must leave triage's guarantee: {refused:?}"
     );
-    let owner = admit_as(&*ledger, &pool, 290, triage).await;
+    let owner = admit_as(&*ledger, &pool, 290, &triage).await;
     settle(&*ledger, owner, 290).await;
     settle(&*ledger, borrowed, 250).await;
     assert_idle(&snapshot(&*ledger, &pool, limits(TPM, None, 100)).await);
@@ -766,9 +757,9 @@ async fn shares_idle_guarantees_are_lent(ledger: Arc<dyn Ledger>) {
     let mut backlog = share_request(&routes, 1);
     triage.idle = Duration::ZERO;
     backlog.idle = Duration::ZERO;
-    let first = admit_as(&*ledger, &pool, 10, triage).await;
+    let first = admit_as(&*ledger, &pool, 10, &triage).await;
     settle(&*ledger, first, 10).await;
-    let all = admit_as(&*ledger, &pool, 580, backlog).await;
+    let all = admit_as(&*ledger, &pool, 580, &backlog).await;
     settle(&*ledger, all, 580).await;
 }
 
@@ -780,8 +771,8 @@ async fn shares_ceiling_binds_with_its_own_refill(ledger: Arc<dyn Ledger>) {
         route("app", 0, 0.0, None),
     ];
     let batch = share_request(&routes, 0);
-    let held = admit_as(&*ledger, &pool, 100, batch).await;
-    let refused = reject_as(&*ledger, &pool, 100, batch).await;
+    let held = admit_as(&*ledger, &pool, 100, &batch).await;
+    let refused = reject_as(&*ledger, &pool, 100, &batch).await;
     assert_eq!(refused.limit, Limit::Share);
     assert!((49..=50).contains(&refused.token_deficit), "{refused:?}");
     let wait = refused.refill_wait.expect("the ceiling refills");
@@ -790,10 +781,10 @@ async fn shares_ceiling_binds_with_its_own_refill(ledger: Arc<dyn Ledger>) {
         "50 tokens at 2.5 per second: {wait:?}"
     );
     // The pool itself still has room for other routes.
-    let other = admit_as(&*ledger, &pool, 300, share_request(&routes, 1)).await;
+    let other = admit_as(&*ledger, &pool, 300, &share_request(&routes, 1)).await;
     settle(&*ledger, other, 0).await;
     settle(&*ledger, held, 0).await;
-    let again = admit_as(&*ledger, &pool, 140, batch).await;
+    let again = admit_as(&*ledger, &pool, 140, &batch).await;
     settle(&*ledger, again, 0).await;
 }
 
@@ -805,20 +796,20 @@ async fn shares_retries_use_the_reserve_within_the_budget(ledger: Arc<dyn Ledger
     routes[0].recovery_share = 0.1;
     let mut first = share_request(&routes, 0);
     first.retry_reserve = 0.2;
-    let mut retry = first;
+    let mut retry = first.clone();
     retry.retry = true;
     assert_eq!(
-        reject_as(&*ledger, &pool, 500, first).await.limit,
+        reject_as(&*ledger, &pool, 500, &first).await.limit,
         Limit::Tokens
     );
-    let bulk = admit_as(&*ledger, &pool, 480, first).await;
+    let bulk = admit_as(&*ledger, &pool, 480, &first).await;
     assert_eq!(bulk.share().map(|h| h.recovered), Some(false));
     // 120 left: only the reserve. A first attempt cannot have it; a retry can.
-    reject_as(&*ledger, &pool, 10, first).await;
-    let recovering = admit_as(&*ledger, &pool, 50, retry).await;
+    reject_as(&*ledger, &pool, 10, &first).await;
+    let recovering = admit_as(&*ledger, &pool, 50, &retry).await;
     assert_eq!(recovering.share().map(|h| h.recovered), Some(true));
     // The budget has 10 left: the next retry of 50 waits like a first attempt.
-    reject_as(&*ledger, &pool, 50, retry).await;
+    reject_as(&*ledger, &pool, 50, &retry).await;
     settle(&*ledger, recovering, 50).await;
     settle(&*ledger, bulk, 480).await;
     assert_idle(&snapshot(&*ledger, &pool, limits(TPM, None, 100)).await);
@@ -836,14 +827,14 @@ async fn hold_back_stays_in_the_bucket(ledger: Arc<dyn Ledger>) {
         hold_back,
     };
     let refused = match ledger.reserve(&request(500, 200)).await.expect("ledger") {
-        Decision::Rejected(r) => r,
-        Decision::Admitted(r) => panic!("500 + 200 held back cannot fit 600: {r:?}"),
+        Verdict::Refused(r) => r,
+        Verdict::Granted(r) => panic!("500 + 200 held back cannot fit 600: {r:?}"),
     };
     assert_eq!(refused.limit, Limit::Tokens);
     assert_eq!(refused.token_deficit, 100);
     let fits = match ledger.reserve(&request(400, 200)).await.expect("ledger") {
-        Decision::Admitted(r) => r,
-        Decision::Rejected(r) => panic!("400 + 200 fits 600: {r:?}"),
+        Verdict::Granted(r) => r,
+        Verdict::Refused(r) => panic!("400 + 200 fits 600: {r:?}"),
     };
     settle(&*ledger, fits, 0).await;
     assert_idle(&snapshot(&*ledger, &pool, l).await);

@@ -9,7 +9,7 @@
 //! | `queue`, `queue_fleet` | the admission queue (paused clock), and a closed-loop SDK fleet against it |
 //! | `routes` | application routes and caller identity: keys, allow-lists, shares, recovery |
 //! | `saturation` | the product's promise under saturating load: no upstream throttle, the quota busy |
-//! | `ledger_contract`, `redis` | what every ledger backend must do; the shared ledger end to end |
+//! | `ledger_contract`, `ledger_differential`, `redis` | what every ledger backend must do; the memory and Redis ledgers giving the same answers to the same random operations; the shared ledger end to end |
 //! | `reload`, `lifecycle` | config reload; shutdown through the real binary |
 //! | `access_log`, `observability`, `dashboards`, `admin` | what operators see: the log line, metrics, the dashboard and alerts, the admin endpoints |
 //! | `bad_input`, `client_faults`, `upstream_faults` | bad requests, misbehaving clients, misbehaving upstreams |
@@ -17,6 +17,7 @@
 //! | `iam_policy` | the README's IAM policy against the forwarded operations |
 //! | `simulator` | the simulator on its own: Bedrock's arithmetic and wire shapes, with real clients |
 //! | `endpoints` | SageMaker endpoint pools with aws-sdk-sagemakerruntime: the per-copy limit, the queue, hints, the copies from the control plane |
+//! | `bidi`, `bidi_raw` | InvokeModelWithBidirectionalStream through the proxy: the Rust SDK's sessions, and raw HTTP/2 where the SDK cannot say it |
 
 mod common;
 
@@ -24,11 +25,14 @@ mod access_log;
 mod admin;
 mod admission;
 mod bad_input;
+mod bidi;
+mod bidi_raw;
 mod client_faults;
 mod dashboards;
 mod endpoints;
 mod iam_policy;
 mod ledger_contract;
+mod ledger_differential;
 mod lifecycle;
 mod observability;
 mod proxy;

@@ -82,7 +82,7 @@ async fn assert_zero(adm: &Admission) {
         ),
         (0, 0, 0)
     );
-    assert_eq!(tokengate::ledger::unsettled_drops(), 0);
+    assert_eq!(adm.ledger().stats().unsettled_drops(), 0);
 }
 
 fn hint_ms(e: &Refused) -> u64 {

@@ -18,7 +18,6 @@ use crate::common::{redis_server::RedisServer, *};
 use tokengate::{
     gateway::Gateway,
     ledger::{Ledger, Limits, PoolSnapshot, RedisLedger, RedisOptions},
-    metrics::Metrics,
 };
 use tokio::time::Instant;
 
@@ -31,7 +30,7 @@ async fn observer(server: &RedisServer) -> RedisLedger {
         timeout: Duration::from_secs(5),
         lease: Duration::from_secs(60),
     };
-    RedisLedger::connect(options, Arc::new(Metrics::standalone().1))
+    RedisLedger::connect(options)
         .await
         .expect("observer connects")
 }
@@ -315,7 +314,8 @@ async fn each_call_is_one_redis_call_to_admit_and_one_to_settle() {
     let pool = format!("{}retry_reserve = 0.1\n", sonnet_pool(1_000_000, 8));
     let proxy = start_proxy(proxy_config(sim.addr, &pool, &extra)).await;
     // Every reserve and settle that came back (the proxy's own count: no Redis call of ours).
-    let ledger_calls = || proxy.state.metrics.ledger_seconds.get_sample_count();
+    let ledger_calls =
+        || crate::common::metric(&proxy, "tokengate_ledger_seconds_count", &[]) as u64;
     assert_eq!(
         converse(proxy.addr).await.status,
         200,
@@ -495,13 +495,10 @@ async fn fail_closed_answers_503_while_redis_is_out_and_recovers() {
         ok > 0 && unavailable > 0,
         "{ok} ok, {unavailable} unavailable"
     );
-    let errors = proxy
-        .state
-        .metrics
-        .ledger_errors
-        .with_label_values(&["redis"])
-        .get();
-    assert!(errors > 0, "ledger errors counted");
+    let errors = scrape(addr)
+        .await
+        .get("tokengate_ledger_errors_total", &[("backend", "redis")]);
+    assert!(errors > 0.0, "ledger errors counted");
     // Reserves that timed out but ran once Redis thawed hold leases nobody renews: they expire
     // (2 s) and the ledger returns to zero.
     assert_ledger_zero(&proxy).await;
@@ -581,7 +578,9 @@ async fn local_share_keeps_admitting_within_its_share_and_returns_to_redis() {
         local.tokens_capacity, 30_000,
         "half of 60,000 tokens per minute"
     );
-    assert_eq!(proxy.state.metrics.ledger_fallbacks.get(), 1);
+    scrape(addr)
+        .await
+        .expect("tokengate_ledger_fallback_total", &[], 1.0);
 
     server.resume();
     eventually(Duration::from_secs(10), "back on Redis", || async {

@@ -1,16 +1,18 @@
 -- tokengate ledger v1: admit. ARGV: member, tokens, tpm, rpm (-1: none), max_concurrency, lease_ms,
--- hold_back (tokens the bucket must keep beyond this request), then the route shares: n (0: none), and when n > 0: caller (1-based), retry (0/1),
--- retry_reserve, priority_margin (tokens), idle_ms, and per route: name, priority, guaranteed,
--- ceiling (-1: none), recovery (tokens per minute).
+-- hold_back (tokens the bucket must keep beyond this request), then the route shares: n (0: none),
+-- and when n > 0: caller (1-based), retry (0/1), retry_reserve, priority_margin (tokens), idle_ms,
+-- and per route: name, priority, guaranteed, ceiling (-1: none), recovery (tokens per minute).
 -- Takes tokens, one request and one permit (a lease), and the caller's share, all or nothing.
--- Returns {1, purged, guaranteed, recovered} when admitted, or
--- {0, purged, limit (1 tokens, 2 requests, 3 concurrency, 4 share), wait_ms (-1: never), deficit,
--- reserved, in_flight, held_for_others (1: the bucket held the request but not what it must leave
--- for other routes)}.
+-- Replies (JSON) either
+--   {"verdict":"granted","purged":_,"guaranteed":_,"recovered":_} or
+--   {"verdict":"refused","purged":_,"limit":"tokens"|"requests"|"concurrency"|"share",
+--    "wait_ms":_ (null: refill never makes room),"deficit":_,"reserved":_,"in_flight":_,
+--    "held_for_others":_ (the bucket held the request but not what it must leave for other routes)}
+-- purged: expired leases reclaimed by this call.
+local now = now_ms()
 local member, tokens = ARGV[1], tonumber(ARGV[2])
 local tpm, rpm, max_concurrency, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local hold_back = tonumber(ARGV[7])
-local now = now_ms()
 local s = load_synced(tpm, rpm, now)
 local purged = purge(s, now)
 local in_flight = redis.call('ZCARD', LEASES)
@@ -20,7 +22,24 @@ local t, r = s.tokens, s.requests
 local n = tonumber(ARGV[8] or '0')
 local need = tokens
 local protected = 0
-local me, rs, hold_g, recovered = nil, nil, 0, 0
+local me, rs, hold_g, recovered = nil, nil, 0, false
+
+-- Turns the request away: keeps what this call updated (refill, the caller's last-seen time),
+-- takes nothing. wait: milliseconds of refill until it fits, -1 if refill never makes room.
+local function refused(limit, wait, deficit, held_for_others)
+  if rs then
+    route_save(me.name, rs)
+  end
+  save(s, now)
+  local wait_ms = nil
+  if wait >= 0 then
+    wait_ms = wait
+  end
+  return string.format(
+    '{"verdict":"refused","purged":%d,"limit":"%s","wait_ms":%s,"deficit":%d,"reserved":%d,"in_flight":%d,"held_for_others":%s}',
+    purged, limit, json_int(wait_ms), deficit, s.reserved, in_flight, tostring(held_for_others))
+end
+
 if n > 0 then
   local caller, retry = tonumber(ARGV[9]), ARGV[10] == '1'
   local reserve, margin, idle_ms = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
@@ -36,20 +55,17 @@ if n > 0 then
   rs = route_load(me.name, me.g, me.c, me.v, now)
   rs.seen = now
   if rs.c and tokens * U > rs.c.level then
-    local wait = wait_for(rs.c, tokens)
-    local deficit = math.max(0, tokens - whole(rs.c))
-    route_save(me.name, rs)
-    save(s, now)
-    return { 0, purged, 4, wait, deficit, s.reserved, in_flight, 0 }
+    return refused('share', wait_for(rs.c, tokens), math.max(0, tokens - whole(rs.c)), false)
   end
   hold_g = math.min(math.max(whole(rs.g), 0), tokens)
   if hold_g < tokens then
     local outranked = false
     for i = 1, n do
       if i ~= caller then
+        -- Read, not written: another route's buckets change only when it asks or settles.
         local other = route_get(routes[i].name, now)
         if other and active(other, now, idle_ms) then
-          protected = protected + math.max(whole(other.g), 0)
+          protected = protected + math.max(math.min(whole(other.g), routes[i].g), 0)
           if routes[i].priority > me.priority then
             outranked = true
           end
@@ -64,7 +80,7 @@ if n > 0 then
   if retry and reserve > 0 and need * U > t.level and tokens * U <= rs.v.level
     and (tokens + protected) * U <= t.level then
     need = tokens + protected
-    recovered = 1
+    recovered = true
   end
 end
 
@@ -82,25 +98,14 @@ if not token_fit or not request_fit then
   -- known wait and a free permit is not, so a short bucket binds even when permits are gone too.
   local tokens_bind = (not token_fit)
     and (request_fit or token_wait < 0 or (request_wait >= 0 and token_wait >= request_wait))
-  if rs then
-    route_save(me.name, rs)
-  end
-  save(s, now)
   if tokens_bind then
-    local held_for_others = 0
-    if protected > 0 and (need - protected) * U <= t.level then
-      held_for_others = 1
-    end
-    return { 0, purged, 1, token_wait, deficit, s.reserved, in_flight, held_for_others }
+    local held_for_others = protected > 0 and (need - protected) * U <= t.level
+    return refused('tokens', token_wait, deficit, held_for_others)
   end
-  return { 0, purged, 2, request_wait, deficit, s.reserved, in_flight, 0 }
+  return refused('requests', request_wait, deficit, false)
 end
 if in_flight >= max_concurrency then
-  if rs then
-    route_save(me.name, rs)
-  end
-  save(s, now)
-  return { 0, purged, 3, 0, 0, s.reserved, in_flight, 0 }
+  return refused('concurrency', 0, 0, false)
 end
 -- From a full bucket, refill waits for the request to reach upstream (see
 -- TokenBucket::take_in_transit): upstream's bucket stays capped until then.
@@ -116,7 +121,7 @@ if rs then
   if rs.c then
     rs.c.level = rs.c.level - tokens * U
   end
-  if recovered == 1 then
+  if recovered then
     rs.v.level = rs.v.level - tokens * U
   end
   route_save(me.name, rs)
@@ -124,4 +129,5 @@ end
 s.reserved = s.reserved + tokens
 redis.call('ZADD', LEASES, now + lease_ms, member)
 save(s, now)
-return { 1, purged, hold_g, recovered }
+return string.format('{"verdict":"granted","purged":%d,"guaranteed":%d,"recovered":%s}',
+  purged, hold_g, tostring(recovered))

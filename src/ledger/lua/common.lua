@@ -1,8 +1,11 @@
 -- tokengate ledger, key layout v1: KEYS[1] = tg:v1:{pool}:s (hash), KEYS[2] = tg:v1:{pool}:l (zset).
--- This prelude is prepended to every script (see src/ledger/redis.rs).
+-- This prelude is prepended to every script, after the constants src/ledger/scripts.rs formats in
+-- from Rust (never copied here by hand): U (units per token: milliseconds per minute, from
+-- ledger/units.rs), TRANSIT_MS (ledger/units.rs UPSTREAM_TRANSIT), PURGE_BATCH (expired leases
+-- reclaimed per call) and KEY_GRACE_MS (how long an idle pool's keys outlive a full bucket).
 --
 -- Token buckets as in src/ledger/bucket.rs, at millisecond resolution: a level is kept in
--- "token-milliminutes" (one token is U = 60000 units) and a bucket of C tokens per minute refills
+-- "token-milliminutes" (one token is U units) and a bucket of C tokens per minute refills
 -- exactly C units per elapsed millisecond of Redis TIME. Integers only: Lua numbers are doubles,
 -- and every value here stays an integer below 2^53 (the client refuses limits that could pass it).
 -- Stored numbers are written with '%.0f', never tostring (which keeps only 14 digits).
@@ -12,12 +15,10 @@
 -- The lease zset: member "<id hex>:<tokens>", score = expiry in Redis ms. Its cardinality is the
 -- number of requests in flight.
 
-local U = 60000
--- src/ledger/memory.rs UPSTREAM_TRANSIT_NS, in milliseconds.
-local TRANSIT_MS = 100
-local PURGE_BATCH = 256
 local STATE, LEASES = KEYS[1], KEYS[2]
 
+-- The time in milliseconds: Redis TIME, never a replica's clock. Every script calls it first
+-- (a test build replaces it with lua/test_clock.lua, which takes the time from the arguments).
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -36,6 +37,17 @@ end
 
 local function int(x)
   return string.format('%.0f', x)
+end
+
+-- Replies are JSON objects, one string.format per reply with a fixed template, decoded on the Rust
+-- side with serde (src/ledger/scripts.rs). Integers go through '%d' (exact for every integer a
+-- double holds), never cjson.encode, which prints numbers with 14 significant digits. A value
+-- that may be absent is formatted with '%s' from `json_int`: the integer, or null.
+local function json_int(x)
+  if x == nil then
+    return 'null'
+  end
+  return string.format('%d', x)
 end
 
 local function bucket_new(cap, now)
@@ -150,7 +162,7 @@ local function extend(key, ms)
 end
 
 -- Writes the state back. Both keys live until every lease has expired and both buckets are full
--- again, plus a minute: a pool that expired is indistinguishable from a fresh, full one.
+-- again, plus KEY_GRACE_MS: a pool that expired is indistinguishable from a fresh, full one.
 local function save(s, now)
   local t = s.tokens
   redis.call('HSET', STATE, 'tl', int(t.level), 'tc', int(t.cap), 'tt', int(t.ts), 'res', int(s.reserved))
@@ -165,14 +177,17 @@ local function save(s, now)
   if last[2] then
     ttl = math.max(ttl, tonumber(last[2]) - now)
   end
-  ttl = ttl + 60000
+  ttl = ttl + KEY_GRACE_MS
   extend(STATE, ttl)
   extend(LEASES, ttl)
 end
 
 -- Route shares (see src/ledger/shares.rs for the rules). A route's buckets in a pool live in the
 -- state hash, field 'r:<route>' = "gl gc gt cl cc ct vl vc vt seen": guarantee, ceiling (cc = -1:
--- none) and recovery buckets, and when the route last asked or settled (ms; 0: never).
+-- none) and recovery buckets, and when the route last asked or settled (ms; NEVER: not yet. A
+-- record written before NEVER existed says 0, which reads as an instant long past: the same).
+
+local NEVER = -1
 
 local function sync(b, cap, now)
   if b.cap ~= cap then
@@ -209,7 +224,7 @@ end
 local function route_load(name, g, c, v, now)
   local r = route_get(name, now)
   if not r then
-    r = { g = bucket_new(g, now), v = bucket_new(v, now), seen = 0 }
+    r = { g = bucket_new(g, now), v = bucket_new(v, now), seen = NEVER }
     if c >= 0 then
       r.c = bucket_new(c, now)
     end
@@ -236,5 +251,5 @@ local function route_save(name, r)
 end
 
 local function active(r, now, idle_ms)
-  return r.seen > 0 and now - r.seen < idle_ms
+  return r.seen ~= NEVER and now - r.seen < idle_ms
 end

@@ -1,8 +1,8 @@
 -- tokengate ledger v1: renew. ARGV: lease_ms, member...
 -- Pushes the expiry of each live lease to now + lease_ms. Returns the members no longer held
 -- (expired and purged, or settled meanwhile).
-local lease_ms = tonumber(ARGV[1])
 local now = now_ms()
+local lease_ms = tonumber(ARGV[1])
 local s = load(now)
 local missing = {}
 if not s then

@@ -3,12 +3,12 @@
 -- Credits back reserved - charged (or debits the excess) and ends the lease. A lease that already
 -- expired was charged in full when it was purged: only a charge above the reservation is debited,
 -- and the route's buckets keep what they lent.
--- Returns {held (1 if the lease was live), purged}.
-local member, reserved, charged = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+-- Replies (JSON) {"held":_ (whether the lease was live),"purged":_}.
 local now = now_ms()
+local member, reserved, charged = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local s = load(now)
 if not s then
-  return { 0, 0 }
+  return '{"held":false,"purged":0}'
 end
 local t = s.tokens
 refill(t, now)
@@ -41,4 +41,4 @@ if route then
   end
 end
 save(s, now)
-return { held, purged }
+return string.format('{"held":%s,"purged":%d}', tostring(held == 1), purged)

@@ -105,7 +105,7 @@ async fn invocation(State(sim): State<Arc<Inner>>, request: Request) -> Response
     let Ok(body) = axum::body::to_bytes(body, invoke::MAX_BODY_BYTES).await else {
         return invoke::validation("The request body could not be read or is larger than 6 MB.");
     };
-    if let Err(refusal) = auth::check_for(&sim, &parts, &body, false, "sagemaker") {
+    if let Err(refusal) = auth::check_for(&sim, &parts, &body, "sagemaker") {
         return refusal.into_response();
     }
     let component = target.inference_component.as_deref();
@@ -146,7 +146,7 @@ async fn control_plane(State(sim): State<Arc<Inner>>, request: Request) -> Respo
     let Ok(body) = axum::body::to_bytes(body, 1024 * 1024).await else {
         return invoke::validation("The request body could not be read.");
     };
-    if let Err(refusal) = auth::check_for(&sim, &parts, &body, false, "sagemaker") {
+    if let Err(refusal) = auth::check_for(&sim, &parts, &body, "sagemaker") {
         return refusal.into_response();
     }
     let target = parts

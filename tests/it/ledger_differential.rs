@@ -1,0 +1,451 @@
+//! The memory ledger and the Redis ledger, driven through the same random operation sequences at
+//! the same instants, must give the same answers, exactly.
+//!
+//! proptest generates a case: up to three sets of pool limits (limits travel with each call, so
+//! switching between them exercises capacity changes), up to three routes sharing the pool in up
+//! to two configurations (shares change on reload: ceilings appear and go), and a sequence of
+//! operations: reserve (random tokens, limits, calling route or none, retry flag,
+//! hold-back), settle a random held reservation (a random charge from zero to twice the
+//! reservation: refunds and burndown debts), advance the clock by random milliseconds, snapshot.
+//! Every answer is compared: granted or refused, the route hold of a grant, every field of a
+//! rejection (binding limit, refill wait, deficit, in-flight tokens and requests,
+//! held_for_others), every field of a snapshot. At the end everything still held is settled and
+//! both pools must agree again, with nothing in flight.
+//!
+//! Both ledgers read one manual clock: the memory backend its nanoseconds, the Redis scripts its
+//! milliseconds (through [`RedisLedger::connect_with_clock`], the test-only clock source), and the
+//! clock only moves by whole milliseconds, where the two resolutions agree exactly. Leases last
+//! a year of that clock, so none expires (the memory backend has no leases).
+//!
+//! Like the contract suite, it runs against a private `redis-server` (`common/redis_server.rs`):
+//! always under CI (`CI=true` fails without one); locally, without `redis-server`, it is a named,
+//! counted skip (`common/skip.rs`).
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use crate::common::redis_server;
+use proptest::{
+    prelude::*,
+    test_runner::{Config, TestCaseError, TestRunner},
+};
+use tokengate::ledger::{
+    Clock, Ledger, Limit, Limits, MemoryLedger, RedisLedger, RedisOptions, Rejection, Reservation,
+    ReserveRequest, RouteShare, ShareRequest, Verdict,
+};
+
+/// Cases per run: enough to reach every rule many times, few enough for a few seconds in CI.
+/// `PROPTEST_CASES` overrides it for a longer search.
+const CASES: u32 = 256;
+const LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+// === the operations ===
+
+/// Who asks: the index of a route in the case's routes, and whether it is an SDK retry.
+type Caller = Option<(usize, bool)>;
+
+/// One configuration of the pool's routes (the same route names in every configuration).
+type Routes = Arc<[RouteShare]>;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Reserve {
+        /// Which of the case's limits and route configurations this call applies.
+        limits: usize,
+        routes: usize,
+        /// Tokens, in thousandths of the applied tokens per minute (above 1,000: never fits).
+        permille: u64,
+        caller: Caller,
+        /// Hold-back, in thousandths of the applied tokens per minute.
+        hold_back_permille: u64,
+    },
+    Settle {
+        /// Which held reservation (modulo how many are held).
+        pick: usize,
+        /// The charge, in percent of the reservation.
+        charge_pct: u64,
+    },
+    Advance {
+        ms: u64,
+    },
+    Snapshot {
+        limits: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    limits: Vec<Limits>,
+    routes: Vec<Routes>,
+    retry_reserve: f64,
+    priority_margin: f64,
+    idle_ms: u64,
+    ops: Vec<Op>,
+}
+
+fn limits() -> impl Strategy<Value = Limits> {
+    (
+        prop_oneof![100u64..2_000, 2_000u64..200_000],
+        prop_oneof![
+            Just(None),
+            (1u64..8).prop_map(Some),
+            (8u64..120).prop_map(Some)
+        ],
+        1u32..6,
+    )
+        .prop_map(
+            |(tokens_per_minute, requests_per_minute, max_concurrency)| Limits {
+                tokens_per_minute,
+                requests_per_minute,
+                max_concurrency,
+            },
+        )
+}
+
+fn route(name: &'static str) -> impl Strategy<Value = RouteShare> {
+    (
+        0i32..3,
+        prop::sample::select(vec![0.0, 0.1, 0.2, 0.3]),
+        prop::sample::select(vec![None, None, Some(0.3), Some(0.6), Some(1.0)]),
+        prop::sample::select(vec![0.0, 0.05, 0.2]),
+    )
+        .prop_map(
+            move |(priority, min_share, max_share, recovery_share)| RouteShare {
+                route: Arc::from(name),
+                priority,
+                min_share,
+                max_share,
+                recovery_share,
+            },
+        )
+}
+
+fn op(limit_sets: usize, route_sets: usize, routes: usize) -> impl Strategy<Value = Op> {
+    let caller = prop_oneof![
+        1 => Just(None),
+        3 => (0..routes, prop::bool::weighted(0.5)).prop_map(Some),
+    ];
+    prop_oneof![
+        6 => (0..limit_sets, 0..route_sets, prop_oneof![1u64..100, 1u64..1_100], caller, prop_oneof![3 => Just(0u64), 1 => 0u64..300])
+            .prop_map(|(limits, routes, permille, caller, hold_back_permille)| Op::Reserve {
+                limits,
+                routes,
+                permille,
+                caller,
+                hold_back_permille,
+            }),
+        3 => (any::<usize>(), 0u64..=200)
+            .prop_map(|(pick, charge_pct)| Op::Settle { pick, charge_pct }),
+        3 => prop_oneof![0u64..20, 0u64..5_000].prop_map(|ms| Op::Advance { ms }),
+        1 => (0..limit_sets).prop_map(|limits| Op::Snapshot { limits }),
+    ]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let routes = (1usize..=3).prop_flat_map(|n| {
+        let set = ["triage", "batch", "chat"][..n]
+            .iter()
+            .map(|&name| route(name))
+            .collect::<Vec<_>>()
+            .prop_map(Routes::from);
+        prop::collection::vec(set, 1..=2)
+    });
+    (
+        prop::collection::vec(limits(), 1..=3),
+        routes,
+        prop::sample::select(vec![0.0, 0.1, 0.2]),
+        prop::sample::select(vec![0.0, 0.05]),
+        prop_oneof![Just(0u64), 1u64..20_000],
+    )
+        .prop_flat_map(
+            |(limits, routes, retry_reserve, priority_margin, idle_ms)| {
+                let ops =
+                    prop::collection::vec(op(limits.len(), routes.len(), routes[0].len()), 1..60);
+                (
+                    Just(limits),
+                    Just(routes),
+                    Just(retry_reserve),
+                    Just(priority_margin),
+                    Just(idle_ms),
+                    ops,
+                )
+            },
+        )
+        .prop_map(
+            |(limits, routes, retry_reserve, priority_margin, idle_ms, ops)| Case {
+                limits,
+                routes,
+                retry_reserve,
+                priority_margin,
+                idle_ms,
+                ops,
+            },
+        )
+}
+
+// === running a case ===
+
+/// The two ledgers under comparison, on one clock.
+struct Pair<'a> {
+    memory: MemoryLedger,
+    redis: RedisLedger,
+    clock: Clock,
+    pool: String,
+    seen: &'a Seen,
+}
+
+/// What the agreed answers covered over a whole run: a run that never reached a rule proves
+/// nothing about it, so the test requires each at least once.
+#[derive(Debug, Default)]
+struct Seen {
+    granted: AtomicU64,
+    granted_borrowing: AtomicU64,
+    recovered: AtomicU64,
+    refused_tokens: AtomicU64,
+    refused_never: AtomicU64,
+    refused_requests: AtomicU64,
+    refused_concurrency: AtomicU64,
+    refused_share: AtomicU64,
+    held_for_others: AtomicU64,
+    in_debt: AtomicU64,
+}
+
+impl Seen {
+    fn grant(&self, reservation: &Reservation) {
+        count(&self.granted);
+        if let Some(hold) = reservation.share() {
+            if hold.guaranteed < reservation.tokens() {
+                count(&self.granted_borrowing);
+            }
+            if hold.recovered {
+                count(&self.recovered);
+            }
+        }
+    }
+
+    fn refusal(&self, r: &Rejection) {
+        count(match r.limit {
+            Limit::Tokens if r.refill_wait.is_none() => &self.refused_never,
+            Limit::Tokens => &self.refused_tokens,
+            Limit::Requests => &self.refused_requests,
+            Limit::Concurrency => &self.refused_concurrency,
+            Limit::Share => &self.refused_share,
+        });
+        if r.held_for_others {
+            count(&self.held_for_others);
+        }
+    }
+
+    fn assert_all_reached(&self) {
+        let all = [
+            ("granted", &self.granted),
+            ("granted while borrowing", &self.granted_borrowing),
+            ("granted from the retry reserve", &self.recovered),
+            ("refused on tokens", &self.refused_tokens),
+            ("refused, never fits", &self.refused_never),
+            ("refused on requests", &self.refused_requests),
+            ("refused on concurrency", &self.refused_concurrency),
+            ("refused on a share ceiling", &self.refused_share),
+            ("refused, held for others", &self.held_for_others),
+            ("a snapshot in burndown debt", &self.in_debt),
+        ];
+        let missing: Vec<_> = all
+            .iter()
+            .filter(|(_, n)| n.load(Ordering::Relaxed) == 0)
+            .map(|(what, _)| *what)
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "the run never reached: {missing:?} ({self:?})"
+        );
+    }
+}
+
+fn count(n: &AtomicU64) {
+    n.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Pair<'_> {
+    async fn reserve(
+        &self,
+        request: &ReserveRequest<'_>,
+    ) -> Result<Option<(Reservation, Reservation)>, TestCaseError> {
+        let memory = self.memory.reserve(request).await.expect("memory answers");
+        let redis = self.redis.reserve(request).await.expect("redis answers");
+        match (memory, redis) {
+            (Verdict::Granted(m), Verdict::Granted(r)) => {
+                prop_assert_eq!(m.share(), r.share(), "the route holds of a grant");
+                prop_assert_eq!(m.tokens(), r.tokens());
+                self.seen.grant(&m);
+                Ok(Some((m, r)))
+            }
+            (Verdict::Refused(m), Verdict::Refused(r)) => {
+                prop_assert_eq!(&m, &r, "the rejections");
+                self.seen.refusal(&m);
+                Ok(None)
+            }
+            (m, r) => {
+                let verdicts = format!("memory {m:?}, redis {r:?}");
+                self.settle_both(m, r).await;
+                Err(TestCaseError::fail(format!("verdicts differ: {verdicts}")))
+            }
+        }
+    }
+
+    /// Settles whatever either side granted (uncharged), so nothing is dropped unsettled.
+    async fn settle_both(&self, memory: Verdict, redis: Verdict) {
+        if let Verdict::Granted(m) = memory {
+            self.memory.settle(m, 0).await.expect("memory settles");
+        }
+        if let Verdict::Granted(r) = redis {
+            self.redis.settle(r, 0).await.expect("redis settles");
+        }
+    }
+
+    async fn settle(&self, (m, r): (Reservation, Reservation), charge: u64) {
+        self.memory.settle(m, charge).await.expect("memory settles");
+        self.redis.settle(r, charge).await.expect("redis settles");
+    }
+
+    async fn snapshots_agree(&self, limits: &Limits) -> Result<(), TestCaseError> {
+        let memory = self.memory.snapshot(&self.pool, limits).await;
+        let redis = self.redis.snapshot(&self.pool, limits).await;
+        let memory = memory.expect("memory answers");
+        prop_assert_eq!(&memory, &redis.expect("redis answers"), "the snapshots");
+        if memory.tokens_available < 0 {
+            count(&self.seen.in_debt);
+        }
+        Ok(())
+    }
+}
+
+/// A tokens-per-minute fraction in thousandths, at least one token.
+fn permille_of(limits: &Limits, permille: u64) -> u64 {
+    (limits.tokens_per_minute * permille / 1_000).max(1)
+}
+
+async fn run(case: &Case, pair: &Pair<'_>) -> Result<(), TestCaseError> {
+    let mut held: Vec<(Reservation, Reservation)> = Vec::new();
+    let outcome = step_all(case, pair, &mut held).await;
+    // Settle what is still held whatever happened, so that nothing is dropped unsettled.
+    for pair_held in held.drain(..) {
+        let charge = pair_held.0.tokens();
+        pair.settle(pair_held, charge).await;
+    }
+    outcome?;
+    let last = case.limits[case.limits.len() - 1];
+    pair.snapshots_agree(&last).await?;
+    let end = pair
+        .memory
+        .snapshot(&pair.pool, &last)
+        .await
+        .expect("memory answers");
+    prop_assert_eq!((end.reserved_tokens, end.in_flight_requests), (0, 0));
+    prop_assert_eq!(pair.memory.stats().unsettled_drops(), 0);
+    prop_assert_eq!(pair.redis.stats().unsettled_drops(), 0);
+    Ok(())
+}
+
+async fn step_all(
+    case: &Case,
+    pair: &Pair<'_>,
+    held: &mut Vec<(Reservation, Reservation)>,
+) -> Result<(), TestCaseError> {
+    for op in &case.ops {
+        match *op {
+            Op::Reserve {
+                limits,
+                routes,
+                permille,
+                caller,
+                hold_back_permille,
+            } => {
+                let limits = case.limits[limits];
+                let share = caller.map(|(caller, retry)| ShareRequest {
+                    routes: case.routes[routes].clone(),
+                    caller,
+                    retry,
+                    retry_reserve: case.retry_reserve,
+                    priority_margin: case.priority_margin,
+                    idle: Duration::from_millis(case.idle_ms),
+                });
+                let request = ReserveRequest {
+                    pool: &pair.pool,
+                    limits,
+                    tokens: permille_of(&limits, permille),
+                    share: share.as_ref(),
+                    hold_back: limits.tokens_per_minute * hold_back_permille / 1_000,
+                };
+                if let Some(granted) = pair.reserve(&request).await? {
+                    held.push(granted);
+                }
+            }
+            Op::Settle { pick, charge_pct } => {
+                if !held.is_empty() {
+                    let granted = held.swap_remove(pick % held.len());
+                    let charge = granted.0.tokens() * charge_pct / 100;
+                    pair.settle(granted, charge).await;
+                }
+            }
+            Op::Advance { ms } => pair.clock.advance(Duration::from_millis(ms)),
+            Op::Snapshot { limits } => pair.snapshots_agree(&case.limits[limits]).await?,
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn memory_and_redis_ledgers_agree_exactly() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let Some(server) = runtime.block_on(redis_server::RedisServer::start()) else {
+        return;
+    };
+    let run_id = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut runner = TestRunner::new(Config {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(CASES),
+        max_shrink_iters: 2_000,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let cases_run = AtomicU64::new(0);
+    let seen = Seen::default();
+    let result = runner.run(&case(), |case| {
+        let n = cases_run.fetch_add(1, Ordering::Relaxed);
+        runtime.block_on(async {
+            let clock = Clock::manual();
+            let options = RedisOptions {
+                url: server.url(),
+                timeout: Duration::from_secs(5),
+                lease: LEASE,
+            };
+            let pair = Pair {
+                memory: MemoryLedger::new(clock.clone()),
+                redis: RedisLedger::connect_with_clock(options, clock.clone())
+                    .await
+                    .expect("redis ledger"),
+                clock,
+                pool: format!("differential-{run_id}-{n}"),
+                seen: &seen,
+            };
+            run(&case, &pair).await
+        })
+    });
+    if let Err(e) = result {
+        panic!("the ledgers disagree: {e}");
+    }
+    seen.assert_all_reached();
+    println!("{seen:?}");
+}
