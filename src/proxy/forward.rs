@@ -10,7 +10,10 @@ use axum::{body::Body, response::Response};
 use http::{StatusCode, header, request::Parts};
 use hyper::body::Incoming;
 
-use super::meter::{ExceptionFrame, InFlight, Meter, MeteredBody, UsageReader};
+use super::{
+    meter::{ExceptionFrame, InFlight, Meter, MeteredBody},
+    usage_reader::UsageReader,
+};
 use crate::{
     admission::{Admitted, hint},
     answer,

@@ -48,90 +48,16 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::{
     admission::{Hold, Pool, Settled},
-    bedrock::{
-        ErrorCode, Operation, Usage, UsageObserver,
-        eventstream::WholeFrames,
-        usage::{FRAME_CAP, ResponseKind},
-    },
+    bedrock::{ErrorCode, Usage, eventstream::WholeFrames, usage::FRAME_CAP},
     observe::{Observation, Observer},
-    sagemaker::PayloadUsage,
     upstream::Upstream,
 };
+
+use super::usage_reader::UsageReader;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The frame that ends an event stream early, in the dialect of the API that streams it.
 pub type ExceptionFrame = fn(ErrorCode, &str) -> Bytes;
-
-/// Where a response's usage is read from.
-#[derive(Debug)]
-pub enum UsageReader {
-    /// A bedrock-runtime model call.
-    Bedrock(UsageObserver),
-    /// A sagemaker-runtime endpoint call: the container's payload.
-    Endpoint(PayloadUsage),
-}
-
-impl UsageReader {
-    /// The reader for a response to `operation`, if its usage is read at all.
-    pub fn for_operation(operation: Operation) -> Option<UsageReader> {
-        if operation.is_endpoint() {
-            return Some(UsageReader::Endpoint(PayloadUsage::new(
-                operation.is_streaming(),
-            )));
-        }
-        ResponseKind::for_operation(operation)
-            .map(|kind| UsageReader::Bedrock(UsageObserver::new(kind)))
-    }
-
-    /// The response head: Bedrock's InvokeModel may carry its usage there.
-    pub fn on_headers(&mut self, headers: &http::HeaderMap) -> Option<Usage> {
-        match self {
-            UsageReader::Bedrock(u) => u.on_headers(headers),
-            UsageReader::Endpoint(_) => None,
-        }
-    }
-
-    fn on_data(&mut self, data: &[u8]) -> Option<Usage> {
-        match self {
-            UsageReader::Bedrock(u) => u.on_data(data),
-            UsageReader::Endpoint(u) => u.on_data(data),
-        }
-    }
-
-    fn on_end(&mut self) -> Option<Usage> {
-        match self {
-            UsageReader::Bedrock(u) => u.on_end(),
-            UsageReader::Endpoint(u) => u.on_end(),
-        }
-    }
-
-    fn output_tokens_seen(&self) -> u64 {
-        match self {
-            UsageReader::Bedrock(u) => u.output_tokens_seen(),
-            UsageReader::Endpoint(u) => u.output_tokens_seen(),
-        }
-    }
-
-    /// A bidirectional stream's running totals so far (only Bedrock's bidirectional streams
-    /// report usage before they end).
-    fn running_usage(&self) -> Option<Usage> {
-        match self {
-            UsageReader::Bedrock(u) => u.running_usage(),
-            UsageReader::Endpoint(_) => None,
-        }
-    }
-
-    /// A bidirectional stream that ended on a `throttlingException` before any usage: upstream
-    /// never started the session (Bedrock reserves when the session starts).
-    fn refused_in_band(&self) -> bool {
-        let UsageReader::Bedrock(u) = self else {
-            return false;
-        };
-        u.kind() == ResponseKind::BidirectionalStream
-            && u.running_usage().is_none()
-            && u.stream_exception() == Some(ErrorCode::Throttling.event_member().as_str())
-    }
-}
 
 /// An admitted request on its way: its reservation and its record. Every settlement goes
 /// through here and is observed once.

@@ -27,6 +27,7 @@ pub mod duplex;
 pub mod forward;
 pub mod meter;
 pub mod relay;
+pub mod usage_reader;
 
 use std::sync::Arc;
 
