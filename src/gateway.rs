@@ -484,14 +484,25 @@ async fn connect_upstream(
         None => default_chain(&up.region).await?,
     };
     let signer = Signer::new(provider.clone(), &up.region);
-    signer.credentials().await.map_err(|e| {
-        StartError::Credentials(format!(
+    if let Err(e) = signer.credentials().await {
+        let e = format!(
             "{e}. tokengate signs upstream requests with its own AWS credentials from the default chain \
              (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity, container or instance role)"
-        ))
-    })?;
+        );
+        match &up.api_key {
+            None => return Err(StartError::Credentials(e)),
+            // Only InvokeModelWithBidirectionalStream and endpoint pools need them then.
+            Some(key) => tracing::warn!(
+                error = %e,
+                "no AWS credentials: every operation goes upstream with the API key of {} but \
+                 InvokeModelWithBidirectionalStream (SigV4 only) and SageMaker endpoint calls, \
+                 which will fail",
+                key.env
+            ),
+        }
+    }
     let simulated = simulator.as_ref().map(|_| base.clone());
-    let upstream = Upstream::new(
+    let mut upstream = Upstream::new(
         base,
         signer,
         up.connect_timeout,
@@ -499,6 +510,11 @@ async fn connect_upstream(
         up.idle_timeout,
     )
     .map_err(|e| StartError::Upstream(e.to_string()))?;
+    if let Some(key) = &up.api_key {
+        upstream = upstream
+            .with_api_key(&key.key.0)
+            .map_err(|e| StartError::Upstream(e.to_string()))?;
+    }
     Ok(Connected {
         upstream,
         simulator,

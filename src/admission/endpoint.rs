@@ -261,9 +261,12 @@ impl Admission {
             estimate,
             configured_model: &pool.name,
             body: None,
+            clamped: false,
+            strip_usage_chunk: false,
             count_tokens_failed: None,
         };
-        self.take(pool, prepared, facts.caller, shadow).await
+        let api = facts.operation.api();
+        self.take(pool, prepared, facts.caller, shadow, api).await
     }
 }
 

@@ -10,7 +10,10 @@ use super::{
     Admission, Admitted, Caller, Decision, Estimate, Hold, NeverFits, Pool, ShadowReason, Throttle,
     ThrottleWhy, Unavailability, Unavailable, hint,
 };
-use crate::ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict};
+use crate::{
+    bedrock::Api,
+    ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict},
+};
 
 /// What admission prepared before reserving: the estimate and the body to forward.
 #[derive(Debug)]
@@ -18,8 +21,12 @@ pub(super) struct Prepared<'a> {
     pub estimate: Estimate,
     /// The model id as the pool's config lists it (the maxTokens-advice slot).
     pub configured_model: &'a str,
-    /// The body rewritten to the route's ceiling, if it was.
+    /// The body to forward instead of the caller's, if it was rewritten ([`super::rewrite`]).
     pub body: Option<Bytes>,
+    /// Lowered to the route's ceiling.
+    pub clamped: bool,
+    /// The response's usage chunk is taken out ([`super::Admitted::strip_usage_chunk`]).
+    pub strip_usage_chunk: bool,
     /// Why exact input counting failed, if it did.
     pub count_tokens_failed: Option<String>,
 }
@@ -33,23 +40,30 @@ pub(super) struct Granted {
 
 impl Admission {
     /// Reserves what `prepared` estimated in `pool` (in shadow mode, without waiting or
-    /// refusing) and admits the request holding it, or refuses it.
+    /// refusing) and admits the request holding it, or refuses it; the pool counts an admission
+    /// or a throttle under the call's `api`.
     pub(super) async fn take(
         &self,
         pool: &Arc<Pool>,
         prepared: Prepared<'_>,
         caller: &Caller,
         shadow: bool,
+        api: Api,
     ) -> Decision {
         let granted = if shadow {
             self.reserve_shadow(pool, prepared.estimate, caller).await
         } else {
             self.reserve(pool, prepared.estimate, caller).await
         };
-        match granted {
+        let decision = match granted {
             Ok(granted) => Decision::Admit(self.admitted(pool, granted, prepared, caller)),
             Err(refusal) => refusal,
+        };
+        if let Decision::Admit(_) | Decision::Throttle(_) = decision {
+            pool.counts
+                .api_decided(api, matches!(decision, Decision::Admit(_)));
         }
+        decision
     }
 
     /// Reserves `estimate` in `pool`: at once, or after waiting in the pool's queue.
@@ -157,6 +171,8 @@ impl Admission {
             estimate,
             configured_model,
             body,
+            clamped,
+            strip_usage_chunk,
             count_tokens_failed,
         } = prepared;
         pool.counts
@@ -177,7 +193,8 @@ impl Admission {
         );
         Admitted {
             hold,
-            clamped: body.is_some(),
+            clamped,
+            strip_usage_chunk,
             body,
             queued_for,
             recovered,

@@ -94,12 +94,13 @@ pub async fn proxy(
             operation: OPERATION,
             model_id,
             body: &no_body,
+            read: None,
             caller: &caller,
             endpoint: None,
         })
         .await;
     policy.observer.decided(record, &decision);
-    if let Some(refusal) = answer::refusal(&decision) {
+    if let Some(refusal) = answer::refusal(&decision, OPERATION) {
         return refusal;
     }
     let in_flight = match decision {
@@ -135,7 +136,7 @@ pub async fn proxy(
         })
         .await;
     match sent {
-        Ok(response) => forward::respond(state, policy, OPERATION, in_flight, response)
+        Ok(response) => forward::respond(state, policy, OPERATION, in_flight, response, false)
             .map(|body| Body::new(DuplexResponse::new(body, link))),
         Err(e) => forward::unreachable(policy, in_flight, &e, OPERATION),
     }

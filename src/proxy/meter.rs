@@ -1,13 +1,19 @@
 //! Step 5: the response body on its way back to the client, metered as it passes.
+//! (Over 500 lines: the guards, the body and its end-of-stream paths settle one hold, side by side.)
 //!
 //! Each frame from upstream is handed to the client as is. On the way, a [`UsageReader`] reads
-//! it (Bedrock's [`UsageObserver`], or an endpoint container's [`PayloadUsage`]), and the
+//! it (Bedrock's [`crate::bedrock::UsageObserver`], or an endpoint container's
+//! [`crate::sagemaker::PayloadUsage`]), and the
 //! request's reservation is settled the moment usage is known, not when the connection closes.
 //! The body also enforces the idle timeout between chunks.
 //!
 //! An event stream is passed on in whole frames ([`WholeFrames`]): a chunk that ends inside a frame
 //! passes on up to the last frame boundary, and the rest waits for the next chunk (at most one
 //! frame, up to [`FRAME_CAP`]), so the client never holds part of a frame the proxy cannot finish.
+//!
+//! A streamed Chat Completions call whose usage the proxy asked for on the client's behalf
+//! passes through a [`UsageChunkFilter`], which takes that usage chunk out (holding at most one
+//! partial SSE event back until its end arrives); the meter reads the stream as upstream sent it.
 //!
 //! When the upstream fails mid-body (connection reset, stream cut, idle timeout, a stream that
 //! ends inside a frame, framing that is not event-stream), an event stream drops any partial
@@ -48,7 +54,9 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::{
     admission::{Hold, Pool, Settled},
-    bedrock::{ErrorCode, Usage, eventstream::WholeFrames, usage::FRAME_CAP},
+    bedrock::{
+        ErrorCode, Usage, eventstream::WholeFrames, sse::UsageChunkFilter, usage::FRAME_CAP,
+    },
     observe::{Observation, Observer},
     upstream::Upstream,
 };
@@ -228,6 +236,8 @@ pin_project! {
         deadline_passed: WaitForCancellationFutureOwned,
         // Event streams only: what is passed on, whole frames, and how the stream ends early.
         frames: Option<(WholeFrames, ExceptionFrame)>,
+        // Takes out of a Chat Completions stream the usage chunk the client did not ask for.
+        filter: Option<UsageChunkFilter>,
         finished: bool,
     }
 }
@@ -264,8 +274,16 @@ impl MeteredBody {
             deadline_passed: deadline.clone().cancelled_owned(),
             deadline,
             frames: event_stream.map(|exception| (WholeFrames::new(FRAME_CAP), exception)),
+            filter: None,
             finished: false,
         }
+    }
+
+    /// Passes the body through `filter` on its way to the client (the meter still reads what
+    /// upstream sent).
+    pub fn with_filter(mut self, filter: Option<UsageChunkFilter>) -> MeteredBody {
+        self.filter = filter;
+        self
     }
 }
 
@@ -322,10 +340,10 @@ impl Body for MeteredBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
-        if *this.finished {
-            return Poll::Ready(None);
-        }
         let failure = loop {
+            if *this.finished {
+                return Poll::Ready(None);
+            }
             if this.deadline.is_cancelled() {
                 break Failure::Deadline;
             }
@@ -340,7 +358,7 @@ impl Body for MeteredBody {
                 Poll::Ready(Some(Ok(frame))) => frame,
                 Poll::Ready(Some(Err(e))) => break Failure::Upstream(e.to_string()),
                 Poll::Ready(None) => match end(&mut this) {
-                    Ok(()) => return Poll::Ready(None),
+                    Ok(()) => return Poll::Ready(filtered_rest(this.filter).map(Ok)),
                     Err(broken) => break broken,
                 },
             };
@@ -366,7 +384,10 @@ impl Body for MeteredBody {
             if last && let Err(broken) = end(&mut this) {
                 break broken;
             }
-            return Poll::Ready(Some(Ok(frame)));
+            // A filtered stream may hold all of a frame back (part of an event): read on.
+            if let Some(frame) = pass_on(this.filter, frame, last) {
+                return Poll::Ready(Some(Ok(frame)));
+            }
         };
         end_early(this, failure)
     }
@@ -376,7 +397,7 @@ impl Body for MeteredBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.frames.is_some() {
+        if self.frames.is_some() || self.filter.is_some() {
             SizeHint::default()
         } else {
             self.inner.size_hint()
@@ -440,6 +461,33 @@ fn whole_frames(
         },
         Err(trailers) => Ok(Some(trailers)),
     }
+}
+
+/// What the client gets of one upstream frame: the frame, or what the filter lets through of its
+/// data (with the filter's rest at the `end`); `None` when that is nothing yet.
+fn pass_on(
+    filter: &mut Option<UsageChunkFilter>,
+    frame: Frame<Bytes>,
+    end: bool,
+) -> Option<Frame<Bytes>> {
+    let Some(filter) = filter else {
+        return Some(frame);
+    };
+    let data = match frame.into_data() {
+        Ok(data) => data,
+        Err(frame) => return Some(frame),
+    };
+    let mut out = bytes::BytesMut::from(filter.push(&data));
+    if end {
+        out.extend_from_slice(&filter.finish());
+    }
+    (!out.is_empty()).then(|| Frame::data(out.freeze()))
+}
+
+/// The end of a filtered stream: what the filter still holds, if anything.
+fn filtered_rest(filter: &mut Option<UsageChunkFilter>) -> Option<Frame<Bytes>> {
+    let rest = filter.as_mut()?.finish();
+    (!rest.is_empty()).then(|| Frame::data(rest))
 }
 
 /// The failure of an event stream that ends with part of a frame held.

@@ -18,15 +18,15 @@ pub enum UsageReader {
 }
 
 impl UsageReader {
-    /// The reader for a response to `operation`, if its usage is read at all.
-    pub fn for_operation(operation: Operation) -> Option<UsageReader> {
+    /// The reader for a response to `operation` of `kind` (Bedrock's, read from its head), if
+    /// its usage is read at all.
+    pub fn for_response(operation: Operation, kind: Option<ResponseKind>) -> Option<UsageReader> {
         if operation.is_endpoint() {
             return Some(UsageReader::Endpoint(PayloadUsage::new(
                 operation.is_streaming(),
             )));
         }
-        ResponseKind::for_operation(operation)
-            .map(|kind| UsageReader::Bedrock(UsageObserver::new(kind)))
+        kind.map(|kind| UsageReader::Bedrock(UsageObserver::new(kind)))
     }
 
     /// The response head: Bedrock's InvokeModel may carry its usage there.

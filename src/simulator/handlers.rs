@@ -100,6 +100,12 @@ pub(super) async fn handle(State(sim): State<Arc<Inner>>, req: Request) -> Respo
             )
             .into_response()
         }
+        // Their paths are answered by `apis::handle` above; a path reaches here only unmatched.
+        Operation::OpenAIChatCompletions
+        | Operation::OpenAIResponses
+        | Operation::AnthropicMessages => {
+            BedrockError::new(ErrorCode::UnknownOperation, "Unknown request URL.").into_response()
+        }
     }
 }
 

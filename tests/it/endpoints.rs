@@ -414,6 +414,7 @@ async fn errors_carry_sagemaker_runtime_names_and_upstream_errors_pass_as_they_a
         "tokengate_requests_total",
         &[
             ("pool", "none"),
+            ("api", "sagemaker"),
             ("operation", "InvokeEndpoint"),
             ("outcome", "unknown_endpoint"),
         ],
