@@ -126,6 +126,7 @@ pub(crate) struct Inner {
     new_days: AtomicU64,
     /// SageMaker endpoints' copies ([`sagemaker`]).
     fleets: sagemaker::Fleets,
+    traceparents: stats::TraceParents,
 }
 
 impl Inner {
@@ -190,6 +191,7 @@ impl Simulator {
                 stream_bytes: Arc::new(AtomicU64::new(0)),
                 faults: std::array::from_fn(|_| AtomicU64::new(0)),
                 new_days: AtomicU64::new(0),
+                traceparents: stats::TraceParents::default(),
             }),
         }
     }
@@ -272,6 +274,7 @@ impl Simulator {
                 secs_left: inner.config.day_secs - Inner::unix_secs() % inner.config.day_secs,
             },
             api_keys: inner.api_keys.snapshot(),
+            traceparents: inner.traceparents.snapshot(),
         }
     }
 }

@@ -449,3 +449,34 @@ async fn a_cut_stream_ends_with_a_model_stream_error_and_settles() {
     );
     assert_ledger_zero(&stack.proxy).await;
 }
+
+#[tokio::test]
+async fn the_emf_line_of_an_endpoint_pool_carries_its_copies_and_demand_per_copy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("emf.log");
+    let extra = format!(
+        "[metrics]\ncloudwatch_emf = \"{}\"\ncloudwatch_emf_interval_secs = 1\n",
+        path.display()
+    );
+    let fleets = one_slot(20);
+    let stack = endpoints::start(&fleets, pool(1, 1, ""), &extra).await;
+    let held = hold_the_copy(&stack).await;
+    // One call in flight on one copy: a line says so (the first may predate the call).
+    until(
+        Duration::from_secs(10),
+        "an EMF line with the call",
+        async || {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            text.lines().any(|line| {
+                let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+                let named = v["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+                    .as_array()
+                    .is_some_and(|m| m.iter().any(|m| m["Name"] == "DemandPerCopy"));
+                v["Pool"] == POOL && named && v["Copies"] == 1 && v["DemandPerCopy"] == 1.0
+            })
+        },
+    )
+    .await;
+    assert!(held.await.expect("join"), "the held call succeeds");
+    assert_ledger_zero(&stack.proxy).await;
+}

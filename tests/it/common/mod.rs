@@ -6,6 +6,7 @@ pub mod endpoints;
 pub mod fleet;
 pub mod h2raw;
 pub mod log_capture;
+pub mod prometheus;
 pub mod redis_server;
 pub mod scrape;
 pub mod signing;
