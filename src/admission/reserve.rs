@@ -40,6 +40,35 @@ pub(super) struct Granted {
 }
 
 impl Admission {
+    /// Reserves what `prepared` estimated in `pool` (in shadow mode, without waiting or
+    /// refusing) and admits the request holding it, or refuses it; the pool counts an admission
+    /// or a throttle under the call's API.
+    pub(super) async fn take(
+        &self,
+        pool: &Arc<Pool>,
+        prepared: Prepared<'_>,
+        facts: &Facts<'_>,
+        shadow: bool,
+    ) -> Decision {
+        let granted = if shadow {
+            self.reserve_shadow(pool, prepared.estimate, facts.caller)
+                .await
+        } else {
+            self.reserve(pool, prepared.estimate, facts).await
+        };
+        let decision = match granted {
+            Ok(g) => spill::sent_as_its_pool(self.admitted(pool, g, prepared, facts.caller), facts),
+            Err(refusal) => refusal,
+        };
+        if let Decision::Admit(_) | Decision::Throttle(_) = decision {
+            pool.counts.api_decided(
+                facts.operation.api(),
+                matches!(decision, Decision::Admit(_)),
+            );
+        }
+        decision
+    }
+
     /// Reserves `estimate` in `pool` or, when it cannot admit now, in the first pool of its
     /// spill chain that can ([`super::spill`]); else after waiting in `pool`'s queue.
     pub(super) async fn reserve(
@@ -50,7 +79,7 @@ impl Admission {
     ) -> Result<Granted, Decision> {
         let caller = facts.caller;
         let tokens = estimate.reservation();
-        if !pool.config.can_ever_hold(tokens) {
+        if !pool.can_ever_hold(tokens) {
             return Err(self.never_fits(pool, &estimate));
         }
         let spill = self.spill_candidates(pool, facts, tokens);
@@ -110,7 +139,7 @@ impl Admission {
                 reason,
             })
         };
-        if !pool.config.can_ever_hold(estimate.reservation()) {
+        if !pool.can_ever_hold(estimate.reservation()) {
             return Err(waived(ShadowReason::NeverFits));
         }
         match self.try_reserve(pool, estimate.reservation(), caller).await {
@@ -210,7 +239,7 @@ impl Admission {
             reserving: estimate.reservation(),
             input: estimate.input,
             max_tokens: estimate.max_tokens,
-            capacity: pool.config.usable_tokens_per_minute(),
+            capacity: pool.capacity(),
         })
     }
 

@@ -64,7 +64,7 @@ impl Admission {
                     .as_ref()
                     .is_none_or(|r| r.contains(&pool.config.region));
                 let queue_busy = pool.queue.enabled() && !pool.queue.is_empty();
-                in_regions && !queue_busy && pool.config.can_ever_hold(tokens)
+                in_regions && !queue_busy && pool.can_ever_hold(tokens)
             })
             .collect()
     }

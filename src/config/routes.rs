@@ -214,7 +214,7 @@ fn validate_route(
     }
     let shares = shares(&raw.shares, pools, &key)?;
     for region in raw.regions.iter().flatten() {
-        super::upstream::check_region(&key("regions"), region)?;
+        super::upstream::region(&key("regions"), region.clone())?;
     }
     Ok(RouteConfig {
         name: raw.name,
@@ -331,10 +331,23 @@ fn shares(
     let mut shares = BTreeMap::new();
     for (pool, share) in raw {
         let field = format!("shares.{pool}");
-        if !pools.iter().any(|p| &p.name == pool) {
+        let Some(target) = pools.iter().find(|p| &p.name == pool) else {
             return Err(invalid(
                 key(&field),
                 format!("there is no pool named {pool:?}"),
+            ));
+        };
+        if target
+            .endpoint
+            .as_ref()
+            .is_some_and(|e| e.tokens_per_second_per_copy.is_none())
+        {
+            return Err(invalid(
+                key(&field),
+                format!(
+                    "shares divide a pool's tokens, and endpoint pool {pool:?} has no token envelope: \
+                     set its tokens_per_second_per_copy, or remove this share"
+                ),
             ));
         }
         let min = share.min.unwrap_or(0.0);

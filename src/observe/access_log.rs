@@ -18,7 +18,7 @@
 //! | `pool` | the pool, absent outside any pool; for a request that spilled, the pool it ran in |
 //! | `spilled_from` | the request's home pool, when it could not admit it now and the request ran in `pool`, another of its `spill_to` chain |
 //! | `route` | the caller's application route, once identified |
-//! | `api` | the API family: `bedrock`, `openai_chat`, `openai_responses`, `anthropic_messages`; absent for an unknown path |
+//! | `api` | the API family: `bedrock`, `openai_chat`, `openai_responses`, `anthropic_messages`, `sagemaker`; absent for an unknown path |
 //! | `operation` | `Converse`, `ConverseStream`, `InvokeModel`, ..., `OpenAIChatCompletions`, `OpenAIResponses`, `AnthropicMessages`; absent for an unknown path |
 //! | `model` | the modelId as the caller sent it (decoded from the path; the OpenAI and Anthropic APIs' body `model`) |
 //! | `decision` | `admitted`, `queued_then_admitted`, `rejected` (429), `invalid` (4xx), `unavailable` (503: ledger or shutdown), `passthrough` (forwarded uncounted) |

@@ -26,6 +26,7 @@
 //! show the upstream URL's userinfo (config refuses it; [`redact_userinfo`] guards the messages anyway).
 
 pub mod headers;
+pub mod sagemaker;
 pub mod sign;
 pub mod signer;
 
@@ -43,7 +44,7 @@ use hyper_util::{
 };
 use tokio_util::sync::CancellationToken;
 
-pub use signer::{EventSigner, Signer};
+pub use signer::{EventSigner, SAGEMAKER_SIGNING_NAME, Signer};
 
 /// The request body of a duplex call: frames as they come.
 pub type DuplexBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
@@ -286,10 +287,11 @@ impl Upstream {
 
     /// Sends one request of `operation` upstream for `region` and waits for the response head.
     /// `headers` go as they are (choose them with [`headers::Api::forwarded`]); the proxy adds
-    /// `host` and its credential for `region` ([`Upstream::authorize`]).
+    /// `host` and its credential for `region` ([`Upstream::authorize`]). `None` for a call that is
+    /// no proxied operation (SageMaker's control plane): always signed with SigV4.
     pub async fn send(
         &self,
-        operation: Operation,
+        operation: impl Into<Option<Operation>>,
         region: &str,
         method: Method,
         path_and_query: &str,
@@ -298,7 +300,10 @@ impl Upstream {
     ) -> Result<Response<Incoming>, UpstreamError> {
         let endpoint = self.endpoint(region)?;
         let mut request = request(&endpoint, method, path_and_query, headers, body)?;
-        self.authorize(&mut request, operation, region).await?;
+        match operation.into() {
+            Some(operation) => self.authorize(&mut request, operation, region).await?,
+            None => self.signer.sign(region, &mut request).await?,
+        }
         // `host` is signed but hyper derives it (or `:authority`) from the URI.
         request.headers_mut().remove(header::HOST);
         self.answer(&endpoint, self.client.request(request.map(Full::new)))

@@ -1,4 +1,5 @@
-//! SigV4 signing of a whole request, with the derived signing key cached per day and Region.
+//! SigV4 signing of a whole request, with the derived signing key cached per day, Region and
+//! service.
 //!
 //! The signing key is four chained HMACs of the secret, the day, the Region and the service; it
 //! changes only when one of those does. Every request used to derive it afresh; now each Region's
@@ -24,7 +25,7 @@ use http::{HeaderName, HeaderValue, header};
 use percent_encoding::utf8_percent_encode;
 use sha2::{Digest, Sha256};
 
-use super::{UpstreamError, signer::SIGNING_NAME};
+use super::UpstreamError;
 use crate::auth::{
     amz_date::format_amz_date,
     sigv4::{ALGORITHM, PATH_SET, canonical_query, trim_all},
@@ -44,6 +45,7 @@ const X_AMZ_SECURITY_TOKEN: HeaderName = HeaderName::from_static("x-amz-security
 #[derive(Debug)]
 struct DerivedKey {
     day: String,
+    service: &'static str,
     access_key_id: String,
     secret: String,
     key: Vec<u8>,
@@ -62,12 +64,13 @@ impl SigningKeys {
     fn key(
         &self,
         credentials: &Credentials,
-        region: &str,
+        (region, service): (&str, &'static str),
         day: &str,
         at: SystemTime,
     ) -> Arc<DerivedKey> {
         let fits = |k: &DerivedKey| {
             k.day == day
+                && k.service == service
                 && k.access_key_id == credentials.access_key_id()
                 && k.secret == credentials.secret_access_key()
         };
@@ -76,9 +79,10 @@ impl SigningKeys {
             return k.clone();
         }
         drop(read);
-        let key = generate_signing_key(credentials.secret_access_key(), at, region, SIGNING_NAME);
+        let key = generate_signing_key(credentials.secret_access_key(), at, region, service);
         let derived = Arc::new(DerivedKey {
             day: day.to_string(),
+            service,
             access_key_id: credentials.access_key_id().to_string(),
             secret: credentials.secret_access_key().to_string(),
             key: key.as_ref().to_vec(),
@@ -97,13 +101,13 @@ impl SigningKeys {
         self.derived.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Signs `request` (which carries its final `host`) in place for `region` at `at`: adds
-    /// `x-amz-date`, `x-amz-security-token` for temporary credentials, and `authorization`.
-    /// Returns the signature (hex), the seed of an event stream's chain.
+    /// Signs `request` (which carries its final `host`) in place, scoped to `(region, service)`,
+    /// at `at`: adds `x-amz-date`, `x-amz-security-token` for temporary credentials, and
+    /// `authorization`. Returns the signature (hex), the seed of an event stream's chain.
     pub fn sign(
         &self,
         credentials: &Credentials,
-        region: &str,
+        (region, service): (&str, &'static str),
         at: SystemTime,
         request: &mut http::Request<bytes::Bytes>,
     ) -> Result<String, UpstreamError> {
@@ -117,13 +121,13 @@ impl SigningKeys {
         }
         let (canonical, signed_headers) = canonical_request(request);
         let string_to_sign = format!(
-            "{ALGORITHM}\n{date_time}\n{day}/{region}/{SIGNING_NAME}/aws4_request\n{}",
+            "{ALGORITHM}\n{date_time}\n{day}/{region}/{service}/aws4_request\n{}",
             hex::encode(Sha256::digest(canonical.as_bytes()))
         );
-        let key = self.key(credentials, region, &day, at);
+        let key = self.key(credentials, (region, service), &day, at);
         let signature = calculate_signature(&key.key, string_to_sign.as_bytes());
         let authorization = format!(
-            "{ALGORITHM} Credential={}/{day}/{region}/{SIGNING_NAME}/aws4_request, SignedHeaders={signed_headers}, Signature={signature}",
+            "{ALGORITHM} Credential={}/{day}/{region}/{service}/aws4_request, SignedHeaders={signed_headers}, Signature={signature}",
             credentials.access_key_id()
         );
         let mut authorization = header_value(&authorization)?;

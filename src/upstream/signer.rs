@@ -1,5 +1,6 @@
 //! SigV4 re-signing with the proxy's own credentials, for each request's Region, with the
 //! derived signing key cached per day and Region ([`super::sign`]).
+//! (Over 500 lines: its tests hold the cached signing to aws-sigv4's, byte for byte.)
 //!
 //! The canonical path is the path sent, double-encoded as `bedrock-runtime` wants and never
 //! normalised (`aws-sigv4` would remove dot segments by default): the path signed is byte for
@@ -34,12 +35,16 @@ use super::{UpstreamError, sign::SigningKeys};
 /// Refresh credentials this long before they expire.
 const REFRESH_MARGIN: Duration = Duration::from_secs(300);
 pub use crate::auth::sigv4::SIGNING_NAME;
+/// The SigV4 signing name of sagemaker-runtime and the SageMaker control plane.
+pub const SAGEMAKER_SIGNING_NAME: &str = "sagemaker";
 
 #[derive(Debug)]
 pub struct Signer {
     provider: SharedCredentialsProvider,
     /// `upstream.region`: the Region of requests no pool names one for.
     default_region: String,
+    /// The service the signature is scoped to: `bedrock` unless [`Signer::for_service`] says.
+    service: &'static str,
     cached: RwLock<Option<Credentials>>,
     refresh: tokio::sync::Mutex<()>,
     /// Derived signing keys, per Region ([`super::sign`]).
@@ -52,6 +57,7 @@ impl Signer {
         Signer {
             provider,
             default_region: default_region.into(),
+            service: SIGNING_NAME,
             cached: RwLock::new(None),
             refresh: tokio::sync::Mutex::new(()),
             keys: SigningKeys::default(),
@@ -61,6 +67,12 @@ impl Signer {
     /// The Region of requests that no pool names one for (`upstream.region`).
     pub fn default_region(&self) -> &str {
         &self.default_region
+    }
+
+    /// Signs for `service` instead of `bedrock` (`sagemaker` for endpoint calls).
+    pub fn for_service(mut self, service: &'static str) -> Signer {
+        self.service = service;
+        self
     }
 
     fn fresh(&self) -> Option<Credentials> {
@@ -103,7 +115,12 @@ impl Signer {
     ) -> Result<(), UpstreamError> {
         let credentials = self.credentials().await?;
         self.keys
-            .sign(&credentials, region, SystemTime::now(), request)
+            .sign(
+                &credentials,
+                (region, self.service),
+                SystemTime::now(),
+                request,
+            )
             .map(|_| ())
     }
 
@@ -121,9 +138,12 @@ impl Signer {
         request: &mut http::Request<bytes::Bytes>,
     ) -> Result<EventSigner, UpstreamError> {
         let credentials = self.credentials().await?;
-        let seed = self
-            .keys
-            .sign(&credentials, region, SystemTime::now(), request)?;
+        let seed = self.keys.sign(
+            &credentials,
+            (region, self.service),
+            SystemTime::now(),
+            request,
+        )?;
         let identity: Identity = credentials.into();
         Ok(EventSigner {
             identity,
@@ -336,7 +356,7 @@ mod tests {
                 .header("host", "bedrock-runtime.us-east-1.amazonaws.com")
                 .body(bytes::Bytes::from_static(b"{}"))
                 .unwrap();
-            keys.sign(&credentials, "us-east-1", at, &mut request)
+            keys.sign(&credentials, ("us-east-1", SIGNING_NAME), at, &mut request)
                 .unwrap();
             request
         };
@@ -453,7 +473,9 @@ mod tests {
                         .unwrap()
                 };
                 let (mut ours, mut theirs) = (build(), build());
-                let signature = keys.sign(credentials, region, at, &mut ours).unwrap();
+                let signature = keys
+                    .sign(credentials, (region, SIGNING_NAME), at, &mut ours)
+                    .unwrap();
                 let identity: Identity = credentials.clone().into();
                 let expected = reference_sign(&identity, region, at, &mut theirs);
                 assert_eq!(signature, expected, "{method} {path}");
@@ -476,7 +498,8 @@ mod tests {
                 .header("host", "h")
                 .body(bytes::Bytes::new())
                 .unwrap();
-            keys.sign(credentials, region, at, &mut request).unwrap();
+            keys.sign(credentials, (region, SIGNING_NAME), at, &mut request)
+                .unwrap();
         };
         for _ in 0..3 {
             sign(&credentials, "us-east-1", day);

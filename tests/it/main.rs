@@ -19,6 +19,7 @@
 //! | `iam_policy` | the README's IAM policy against the forwarded operations |
 //! | `simulator` | the simulator on its own: Bedrock's arithmetic and wire shapes, with real clients |
 //! | `spillover`, `spillover_property` | pools in several Regions, each signed for its own; spill chains between pools, and all or nothing across a chain under concurrency on both ledgers |
+//! | `endpoints` | SageMaker endpoint pools with aws-sdk-sagemakerruntime: the per-copy limit, the queue, hints, the copies from the control plane |
 //! | `bidi`, `bidi_raw` | InvokeModelWithBidirectionalStream through the proxy: the Rust SDK's sessions, and raw HTTP/2 where the SDK cannot say it |
 
 mod common;
@@ -36,6 +37,7 @@ mod client_faults;
 mod dashboard_prometheus;
 mod dashboards;
 mod emf;
+mod endpoints;
 mod iam_policy;
 mod ledger_contract;
 mod ledger_differential;

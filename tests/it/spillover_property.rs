@@ -112,6 +112,7 @@ async fn decide(admission: &Admission) -> Decision {
             body: &body,
             read: None,
             caller: &caller,
+            endpoint: None,
         })
         .await
 }
