@@ -216,7 +216,7 @@ mod tests {
     /// never normalised. The reference the cached signing must equal.
     fn reference_sign(
         identity: &Identity,
-        region: &str,
+        (region, service): (&str, &str),
         at: SystemTime,
         request: &mut http::Request<bytes::Bytes>,
     ) -> String {
@@ -226,7 +226,7 @@ mod tests {
         let params = v4::SigningParams::builder()
             .identity(identity)
             .region(region)
-            .name(SIGNING_NAME)
+            .name(service)
             .time(at)
             .settings(settings)
             .build()
@@ -430,7 +430,7 @@ mod tests {
 
     /// The cached signing gives exactly what `aws-sigv4` gives, header for header: paths with
     /// encoded characters, queries, temporary credentials, odd spacing, repeated and unsigned
-    /// headers, any Region.
+    /// headers, any Region, either service.
     #[test]
     fn cached_signing_equals_aws_sigv4() {
         let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_764_600_000);
@@ -454,7 +454,10 @@ mod tests {
             ),
             ("POST", "/openai/v1/chat/completions", "ap-southeast-2"),
         ];
-        for credentials in [&permanent, &temporary] {
+        let cases = [&permanent, &temporary]
+            .into_iter()
+            .flat_map(|c| [(c, SIGNING_NAME), (c, SAGEMAKER_SIGNING_NAME)]);
+        for (credentials, service) in cases {
             let keys = SigningKeys::default();
             for (method, path, region) in requests {
                 let host = format!("bedrock-runtime.{region}.amazonaws.com");
@@ -474,10 +477,10 @@ mod tests {
                 };
                 let (mut ours, mut theirs) = (build(), build());
                 let signature = keys
-                    .sign(credentials, (region, SIGNING_NAME), at, &mut ours)
+                    .sign(credentials, (region, service), at, &mut ours)
                     .unwrap();
                 let identity: Identity = credentials.clone().into();
-                let expected = reference_sign(&identity, region, at, &mut theirs);
+                let expected = reference_sign(&identity, (region, service), at, &mut theirs);
                 assert_eq!(signature, expected, "{method} {path}");
                 assert_eq!(ours.headers(), theirs.headers(), "{method} {path}");
             }
