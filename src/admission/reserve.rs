@@ -7,13 +7,12 @@ use bytes::Bytes;
 use rand::{SeedableRng, rngs::SmallRng};
 
 use super::{
-    Admission, Admitted, Caller, Decision, Estimate, Hold, NeverFits, Pool, ShadowReason, Throttle,
-    ThrottleWhy, Unavailability, Unavailable, hint,
+    Admission, Admitted, Caller, Decision, Estimate, Facts, Hold, NeverFits, Pool, ShadowReason,
+    Throttle, ThrottleWhy, Unavailability, Unavailable,
+    candidates::{FirstAdmitting, Refusal, first_admitting},
+    hint, spill,
 };
-use crate::{
-    bedrock::Api,
-    ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict},
-};
+use crate::ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict};
 
 /// What admission prepared before reserving: the estimate and the body to forward.
 #[derive(Debug)]
@@ -31,9 +30,11 @@ pub(super) struct Prepared<'a> {
     pub count_tokens_failed: Option<String>,
 }
 
-/// A reservation taken, and how long the request waited in the queue for it.
+/// A reservation taken, the pool it was taken in, and how long the request waited in the queue
+/// for it.
 #[derive(Debug)]
 pub(super) struct Granted {
+    pub pool: Arc<Pool>,
     pub reservation: Reservation,
     pub queued_for: Option<Duration>,
 }
@@ -41,65 +42,80 @@ pub(super) struct Granted {
 impl Admission {
     /// Reserves what `prepared` estimated in `pool` (in shadow mode, without waiting or
     /// refusing) and admits the request holding it, or refuses it; the pool counts an admission
-    /// or a throttle under the call's `api`.
+    /// or a throttle under the call's API.
     pub(super) async fn take(
         &self,
         pool: &Arc<Pool>,
         prepared: Prepared<'_>,
-        caller: &Caller,
+        facts: &Facts<'_>,
         shadow: bool,
-        api: Api,
     ) -> Decision {
         let granted = if shadow {
-            self.reserve_shadow(pool, prepared.estimate, caller).await
+            self.reserve_shadow(pool, prepared.estimate, facts.caller)
+                .await
         } else {
-            self.reserve(pool, prepared.estimate, caller).await
+            self.reserve(pool, prepared.estimate, facts).await
         };
         let decision = match granted {
-            Ok(granted) => Decision::Admit(self.admitted(pool, granted, prepared, caller)),
+            Ok(g) => spill::sent_as_its_pool(self.admitted(pool, g, prepared, facts.caller), facts),
             Err(refusal) => refusal,
         };
         if let Decision::Admit(_) | Decision::Throttle(_) = decision {
-            pool.counts
-                .api_decided(api, matches!(decision, Decision::Admit(_)));
+            pool.counts.api_decided(
+                facts.operation.api(),
+                matches!(decision, Decision::Admit(_)),
+            );
         }
         decision
     }
 
-    /// Reserves `estimate` in `pool`: at once, or after waiting in the pool's queue.
+    /// Reserves `estimate` in `pool` or, when it cannot admit now, in the first pool of its
+    /// spill chain that can ([`super::spill`]); else after waiting in `pool`'s queue.
     pub(super) async fn reserve(
         &self,
         pool: &Arc<Pool>,
         estimate: Estimate,
-        caller: &Caller,
+        facts: &Facts<'_>,
     ) -> Result<Granted, Decision> {
+        let caller = facts.caller;
         let tokens = estimate.reservation();
         if !pool.can_ever_hold(tokens) {
             return Err(self.never_fits(pool, &estimate));
         }
+        let spill = self.spill_candidates(pool, facts, tokens);
         // While requests wait in this pool, newcomers queue behind them instead of taking the
         // capacity freed for them.
         let queue_busy = pool.queue.enabled() && !pool.queue.is_empty();
-        let rejection = if queue_busy {
-            None
-        } else {
-            match self.try_reserve(pool, tokens, caller).await {
-                Ok(Verdict::Granted(reservation)) => {
-                    return Ok(Granted {
-                        reservation,
-                        queued_for: None,
-                    });
-                }
-                Ok(Verdict::Refused(rejection)) => Some(rejection),
-                Err(e) => return Err(self.ledger_unavailable(pool, &e)),
+        let home = (!queue_busy).then_some(pool);
+        let candidates: Vec<Arc<Pool>> = home
+            .into_iter()
+            .chain(spill.iter().copied())
+            .cloned()
+            .collect();
+        let walk = first_admitting(candidates, |p: Arc<Pool>| async move {
+            self.try_reserve(&p, tokens, caller).await
+        })
+        .await;
+        let refused = match walk {
+            FirstAdmitting::Admitted { pool, reservation } => {
+                return Ok(Granted {
+                    pool,
+                    reservation,
+                    queued_for: None,
+                });
             }
+            FirstAdmitting::Refused(refused) => refused,
         };
-        let outcome = match (&rejection, pool.queue.enabled()) {
-            (Some(rejection), false) => Err(self.throttle(pool, rejection, tokens)),
-            _ => {
-                self.wait_in_queue(pool, tokens, rejection.as_ref(), caller)
-                    .await
+        let rejection = match spill::home_refusal(pool, &refused) {
+            Some(Refusal::Failed(e)) => return Err(self.ledger_unavailable(pool, e)),
+            Some(Refusal::NoRoom(rejection)) => Some(rejection),
+            None => None,
+        };
+        let outcome = match (rejection, pool.queue.enabled()) {
+            (Some(rejection), false) => {
+                Err(self.throttle_soonest(pool, rejection, &refused, tokens))
             }
+            _ => self.wait_in_queue(pool, tokens, rejection, caller).await,
         };
         if outcome.is_err()
             && let Some(slot) = pool.shares.slot(&caller.route.name)
@@ -128,6 +144,7 @@ impl Admission {
         }
         match self.try_reserve(pool, estimate.reservation(), caller).await {
             Ok(Verdict::Granted(reservation)) => Ok(Granted {
+                pool: pool.clone(),
                 reservation,
                 queued_for: None,
             }),
@@ -155,15 +172,17 @@ impl Admission {
             .await
     }
 
-    /// The admitted request, holding `granted` until it settles.
+    /// The admitted request, holding `granted` until it settles; `home` is the pool its model
+    /// resolved to (another than `granted`'s when it spilled).
     pub(super) fn admitted(
         &self,
-        pool: &Arc<Pool>,
+        home: &Arc<Pool>,
         granted: Granted,
         prepared: Prepared<'_>,
         caller: &Caller,
     ) -> Admitted {
         let Granted {
+            pool,
             reservation,
             queued_for,
         } = granted;
@@ -175,6 +194,13 @@ impl Admission {
             strip_usage_chunk,
             count_tokens_failed,
         } = prepared;
+        let spilled_from = (pool.id != home.id).then(|| home.clone());
+        // A spilled request runs as the pool's own model.
+        let configured_model = match spilled_from {
+            Some(_) => pool.config.model_id(),
+            None => configured_model,
+        };
+        let pool = &pool;
         pool.counts
             .admitted
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -193,6 +219,7 @@ impl Admission {
         );
         Admitted {
             hold,
+            spilled_from,
             clamped,
             strip_usage_chunk,
             body,

@@ -21,6 +21,8 @@ pub struct RawRoute {
     pub max_tokens_policy: Option<MaxTokensPolicy>,
     pub shadow: Option<bool>,
     pub recovery_budget: Option<f64>,
+    pub spill: Option<bool>,
+    pub regions: Option<Vec<String>>,
     #[serde(default)]
     pub shares: BTreeMap<String, RawShare>,
 }
@@ -69,6 +71,10 @@ pub struct RouteConfig {
     pub recovery_budget: Option<f64>,
     /// Per pool name.
     pub shares: BTreeMap<String, ShareConfig>,
+    /// Whether its requests may run in the pools of their home pool's `spill_to` chain.
+    pub spill: bool,
+    /// The Regions its requests may run in (data residency); `None`: any.
+    pub regions: Option<Vec<String>>,
 }
 
 impl RouteConfig {
@@ -86,6 +92,9 @@ impl RouteConfig {
             shadow: false,
             recovery_budget: None,
             shares: BTreeMap::new(),
+            // Without [[routes]], the pools' own spill_to chains are the only opt-in.
+            spill: true,
+            regions: None,
         }
     }
 }
@@ -204,6 +213,9 @@ fn validate_route(
         ));
     }
     let shares = shares(&raw.shares, pools, &key)?;
+    for region in raw.regions.iter().flatten() {
+        super::upstream::region(&key("regions"), region.clone())?;
+    }
     Ok(RouteConfig {
         name: raw.name,
         priority: raw.priority.unwrap_or(0),
@@ -216,6 +228,8 @@ fn validate_route(
         shadow: raw.shadow.unwrap_or(false),
         recovery_budget: raw.recovery_budget,
         shares,
+        spill: raw.spill.unwrap_or(false),
+        regions: raw.regions,
     })
 }
 

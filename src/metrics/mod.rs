@@ -80,6 +80,9 @@ pub struct Metrics {
     pub route_charged_tokens: IntCounterVec,
     /// Retries admitted into the pool's retry reserve, by route.
     pub recovery_admissions: IntCounterVec,
+    /// Requests admitted in another pool of their home pool's spill chain, by home pool (`from`),
+    /// the pool they ran in (`to`) and route.
+    pub spillover: IntCounterVec,
     /// Requests shadow mode forwarded that enforcement would have turned away, by reason.
     pub shadow_rejections: IntCounterVec,
     /// Requests whose maxTokens was lowered to the route's ceiling.
@@ -195,6 +198,7 @@ impl Metrics {
             route_reserved_tokens: r.int_gauge("tokengate_route_reserved_tokens", "Tokens reserved by the route's requests in flight.", &["pool", "route"])?,
             route_charged_tokens: r.counter("tokengate_route_charged_tokens_total", "Quota tokens charged to the route at settlement.", &["pool", "route"])?,
             recovery_admissions: r.counter("tokengate_recovery_admissions_total", "SDK retries admitted into the pool's retry reserve (the route's recovery budget).", &["pool", "route"])?,
+            spillover: r.counter("tokengate_spillover_total", "Requests whose home pool could not admit them now, admitted in another pool of its spill_to chain: from the home pool, to the pool they ran in.", &["from", "to", "route"])?,
             shadow_rejections: r.counter("tokengate_shadow_rejections_total", "Requests forwarded in shadow mode that enforcement would have turned away, by reason.", &["pool", "route", "reason"])?,
             max_tokens_clamped: r.counter("tokengate_max_tokens_clamped_total", "Requests whose maxTokens was lowered to the route's max_tokens_ceiling.", &["pool", "route"])?,
             auth_failures: r.counter("tokengate_auth_failures_total", "Requests that failed identification, by auth mode and reason.", &["mode", "reason"])?,
