@@ -17,6 +17,7 @@
 //! to come back ([`hint`]). Nothing here speaks HTTP, writes a metric or a log line: the pipeline
 //! answers ([`crate::answer`]) and records ([`crate::observe`]) what was decided.
 
+pub mod adaptive;
 pub mod advice;
 mod allow;
 pub mod body;
