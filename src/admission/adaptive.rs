@@ -42,8 +42,14 @@ use std::{
 
 use serde::Serialize;
 
-use super::advice::{Lengths, with_margin};
-use crate::config::{AdaptiveMaxTokens, PoolConfig, RouteConfig};
+use super::{
+    Estimate, Route,
+    advice::{Lengths, with_margin},
+};
+use crate::{
+    bedrock::{ModelRef, Operation, max_tokens::field_to_set},
+    config::{AdaptiveMaxTokens, PoolConfig, RouteConfig},
+};
 
 /// The cap is recomputed from the histogram every this many samples.
 pub const REFRESH_EVERY: u64 = 16;
@@ -250,6 +256,48 @@ impl RouteLearners {
             caller,
         })
     }
+}
+
+/// What every route learned for `models` (a pool's), for `GET /v1/pools`.
+pub fn views(routes: &[Arc<Route>], models: &[String]) -> Vec<LearnerView> {
+    let mut out = Vec::new();
+    for route in routes {
+        let Some(learners) = &route.adaptive else {
+            continue;
+        };
+        for model in models {
+            if let Some(learner) = learners.get(model) {
+                out.push(learner.view(&route.name, model));
+            }
+        }
+    }
+    out
+}
+
+/// A request of `route` for `model` (its id as the pool's config lists it), about to reserve
+/// `estimate`: lowers `estimate.max_tokens` to the learned cap when there is one below it, and
+/// returns the request's ticket (its `cap` is what to write into the forwarded body). `named`:
+/// the body names its `maxTokens`. `None` when the route does not learn this model, or the cap
+/// could not be written: a bidirectional stream (its `maxTokens` arrives after admission), or a
+/// body that names none in a family whose field is unknown.
+pub(super) fn apply(
+    route: &Route,
+    operation: Operation,
+    model: (&ModelRef<'_>, &str),
+    named: bool,
+    estimate: &mut Estimate,
+) -> Option<Ticket> {
+    let learners = route.adaptive.as_ref()?;
+    let (model, configured) = model;
+    let writable = named || field_to_set(operation, model.provider(), None).is_some();
+    if operation == Operation::InvokeModelWithBidirectionalStream || !writable {
+        return None;
+    }
+    let ticket = learners.ticket(configured, estimate.max_tokens)?;
+    if let Some(cap) = ticket.cap {
+        estimate.max_tokens = cap;
+    }
+    Some(ticket)
 }
 
 #[cfg(test)]

@@ -264,6 +264,7 @@ impl Admission {
             clamped: false,
             strip_usage_chunk: false,
             count_tokens_failed: None,
+            adaptive: None,
         };
         self.take(pool, prepared, facts, shadow).await
     }

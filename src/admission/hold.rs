@@ -22,7 +22,9 @@ use std::{sync::Arc, time::Duration};
 use futures_util::FutureExt;
 use tokio::time::Instant;
 
-use super::{advice::SlotIndex, pools::Pool, queue::AdmissionQueue, routes::RouteSlot};
+use super::{
+    adaptive::Ticket, advice::SlotIndex, pools::Pool, queue::AdmissionQueue, routes::RouteSlot,
+};
 use crate::{
     bedrock::Usage,
     ledger::{Ledger, Reservation},
@@ -107,6 +109,9 @@ pub struct Hold {
     route: Option<RouteSlot>,
     /// This request's part of its pool's pending burndown excess.
     excess_claimed: u64,
+    /// Its route's adaptive maxTokens learner for its model, told the output at settlement
+    /// (boxed: most requests have none, and every `Decision` carries a `Hold`'s size).
+    adaptive: Option<Box<Ticket>>,
 }
 
 impl Hold {
@@ -132,7 +137,19 @@ impl Hold {
             advice_slot,
             route,
             excess_claimed: 0,
+            adaptive: None,
         }
+    }
+
+    /// Reports the output to `ticket`'s learner when the request settles with usage.
+    pub(crate) fn with_adaptive(mut self, ticket: Option<Ticket>) -> Hold {
+        self.adaptive = ticket.map(Box::new);
+        self
+    }
+
+    /// The adaptive maxTokens cap the proxy wrote into the forwarded body, if it capped it.
+    pub fn adaptive_cap(&self) -> Option<u64> {
+        self.adaptive.as_ref().and_then(|t| t.cap)
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -198,6 +215,11 @@ impl Hold {
             self.estimate.max_tokens,
             usage.output_tokens,
         );
+        if let Some(ticket) = &self.adaptive {
+            // The stop reason plugs in here once the usage observer reads it (issue #17's
+            // truncation signal): until then a capped call that reached its cap is a truncation.
+            ticket.settled(usage.output_tokens, false);
+        }
         self.finish(charge, SettlementRule::Usage, elapsed, Some(*usage))
     }
 

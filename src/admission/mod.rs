@@ -16,6 +16,7 @@
 //! that settles it ([`hold`] has the rules); a refusal says why and, when retrying can help, when
 //! to come back ([`hint`]). Nothing here speaks HTTP, writes a metric or a log line: the pipeline
 //! answers ([`crate::answer`]) and records ([`crate::observe`]) what was decided.
+//! (Over 500 lines: the decision's steps and `GET /v1/pools`' pool view share these types.)
 
 pub mod adaptive;
 pub mod advice;
@@ -114,7 +115,7 @@ impl Admission {
     ) -> Admission {
         Admission {
             table: PoolTable::new(pools, routes, &config),
-            routes: RouteTable::new(routes),
+            routes: RouteTable::new(routes, pools),
             ledger,
             config,
             counter: None,
@@ -349,6 +350,7 @@ impl Admission {
                 learned: pool.learned_view(),
                 queue: pool.queue.view(),
                 max_tokens_advice: pool.advice.view(),
+                adaptive_max_tokens: adaptive::views(self.routes.routes(), &pool.config.models),
                 routes: pool.shares.views(),
                 endpoint: pool.endpoint_view(),
             });
@@ -397,8 +399,9 @@ fn problem(operation: Operation, e: &body::BodyError) -> Problem {
     }
 }
 
-/// The route's ceiling applied, and the body to forward: rewritten for the ceiling, or to ask
-/// for a streamed Chat Completions usage the caller did not ask for ([`rewrite`]).
+/// The route's ceiling and its learned cap applied ([`adaptive`]), and the body to forward:
+/// rewritten for either, or to ask for a streamed Chat Completions usage the caller did not ask
+/// for ([`rewrite`]).
 fn prepare<'p>(
     route: &Route,
     facts: &Facts<'_>,
@@ -413,9 +416,21 @@ fn prepare<'p>(
         count_failed,
     } = estimated;
     let ceiling = ceiling::apply(route, facts.operation, requested, &mut estimate)?;
+    let learned = (model, configured_model);
+    let adaptive = adaptive::apply(
+        route,
+        facts.operation,
+        learned,
+        requested.is_some(),
+        &mut estimate,
+    );
     let ask_usage = facts.operation == Operation::OpenAIChatCompletions
         && api.is_some_and(|api| api.stream && api.include_usage != Some(true));
-    let edits = rewrite::Edits { ceiling, ask_usage };
+    let edits = rewrite::Edits {
+        // The learned cap is below the ceiling when there is one.
+        ceiling: adaptive.as_ref().and_then(|t| t.cap).or(ceiling),
+        ask_usage,
+    };
     let body = rewrite::apply(facts.operation, model, facts.body, edits)?;
     Ok(reserve::Prepared {
         estimate,
@@ -424,6 +439,7 @@ fn prepare<'p>(
         clamped: ceiling.is_some(),
         strip_usage_chunk: ask_usage,
         count_tokens_failed: count_failed,
+        adaptive,
     })
 }
 
@@ -472,6 +488,9 @@ pub struct PoolView {
     pub queue: queue::QueueView,
     /// Output lengths against the maxTokens reserved, per model seen ([`advice`]).
     pub max_tokens_advice: Vec<advice::MaxTokensAdvice>,
+    /// What each route with `adaptive_max_tokens` learned for this pool's models: samples, the
+    /// cap in force, capped calls, proxy-caused truncations and raises ([`adaptive`]).
+    pub adaptive_max_tokens: Vec<adaptive::LearnerView>,
     /// Each route's share of this pool and what it used, in slot order.
     pub routes: Vec<routes::RouteView>,
     /// An endpoint pool's copies and scaling signal; absent for a Bedrock pool.

@@ -28,6 +28,8 @@ pub(super) struct Prepared<'a> {
     pub strip_usage_chunk: bool,
     /// Why exact input counting failed, if it did.
     pub count_tokens_failed: Option<String>,
+    /// The route's adaptive maxTokens learner for this model, and the cap written if any.
+    pub adaptive: Option<super::adaptive::Ticket>,
 }
 
 /// A reservation taken, the pool it was taken in, and how long the request waited in the queue
@@ -193,6 +195,7 @@ impl Admission {
             clamped,
             strip_usage_chunk,
             count_tokens_failed,
+            adaptive,
         } = prepared;
         let spilled_from = (pool.id != home.id).then(|| home.clone());
         // A spilled request runs as the pool's own model.
@@ -216,7 +219,8 @@ impl Admission {
             estimate,
             pool.advice.slot(configured_model),
             route,
-        );
+        )
+        .with_adaptive(adaptive);
         Admitted {
             hold,
             spilled_from,

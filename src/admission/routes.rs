@@ -19,6 +19,8 @@ use crate::{
 pub struct Route {
     pub name: Arc<str>,
     pub config: RouteConfig,
+    /// What its `adaptive_max_tokens` learned, per model; `None` when it does not opt in.
+    pub adaptive: Option<super::adaptive::RouteLearners>,
 }
 
 impl Route {
@@ -39,13 +41,15 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
-    pub fn new(routes: &[RouteConfig]) -> RouteTable {
+    /// The routes, with their adaptive maxTokens learners over `pools`' models.
+    pub fn new(routes: &[RouteConfig], pools: &[PoolConfig]) -> RouteTable {
         let routes: Vec<Arc<Route>> = routes
             .iter()
             .map(|r| {
                 Arc::new(Route {
                     name: Arc::from(r.name.as_str()),
                     config: r.clone(),
+                    adaptive: super::adaptive::RouteLearners::new(r, pools),
                 })
             })
             .collect();
