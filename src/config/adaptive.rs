@@ -10,8 +10,13 @@
 //! ```toml
 //! [[routes]]
 //! name = "chat"
-//! adaptive_max_tokens = { quantile = 0.999, margin = 1.2, floor = 256, min_samples = 300,
-//!                         truncation_target = 0.001, models = ["anthropic.claude-..."] }
+//! [routes.adaptive_max_tokens]
+//! quantile = 0.999
+//! margin = 1.2
+//! floor = 256
+//! min_samples = 300
+//! truncation_target = 0.001
+//! models = ["anthropic.claude-3-haiku-20240307-v1:0"]
 //! ```
 //! Every key is optional (an empty table takes the defaults below); `models` limits the learned
 //! cap to some of the pooled models the route calls (default: all of them).
@@ -182,6 +187,8 @@ mod tests {
             }
         );
         assert!(set.covers("a.m-2") && !set.covers("a.m-1"));
+        let table = route("[routes.adaptive_max_tokens]\nfloor = 300\n").expect("valid");
+        assert_eq!(table.map(|a| (a.floor, a.min_samples)), Some((300, 300)));
     }
 
     #[test]
