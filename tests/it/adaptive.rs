@@ -114,6 +114,13 @@ async fn adaptive_cap_is_learned_written_reserved_and_raised_through_the_sdk() {
         converse_output(&stack, "[sim:output=900] h", 4000).await,
         900
     );
+    // The same figures in /metrics, per pool, route and model.
+    let m = scrape(stack.proxy.addr).await;
+    let labels = [("pool", "haiku"), ("route", "chat"), ("model", HAIKU)];
+    m.expect("tokengate_adaptive_max_tokens", &labels, 960.0);
+    m.expect("tokengate_adaptive_capped_calls", &labels, 3.0);
+    m.expect("tokengate_adaptive_proxy_truncations", &labels, 2.0);
+    m.expect("tokengate_adaptive_raises", &labels, 1.0);
     stack.assert_ledger_zero().await;
 }
 
