@@ -37,6 +37,10 @@ pub struct Scenario {
     #[serde(default)]
     pub simulator: toml::Table,
     pub pool: PoolSettings,
+    /// Keys of the proxy's one route (`[[routes]]` named `default`, spilling like the implicit
+    /// route), e.g. `adaptive_max_tokens`; absent: the implicit route of a config without routes.
+    #[serde(default)]
+    pub route: Option<toml::Table>,
     #[serde(default)]
     pub groups: Vec<Group>,
     /// Present only in the overhead scenario, which runs its own steps instead of `groups`.
@@ -371,9 +375,22 @@ impl Scenario {
         format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
              endpoint = \"http://{upstream}\"\n{idle}\n[ledger]\nbackend = \"memory\"\n\n\
-             [log]\nlevel = \"{level}\"\n{}",
-            self.pools()
+             [log]\nlevel = \"{level}\"\n{}{}",
+            self.pools(),
+            self.routes()
         )
+    }
+
+    /// The proxy's `[[routes]]`: none, or one route `default` with the scenario's `route` keys.
+    fn routes(&self) -> String {
+        let Some(keys) = &self.route else {
+            return String::new();
+        };
+        let mut out = String::from("\n[[routes]]\nname = \"default\"\nspill = true\n");
+        for (key, value) in keys {
+            out.push_str(&format!("{key} = {value}\n"));
+        }
+        out
     }
 }
 
@@ -397,6 +414,19 @@ mod tests {
             let config = tokengate::config::Config::parse(&text)
                 .unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()));
             let pools = &config.policy.pools;
+            if s.route.is_some() {
+                assert_eq!(
+                    config.policy.routes[0].name,
+                    "default",
+                    "{}",
+                    path.display()
+                );
+                assert!(config.policy.routes[0].spill);
+            }
+            if s.name.ends_with("-adaptive") {
+                let adaptive = config.policy.routes[0].adaptive_max_tokens.as_ref();
+                assert!(adaptive.is_some(), "{}", path.display());
+            }
             if s.spill_pools == 1 {
                 spilling += 1;
                 assert_eq!(pools[0].spill_to, ["spill"]);
