@@ -26,8 +26,9 @@
 //! reason (`max_tokens`, `length`, ...) says the same where it is read (see [`super::hold`]).
 //!
 //! # Scope
-//! The learned cap is per replica: in memory, from that replica's traffic, reset by a reload
-//! (the route table is rebuilt). That is safe with a shared Redis ledger because each replica's
+//! The learned cap is per replica: in memory, from that replica's traffic; a reload keeps what
+//! a route learned for a model when its `adaptive_max_tokens` did not change
+//! ([`Learner::inherit`]), and starts again otherwise. That is safe with a shared Redis ledger because each replica's
 //! reservations are its own: a replica reserves the cap it wrote, and settles to what upstream
 //! charged, so replicas with different caps reserve differently but each truthfully.
 //! Nothing here writes a metric or speaks HTTP; `GET /v1/pools` reads [`Learner::view`].
@@ -202,6 +203,20 @@ impl Learner {
             .store(learned_cap(&self.params, q, raises), Ordering::Relaxed);
     }
 
+    /// Takes over what `previous` learned (a reload), when its parameters are the same: its
+    /// outputs, samples, guard and cap in force.
+    pub fn inherit(&self, previous: &Learner) {
+        if self.params != previous.params {
+            return;
+        }
+        self.outputs.absorb(&previous.outputs);
+        let samples = previous.samples.load(Ordering::Relaxed);
+        self.samples.fetch_add(samples, Ordering::Relaxed);
+        *self.guard() = *previous.guard();
+        self.cap
+            .store(previous.cap.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
     fn guard(&self) -> std::sync::MutexGuard<'_, Guard> {
         // A panic while holding it leaves plain counters: still usable.
         self.guard.lock().unwrap_or_else(|e| e.into_inner())
@@ -245,6 +260,15 @@ impl RouteLearners {
     /// The learner of `model` (the model id as its pool's config lists it).
     pub fn get(&self, model: &str) -> Option<&Arc<Learner>> {
         self.by_model.get(model)
+    }
+
+    /// Takes over what `previous` (the same route before a reload) learned, model by model.
+    pub fn inherit(&self, previous: &RouteLearners) {
+        for (model, learner) in &self.by_model {
+            if let Some(old) = previous.get(model) {
+                learner.inherit(old);
+            }
+        }
     }
 
     /// A ticket for a request of `model` that would carry `caller`.

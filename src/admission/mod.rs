@@ -358,6 +358,23 @@ impl Admission {
         out
     }
 
+    /// Takes over what `previous` (the policy before a reload) learned: each pool's history
+    /// ([`Pool::inherit`]) and each route's adaptive maxTokens, by name.
+    pub fn inherit(&self, previous: &Admission) {
+        for pool in self.pools() {
+            if let Some(old) = previous.pools().iter().find(|p| p.name == pool.name) {
+                pool.inherit(old);
+            }
+        }
+        for route in self.routes.routes() {
+            let old = previous.routes.get(&route.name);
+            if let (Some(new), Some(old)) = (&route.adaptive, old.and_then(|r| r.adaptive.as_ref()))
+            {
+                new.inherit(old);
+            }
+        }
+    }
+
     /// Answers every queued request at once (shutdown).
     pub fn close_queues(&self) {
         for pool in self.pools() {

@@ -279,3 +279,37 @@ async fn adaptive_cap_is_written_in_each_apis_own_field() {
     .await;
     assert_eq!(ledger.stats().unsettled_drops(), 0);
 }
+
+#[tokio::test]
+async fn adaptive_a_reload_keeps_what_was_learned_unless_the_settings_change() {
+    let route = |floor: u64| {
+        format!(
+            "[[routes]]\nname = \"chat\"\nadaptive_max_tokens = {{ min_samples = 5, floor = {floor} }}\n"
+        )
+    };
+    let stack = Stack::start(INSTANT_SIM, &haiku_pool(), &route(64)).await;
+    for _ in 0..5 {
+        assert_eq!(
+            converse_output(&stack, "[sim:output=100] a", 4000).await,
+            100
+        );
+    }
+    assert_eq!(learned(&stack.proxy).await.cap, Some(128));
+    let same = proxy_config(stack.sim.addr, &haiku_pool(), &route(64));
+    stack.proxy.reload(same).expect("reloads");
+    let kept = learned(&stack.proxy).await;
+    assert_eq!((kept.samples, kept.cap), (5, Some(128)), "{kept:?}");
+    assert_eq!(
+        converse_output(&stack, "[sim:output=900] b", 4000).await,
+        128
+    );
+    let changed = proxy_config(stack.sim.addr, &haiku_pool(), &route(32));
+    stack.proxy.reload(changed).expect("reloads");
+    let fresh = learned(&stack.proxy).await;
+    assert_eq!((fresh.samples, fresh.cap), (0, None), "{fresh:?}");
+    assert_eq!(
+        converse_output(&stack, "[sim:output=900] c", 4000).await,
+        900
+    );
+    stack.assert_ledger_zero().await;
+}
