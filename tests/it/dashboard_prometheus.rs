@@ -162,7 +162,11 @@ fn now() -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_panel_and_alert_evaluates_on_a_real_prometheus() {
-    let stack = Stack::start(SIM, &pools(), "").await;
+    // The implicit route's settings, declared to add an adaptive maxTokens (that never has its
+    // samples, so nothing here is capped): its panels have series to show.
+    let route = "[[routes]]\nname = \"default\"\nspill = true\n\
+                 adaptive_max_tokens = { min_samples = 1000000 }\n";
+    let stack = Stack::start(SIM, &pools(), route).await;
     let addr = stack.proxy.addr;
     let rules = std::path::Path::new(ROOT).join("config/prometheus/alerts.yml");
     let Some(prom) = Prometheus::start(addr, &rules).await else {
