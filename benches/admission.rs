@@ -186,6 +186,7 @@ fn admission(c: &mut Criterion) {
                 operation: Operation::Converse,
                 model_id: Some(MODEL),
                 body: black_box(&body),
+                read: None,
                 caller: &caller,
             };
             let decision = admission.decide(&facts).now_or_never();

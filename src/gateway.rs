@@ -443,13 +443,23 @@ async fn connect_upstream(
         None => default_chain(&up.region).await?,
     };
     let signer = Signer::new(provider, &up.region);
-    signer.credentials().await.map_err(|e| {
-        StartError::Credentials(format!(
+    if let Err(e) = signer.credentials().await {
+        let e = format!(
             "{e}. tokengate signs upstream requests with its own AWS credentials from the default chain \
              (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity, container or instance role)"
-        ))
-    })?;
-    let upstream = Upstream::new(
+        );
+        match &up.api_key {
+            None => return Err(StartError::Credentials(e)),
+            // Only InvokeModelWithBidirectionalStream needs them then.
+            Some(key) => tracing::warn!(
+                error = %e,
+                "no AWS credentials: every operation goes upstream with the API key of {} but \
+                 InvokeModelWithBidirectionalStream (SigV4 only), which will fail",
+                key.env
+            ),
+        }
+    }
+    let mut upstream = Upstream::new(
         base,
         signer,
         up.connect_timeout,
@@ -457,6 +467,11 @@ async fn connect_upstream(
         up.idle_timeout,
     )
     .map_err(|e| StartError::Upstream(e.to_string()))?;
+    if let Some(key) = &up.api_key {
+        upstream = upstream
+            .with_api_key(&key.key.0)
+            .map_err(|e| StartError::Upstream(e.to_string()))?;
+    }
     Ok((upstream, simulator))
 }
 

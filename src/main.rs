@@ -54,6 +54,9 @@ fn main() -> ExitCode {
     if let Command::CheckConfig { file } = &cli.command {
         return match Config::load(file) {
             Ok(config) => {
+                for note in config.notes() {
+                    eprintln!("{}: note: {note}", file.display());
+                }
                 println!(
                     "{}: ok ({} pools)",
                     file.display(),

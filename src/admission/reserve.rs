@@ -18,8 +18,12 @@ pub(super) struct Prepared<'a> {
     pub estimate: Estimate,
     /// The model id as the pool's config lists it (the maxTokens-advice slot).
     pub configured_model: &'a str,
-    /// The body rewritten to the route's ceiling, if it was.
+    /// The body to forward instead of the caller's, if it was rewritten ([`super::rewrite`]).
     pub body: Option<Bytes>,
+    /// Lowered to the route's ceiling.
+    pub clamped: bool,
+    /// The response's usage chunk is taken out ([`super::Admitted::strip_usage_chunk`]).
+    pub strip_usage_chunk: bool,
     /// Why exact input counting failed, if it did.
     pub count_tokens_failed: Option<String>,
 }
@@ -137,6 +141,8 @@ impl Admission {
             estimate,
             configured_model,
             body,
+            clamped,
+            strip_usage_chunk,
             count_tokens_failed,
         } = prepared;
         pool.counts
@@ -157,7 +163,8 @@ impl Admission {
         );
         Admitted {
             hold,
-            clamped: body.is_some(),
+            clamped,
+            strip_usage_chunk,
             body,
             queued_for,
             recovered,

@@ -33,7 +33,7 @@ use raw::RawConfig;
 pub use routes::{MaxTokensPolicy, RouteConfig, ShareConfig};
 pub use server::{ServerConfig, TlsFiles};
 pub use simulator::SimulatorConfig;
-pub use upstream::{Endpoint, UpstreamConfig};
+pub use upstream::{Endpoint, UpstreamApiKey, UpstreamConfig};
 
 /// A configuration error: the key at fault and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -121,7 +121,7 @@ impl Config {
     pub fn from_raw_with_env(raw: RawConfig, env: &Env) -> Result<Config, ConfigError> {
         let process = ProcessConfig {
             server: server::validate(raw.server)?,
-            upstream: upstream::validate(raw.upstream)?,
+            upstream: upstream::validate(raw.upstream, env)?,
             ledger: ledger::validate(raw.ledger, env)?,
             log: raw.log.into(),
             simulator: raw.simulator.unwrap_or_default(),
@@ -134,6 +134,14 @@ impl Config {
         };
         let policy = PolicyConfig::validate(policy, &process, env)?;
         Ok(Config { process, policy })
+    }
+}
+
+impl Config {
+    /// Remarks on a valid config for `tokengate check-config` to print: settings that work but
+    /// depend on something outside the file.
+    pub fn notes(&self) -> Vec<String> {
+        upstream::notes(&self.process.upstream, &self.policy.pools)
     }
 }
 

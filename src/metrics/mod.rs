@@ -2,7 +2,8 @@
 //! test gets a fresh one), and the `/metrics` text exposition.
 //!
 //! Labels are bounded: `pool` comes from config (plus `none` for calls outside any pool),
-//! `operation` from the fixed operation list, `outcome`, `reason` and `rule` from fixed enums,
+//! `operation` from the fixed operation list, `api` from the fixed API families
+//! ([`crate::bedrock::Api`]: `bedrock`, `openai_chat`, `openai_responses`, `anthropic_messages`), `outcome`, `reason` and `rule` from fixed enums,
 //! `status` from upstream status codes.
 
 use std::{
@@ -134,7 +135,7 @@ impl Metrics {
             families: RefCell::new(Vec::new()),
         };
         Ok(Metrics {
-            requests: r.counter("tokengate_requests_total", "Requests by pool, operation and outcome.", &["pool", "operation", "outcome"])?,
+            requests: r.counter("tokengate_requests_total", "Requests by pool, API, operation and outcome.", &["pool", "api", "operation", "outcome"])?,
             rejections: r.counter("tokengate_rejections_total", "Requests turned away, by pool and the limit that bound.", &["pool", "reason"])?,
             reserved_tokens: r.int_gauge("tokengate_reserved_tokens", "Tokens reserved by requests in flight.", &["pool"])?,
             inflight_requests: r.int_gauge("tokengate_inflight_requests", "Admitted requests not yet settled.", &["pool"])?,

@@ -22,7 +22,7 @@ use crate::{
         Admission, Admitted, Decision, Pass, Pool, QueueRefusal, Settled, Throttle, ThrottleWhy,
         Unavailability,
     },
-    bedrock::{Operation, error::X_AMZN_REQUEST_ID},
+    bedrock::{Api, Operation, error::X_AMZN_REQUEST_ID},
     metrics::{Metrics, NO_POOL},
 };
 pub use access_log::Verdict;
@@ -103,6 +103,11 @@ impl Observation {
     fn operation_label(&self) -> &'static str {
         self.operation.map_or("unknown", Operation::name)
     }
+
+    /// The `api` label: the operation's family (`bedrock` for an unknown path).
+    fn api_label(&self) -> &'static str {
+        self.operation.map_or(Api::Bedrock, Operation::api).label()
+    }
 }
 
 /// Writes what requests of one policy generation did into the metrics and the access log.
@@ -132,10 +137,12 @@ impl Observer {
     pub fn decided(&self, obs: &mut Observation, decision: &Decision) {
         obs.pool = decision.pool().cloned();
         let m = &self.metrics;
-        let op = obs.operation_label();
+        let (api, op) = (obs.api_label(), obs.operation_label());
         let route = obs.route.clone().unwrap_or_else(|| Arc::from(""));
         let count = |pool: &str, outcome: &str| {
-            m.requests.with_label_values(&[pool, op, outcome]).inc();
+            m.requests
+                .with_label_values(&[pool, api, op, outcome])
+                .inc();
         };
         let count_route = |pool: &Pool, outcome: &str| {
             m.route_requests
@@ -253,9 +260,10 @@ impl Observer {
                     .ledger_errors
                     .with_label_values(&[backend])
                     .inc();
+                let (api, op) = (obs.api_label(), obs.operation_label());
                 self.metrics
                     .requests
-                    .with_label_values(&[&pool.name, obs.operation_label(), "ledger_error"])
+                    .with_label_values(&[&pool.name, api, op, "ledger_error"])
                     .inc();
                 tracing::error!(error = %error, pool = %pool.name, "ledger unavailable");
             }

@@ -173,9 +173,14 @@ fn init_fixed(m: &Metrics, pool: &str, ledger_backend: &str) {
 impl OperationSeries {
     fn new(m: &Metrics, pool: &str, op: Operation) -> OperationSeries {
         let labels = [pool, op.name()];
+        let api = op.api().label();
         OperationSeries {
-            admitted: m.requests.with_label_values(&[pool, op.name(), "admitted"]),
-            rejected: m.requests.with_label_values(&[pool, op.name(), "rejected"]),
+            admitted: m
+                .requests
+                .with_label_values(&[pool, api, op.name(), "admitted"]),
+            rejected: m
+                .requests
+                .with_label_values(&[pool, api, op.name(), "rejected"]),
             request_duration: m.request_duration_seconds.with_label_values(&labels),
             time_to_first_byte: m.time_to_first_byte_seconds.with_label_values(&labels),
             time_to_first_token: m.time_to_first_token_seconds.with_label_values(&labels),

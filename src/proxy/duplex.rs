@@ -53,7 +53,7 @@ use super::{
 use crate::{
     admission::{Decision, Facts},
     answer,
-    bedrock::{Operation, eventstream::exception_frame, operation::raw_path_and_query},
+    bedrock::{Dialect, Operation, eventstream::exception_frame, operation::raw_path_and_query},
     observe::Observation,
     state::{AppState, Policy},
     upstream::headers::BEDROCK_RUNTIME,
@@ -94,11 +94,12 @@ pub async fn proxy(
             operation: OPERATION,
             model_id,
             body: &no_body,
+            read: None,
             caller: &caller,
         })
         .await;
     policy.observer.decided(record, &decision);
-    if let Some(refusal) = answer::refusal(&decision) {
+    if let Some(refusal) = answer::refusal(&decision, OPERATION) {
         return refusal;
     }
     let in_flight = match decision {
@@ -134,9 +135,9 @@ pub async fn proxy(
         })
         .await;
     match sent {
-        Ok(response) => forward::respond(state, policy, OPERATION, in_flight, response)
+        Ok(response) => forward::respond(state, policy, OPERATION, in_flight, response, false)
             .map(|body| Body::new(DuplexResponse::new(body, link))),
-        Err(e) => forward::unreachable(policy, in_flight, &e),
+        Err(e) => forward::unreachable(policy, in_flight, &e, Dialect::Bedrock),
     }
 }
 

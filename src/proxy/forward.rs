@@ -1,8 +1,11 @@
 //! Step 4: forward an admitted (or passed) request upstream, and turn upstream's answer into the
 //! client's: the response head passed on (hop-by-hop headers removed, those its `Connection`
 //! names too), an upstream throttle
-//! passed on with a hint and fed back to the pool, no answer turned into a retryable 503; the
-//! reservation settled by the rule that applies ([`crate::admission::hold`]).
+//! passed on with a hint and fed back to the pool, no answer turned into a retryable 503 (in the
+//! error shape of the request's API); the reservation settled by the rule that applies
+//! ([`crate::admission::hold`]). A streamed Chat Completions call whose usage the proxy asked
+//! for on the client's behalf has the usage chunk taken out of its stream
+//! ([`UsageChunkFilter`]).
 
 use std::sync::Arc;
 
@@ -15,8 +18,8 @@ use crate::{
     admission::{Admitted, hint},
     answer,
     bedrock::{
-        ErrorCode, Operation, UsageObserver, eventstream, operation::raw_path_and_query,
-        usage::ResponseKind,
+        Dialect, ErrorCode, Operation, UsageObserver, eventstream, operation::raw_path_and_query,
+        sse::UsageChunkFilter, usage::ResponseKind,
     },
     observe::Observation,
     state::{AppState, Policy},
@@ -43,32 +46,50 @@ pub async fn forward(
     obs: &mut Option<Observation>,
 ) -> Response {
     let mut body = request.body;
+    let mut strip_usage_chunk = false;
     let in_flight = admitted.map(|admitted| {
         if let Some(rewritten) = admitted.body {
             body = rewritten;
         }
+        strip_usage_chunk = admitted.strip_usage_chunk;
         InFlight::new(admitted.hold, obs.take(), policy.observer.clone())
     });
+    let operation = request.operation;
     let parts = request.parts;
     let path_and_query = raw_path_and_query(&parts.uri);
     let sent = state
         .upstream
-        .send(parts.method.clone(), path_and_query, &request.headers, body)
+        .send(
+            operation,
+            parts.method.clone(),
+            path_and_query,
+            &request.headers,
+            body,
+        )
         .await;
     match sent {
-        Ok(response) => respond(state, policy, request.operation, in_flight, response),
-        Err(e) => unreachable(policy, in_flight, &e),
+        Ok(response) => respond(
+            state,
+            policy,
+            operation,
+            in_flight,
+            response,
+            strip_usage_chunk,
+        ),
+        Err(e) => unreachable(policy, in_flight, &e, operation.api().dialect()),
     }
 }
 
 /// Upstream's answer, on its way to the client: an error status settled and passed on, a
-/// success passed through a body that meters it.
+/// success passed through a body that meters it (and takes out the usage chunk asked for on the
+/// client's behalf, when `strip_usage_chunk`).
 pub fn respond(
     state: &AppState,
     policy: &Arc<Policy>,
     operation: Operation,
     mut in_flight: Option<InFlight>,
     response: http::Response<Incoming>,
+    strip_usage_chunk: bool,
 ) -> Response {
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     let status = response.status();
@@ -79,26 +100,23 @@ pub fn respond(
         v.as_bytes()
             .starts_with(eventstream::CONTENT_TYPE.as_bytes())
     });
-    if event_stream {
+    let kind = ResponseKind::for_response(operation, &head.headers);
+    // The usage chunk asked for on the client's behalf comes out of a successful stream.
+    let filter =
+        (strip_usage_chunk && status.is_success() && kind == Some(ResponseKind::ChatStream))
+            .then(UsageChunkFilter::new);
+    if event_stream || filter.is_some() {
         head.headers.remove(header::CONTENT_LENGTH);
     }
-    let meter = match in_flight.take() {
-        Some(mut f) if !status.is_success() => {
-            refused(policy, &mut f, &mut head.headers, status);
-            None
-        }
-        Some(mut f) => {
-            f.answered(status, &head.headers);
-            ResponseKind::for_operation(operation).map(|kind| {
-                let mut usage = UsageObserver::new(kind);
-                if let Some(u) = usage.on_headers(&head.headers) {
-                    f.settle_usage(&u);
-                }
-                Meter::new(usage, f)
-            })
-        }
-        None => None,
-    };
+    let meter = in_flight.take().and_then(|f| {
+        let response = Answered {
+            status,
+            headers: &mut head.headers,
+            operation,
+            kind,
+        };
+        meter(policy, f, response)
+    });
     let body = MeteredBody::new(
         incoming,
         meter,
@@ -106,8 +124,38 @@ pub fn respond(
         pool,
         &state.upstream,
         event_stream,
-    );
+    )
+    .with_filter(filter);
     Response::from_parts(head, Body::new(body))
+}
+
+/// Upstream's answer to an admitted request, as the meter needs it.
+struct Answered<'a> {
+    status: StatusCode,
+    headers: &'a mut http::HeaderMap,
+    operation: Operation,
+    kind: Option<ResponseKind>,
+}
+
+/// The meter of an admitted request's response: none for an error status (settled as refused
+/// here) or a response that carries no usage; usage in the headers settles at once.
+fn meter(policy: &Policy, mut in_flight: InFlight, response: Answered<'_>) -> Option<Meter> {
+    let Answered {
+        status,
+        headers,
+        operation,
+        kind,
+    } = response;
+    if !status.is_success() {
+        refused(policy, &mut in_flight, headers, status, operation);
+        return None;
+    }
+    in_flight.answered(status, headers);
+    let mut usage = UsageObserver::new(kind?);
+    if let Some(u) = usage.on_headers(headers) {
+        in_flight.settle_usage(&u);
+    }
+    Some(Meter::new(usage, in_flight))
 }
 
 /// Upstream answered an admitted request with an error status: nothing is charged; a throttle
@@ -117,13 +165,18 @@ fn refused(
     in_flight: &mut InFlight,
     headers: &mut http::HeaderMap,
     status: StatusCode,
+    operation: Operation,
 ) {
+    let error_type = headers
+        .get(crate::bedrock::error::X_AMZN_ERROR_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(ErrorCode::from_name);
+    // The OpenAI and Anthropic paths' 429s may not name their type (U): a 429 there is a throttle.
     let throttled = status == StatusCode::TOO_MANY_REQUESTS
-        && headers
-            .get(crate::bedrock::error::X_AMZN_ERROR_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(ErrorCode::from_name)
-            .is_some_and(|c| c == ErrorCode::Throttling);
+        && match error_type {
+            Some(code) => code == Some(ErrorCode::Throttling),
+            None => operation.model_in_body(),
+        };
     if throttled {
         let pool = in_flight.hold().pool().clone();
         let hint = policy.admission.upstream_throttled(&pool);
@@ -139,16 +192,18 @@ pub fn unreachable(
     policy: &Policy,
     in_flight: Option<InFlight>,
     error: &UpstreamError,
+    dialect: Dialect,
 ) -> Response {
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     policy
         .observer
         .upstream_error(pool.as_deref(), error.kind(), error);
     let Some(mut in_flight) = in_flight else {
-        return answer::upstream_unreachable(error, None, hint::UNAVAILABLE_WAIT);
+        return answer::upstream_unreachable(error, None, hint::UNAVAILABLE_WAIT, dialect);
     };
     let hint = policy.admission.hint(hint::UNAVAILABLE_WAIT);
-    let response = answer::upstream_unreachable(error, pool.as_deref().map(|p| &*p.name), hint);
+    let pool_name = pool.as_deref().map(|p| &*p.name);
+    let response = answer::upstream_unreachable(error, pool_name, hint, dialect);
     in_flight.answered(response.status(), response.headers());
     match error {
         // No answer yet, but the request may be running upstream: charge the reservation.

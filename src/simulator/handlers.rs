@@ -91,6 +91,12 @@ pub(super) async fn handle(State(sim): State<Arc<Inner>>, req: Request) -> Respo
         })),
         Operation::GetAsyncInvoke => get_async_invoke(parts.uri.path()),
         Operation::ListAsyncInvokes => json_ok(&json!({"asyncInvokeSummaries": []})),
+        // Their paths are answered by `apis::handle` above; a path reaches here only unmatched.
+        Operation::OpenAIChatCompletions
+        | Operation::OpenAIResponses
+        | Operation::AnthropicMessages => {
+            BedrockError::new(ErrorCode::UnknownOperation, "Unknown request URL.").into_response()
+        }
     }
 }
 

@@ -89,7 +89,7 @@ fn cases() -> Vec<Case> {
     let mut cases = vec![
         // Operations and paths.
         case("unknown operation", "/model/x/chat", "{}", UNKNOWN_OP, "no bedrock-runtime operation", Proxy),
-        case("unknown path", "/v1/chat/completions", "{}", UNKNOWN_OP, "POST /model/{modelId}/converse", Proxy),
+        case("unknown path", "/runtime/converse", "{}", UNKNOWN_OP, "POST /model/{modelId}/converse", Proxy),
         case("root", "/", "{}", UNKNOWN_OP, "no bedrock-runtime operation", Proxy),
         Case { over: &[false], ..case("bidirectional stream over HTTP/1.1", &bidirectional, "{}", VALIDATION, "needs HTTP/2", Proxy) },
         Case { over: &[true], ..case("bidirectional stream of a model without it", &bidirectional, "{}", VALIDATION, "Nova Sonic", Upstream) },

@@ -5,6 +5,7 @@
 //! | module | what it covers |
 //! |---|---|
 //! | `proxy` | every operation through the proxy equals the same call direct to the simulator |
+//! | `apis`, `apis_auth`, `apis_faults` | the OpenAI and Anthropic APIs: settlement, streams, each API's errors; credentials and ceilings; faults and the access log |
 //! | `admission` | rejections and their hints, never-fitting requests, settlement on every path |
 //! | `queue`, `queue_fleet` | the admission queue (paused clock), and a closed-loop SDK fleet against it |
 //! | `routes` | application routes and caller identity: keys, allow-lists, shares, recovery |
@@ -23,6 +24,9 @@ mod common;
 mod access_log;
 mod admin;
 mod admission;
+mod apis;
+mod apis_auth;
+mod apis_faults;
 mod bad_input;
 mod bidi;
 mod bidi_raw;
