@@ -125,6 +125,8 @@ pub struct Throttle {
     pub pool: Arc<Pool>,
     /// The limit that bound.
     pub limit: Limit,
+    /// The reservation it asked for (`input + maxTokens`).
+    pub reserving: u64,
     pub why: ThrottleWhy,
     /// When to come back: projected from the ledger, jittered, within `max_retry_hint`.
     pub hint: Duration,

@@ -198,6 +198,7 @@ impl Admission {
         Decision::Throttle(Throttle {
             pool: pool.clone(),
             limit: rejection.limit,
+            reserving: tokens,
             why: ThrottleWhy::NoRoom {
                 reserving: tokens,
                 available: tokens.saturating_sub(rejection.token_deficit),

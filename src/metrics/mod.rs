@@ -57,6 +57,8 @@ pub struct Metrics {
     pub ledger_mode: IntGaugeVec,
     pub config_reloads: IntCounterVec,
     pub queue_depth: IntGaugeVec,
+    /// Tokens the requests waiting in the queue would reserve.
+    pub queued_tokens: IntGaugeVec,
     pub queue_wait_seconds: HistogramVec,
     /// Queued requests by outcome: admitted, timed_out, cancelled, shutdown.
     pub queue_outcomes: IntCounterVec,
@@ -83,6 +85,8 @@ pub struct Metrics {
     pub max_tokens_clamped: IntCounterVec,
     /// Requests that failed identification, by reason (never said to the caller).
     pub auth_failures: IntCounterVec,
+    /// Spans handed to the OTLP exporter, by result: exported, dropped (queue full), failed.
+    pub trace_spans: IntCounterVec,
     // === The listener (see `server` and `body_budget`) ===
     /// Request-body bytes held in memory now, by every request together.
     pub buffered_body_bytes: IntGauge,
@@ -167,6 +171,7 @@ impl Metrics {
             ledger_mode: r.int_gauge("tokengate_ledger_mode", "1 for the mode the ledger serves in: memory, shared, local_share, unavailable.", &["mode"])?,
             config_reloads: r.counter("tokengate_config_reloads_total", "Config reloads by result.", &["result"])?,
             queue_depth: r.int_gauge("tokengate_queue_depth", "Requests waiting in the pool's admission queue.", &["pool"])?,
+            queued_tokens: r.int_gauge("tokengate_queued_tokens", "Tokens the requests waiting in the pool's admission queue would reserve.", &["pool"])?,
             queue_wait_seconds: r.histogram("tokengate_queue_wait_seconds", "Time queued requests waited.", &["pool"], HINT_BUCKETS)?,
             queue_outcomes: r.counter("tokengate_queue_outcomes_total", "Queued requests by outcome: admitted, timed_out, cancelled, shutdown.", &["pool", "outcome"])?,
             unsettled_reservations: r.single_counter("tokengate_unsettled_reservations_total", "Reservations settled by the drop safety net (a bug if non-zero).")?,
@@ -185,6 +190,7 @@ impl Metrics {
             shadow_rejections: r.counter("tokengate_shadow_rejections_total", "Requests forwarded in shadow mode that enforcement would have turned away, by reason.", &["pool", "route", "reason"])?,
             max_tokens_clamped: r.counter("tokengate_max_tokens_clamped_total", "Requests whose maxTokens was lowered to the route's max_tokens_ceiling.", &["pool", "route"])?,
             auth_failures: r.counter("tokengate_auth_failures_total", "Requests that failed identification, by auth mode and reason.", &["mode", "reason"])?,
+            trace_spans: r.counter("tokengate_trace_spans_total", "Spans of traced requests, by result: exported to the OTLP collector, dropped (the export queue was full), failed (the export failed).", &["result"])?,
             buffered_body_bytes: r.single_gauge("tokengate_buffered_body_bytes", "Request-body bytes held in memory now (server.max_buffered_body_bytes bounds it).")?,
             body_budget_refusals: r.single_counter("tokengate_body_budget_refusals_total", "Requests answered 503 because their body would have taken the buffered bytes past server.max_buffered_body_bytes.")?,
             open_connections: r.int_gauge("tokengate_open_connections", "Open client connections, by listener.", &["listener"])?,
@@ -201,6 +207,9 @@ impl Metrics {
     fn init_global_series(&self) {
         for result in ["ok", "error"] {
             self.config_reloads.with_label_values(&[result]);
+        }
+        for result in ["exported", "dropped", "failed"] {
+            self.trace_spans.with_label_values(&[result]);
         }
     }
 

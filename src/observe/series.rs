@@ -158,6 +158,7 @@ impl PoolSeries {
 fn init_fixed(m: &Metrics, pool: &str, ledger_backend: &str) {
     m.ledger_errors.with_label_values(&[ledger_backend]);
     m.queue_depth.with_label_values(&[pool]);
+    m.queued_tokens.with_label_values(&[pool]);
     m.upstream_throttles.with_label_values(&[pool]);
     for outcome in QUEUE_OUTCOMES {
         m.queue_outcomes.with_label_values(&[pool, outcome]);

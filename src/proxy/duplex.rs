@@ -86,7 +86,7 @@ pub async fn proxy(
     };
     let record = obs.get_or_insert_with(Observation::start);
     *route = Some(caller.route.name.clone());
-    record.route(&caller.route.name);
+    record.caller(&caller);
     let no_body = Bytes::new();
     let decision = policy
         .admission
@@ -102,6 +102,8 @@ pub async fn proxy(
     if let Some(refusal) = answer::refusal(&decision, OPERATION) {
         return refusal;
     }
+    let mut headers = BEDROCK_RUNTIME.forwarded(&parts.headers, identity.signed_headers());
+    record.propagate_trace(&parts.headers, identity.signed_headers(), &mut headers);
     let in_flight = match decision {
         Decision::Admit(admitted) => Some(InFlight::new(
             admitted.hold,
@@ -126,7 +128,6 @@ pub async fn proxy(
         link: link.clone(),
         auth: policy.auth.clone(),
     };
-    let headers = BEDROCK_RUNTIME.forwarded(&parts.headers, identity.signed_headers());
     let path_and_query = raw_path_and_query(&parts.uri);
     let sent = state
         .upstream

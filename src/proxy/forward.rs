@@ -180,7 +180,7 @@ fn refused(
     if throttled {
         let pool = in_flight.hold().pool().clone();
         let hint = policy.admission.upstream_throttled(&pool);
-        policy.observer.upstream_throttled(&pool, Some(hint));
+        in_flight.upstream_throttled(Some(hint));
         answer::upstream_throttled(headers, hint);
     }
     in_flight.answered(status, headers);

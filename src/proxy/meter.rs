@@ -121,15 +121,21 @@ impl InFlight {
     /// Upstream turned the call away in-band (a stream's `throttlingException`): the pool
     /// shrinks as for a 429, and nothing is charged.
     pub fn throttled_in_band(&mut self) {
-        let pool = self.hold.pool().clone();
-        pool.upstream_throttled();
-        self.observer.upstream_throttled(&pool, None);
+        self.hold.pool().upstream_throttled();
+        self.upstream_throttled(None);
         self.settle_not_charged();
     }
 
     pub fn settle_timeout(&mut self) {
         let settled = self.hold.settle_timeout();
         self.observed(settled);
+    }
+
+    /// Upstream throttled the request: `hint` is the retry hint answered to the client (none
+    /// for a throttle reported in-band).
+    pub fn upstream_throttled(&self, hint: Option<Duration>) {
+        self.observer
+            .upstream_throttled(self.hold.pool(), self.obs.as_ref(), hint);
     }
 
     fn first_byte(&mut self) {

@@ -85,6 +85,7 @@ async fn proxy(
 ) -> Response {
     let (parts, body) = request.into_parts();
     let record = obs.get_or_insert_with(Observation::start);
+    policy.observer.began(record, &parts.headers);
     // Until admission decides, an answer refuses the request itself (its path, its
     // credentials, its body), in the error shape of the path's clients.
     record.refused(Verdict::Invalid);
@@ -116,7 +117,7 @@ async fn proxy(
         Err(refusal) => return refusal.into_response_in(dialect),
     };
     *route = Some(caller.route.name.clone());
-    record.route(&caller.route.name);
+    record.caller(&caller);
     let decision = decide(policy, &target, &body, &caller, record).await;
     if let Some(refusal) = answer::refusal(&decision, operation) {
         return refusal;
@@ -125,10 +126,12 @@ async fn proxy(
         Decision::Admit(admitted) => Some(admitted),
         _ => None,
     };
+    let mut headers =
+        headers::table(operation.api()).forwarded(&parts.headers, identity.signed_headers());
+    record.propagate_trace(&parts.headers, identity.signed_headers(), &mut headers);
     let request = forward::Outgoing {
         parts: &parts,
-        headers: headers::table(operation.api())
-            .forwarded(&parts.headers, identity.signed_headers()),
+        headers,
         operation,
         body,
     };

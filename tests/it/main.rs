@@ -13,6 +13,7 @@
 //! | `ledger_contract`, `ledger_differential`, `redis` | what every ledger backend must do; the memory and Redis ledgers giving the same answers to the same random operations; the shared ledger end to end |
 //! | `reload`, `lifecycle` | config reload; shutdown through the real binary |
 //! | `access_log`, `observability`, `dashboards`, `admin` | what operators see: the log line, metrics, the dashboard and alerts, the admin endpoints |
+//! | `dashboard_prometheus`, `tracing`, `emf`, `quota_report`, `top` | what operators run it with (issue #20): the dashboard and alerts on a real Prometheus, OpenTelemetry spans at OTLP receivers (every API's calls, a speech session's too), CloudWatch EMF lines, the quota report, `tokengate top` in tmux |
 //! | `bad_input`, `client_faults`, `upstream_faults` | bad requests, misbehaving clients, misbehaving upstreams |
 //! | `security_request`, `security_transport`, `security_bodies` | the attacks of issue #14, one test each |
 //! | `iam_policy` | the README's IAM policy against the forwarded operations |
@@ -31,7 +32,9 @@ mod bad_input;
 mod bidi;
 mod bidi_raw;
 mod client_faults;
+mod dashboard_prometheus;
 mod dashboards;
+mod emf;
 mod iam_policy;
 mod ledger_contract;
 mod ledger_differential;
@@ -40,6 +43,7 @@ mod observability;
 mod proxy;
 mod queue;
 mod queue_fleet;
+mod quota_report;
 mod redis;
 mod reload;
 mod router;
@@ -49,4 +53,6 @@ mod security_bodies;
 mod security_request;
 mod security_transport;
 mod simulator;
+mod top;
+mod tracing;
 mod upstream_faults;

@@ -128,6 +128,7 @@ pub(super) async fn handle(sim: &Inner, endpoint: Endpoint, parts: Parts, body: 
         }
     };
     sim.count_api(api);
+    sim.traceparents.observe(parts.headers.get("traceparent"));
     match answer(sim, api, &parts, &body).await {
         Ok(response) => response,
         Err(e) => fail(e),

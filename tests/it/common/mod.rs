@@ -5,6 +5,7 @@ pub mod apis;
 pub mod fleet;
 pub mod h2raw;
 pub mod log_capture;
+pub mod prometheus;
 pub mod redis_server;
 pub mod scrape;
 pub mod signing;
