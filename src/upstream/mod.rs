@@ -25,7 +25,10 @@ pub mod signer;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, header};
+use http::{
+    HeaderMap, HeaderValue, Method, Request, Response, Uri, header,
+    uri::{Authority, Scheme},
+};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
@@ -94,8 +97,11 @@ pub struct Upstream {
     client: Client<Connector, Full<Bytes>>,
     /// HTTP/2 only, for the bidirectional stream.
     duplex: Client<Connector, DuplexBody>,
-    base: Uri,
-    /// `base` for messages, userinfo redacted.
+    /// The base URL's scheme and authority, kept apart so that each request's URI is put together
+    /// from them and its path without printing and parsing the base again.
+    scheme: Scheme,
+    authority: Authority,
+    /// The base URL for messages, userinfo redacted.
     shown: String,
     host: HeaderValue,
     signer: Signer,
@@ -129,6 +135,11 @@ impl Upstream {
         }
         let host = HeaderValue::from_str(authority.as_str())
             .map_err(|e| UpstreamError::Connect(shown.clone(), e.to_string()))?;
+        let authority = authority.clone();
+        let scheme = base
+            .scheme()
+            .cloned()
+            .ok_or_else(|| UpstreamError::Connect(shown.clone(), "the URL has no scheme".into()))?;
         let connector = |h2_only: bool| {
             let mut http = HttpConnector::new();
             http.enforce_http(false);
@@ -160,7 +171,8 @@ impl Upstream {
         Ok(Upstream {
             client,
             duplex,
-            base,
+            scheme,
+            authority,
             shown,
             host,
             signer,
@@ -269,16 +281,23 @@ impl Upstream {
         headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Request<Bytes>, UpstreamError> {
-        let uri = format!(
-            "{}{}",
-            self.base.to_string().trim_end_matches('/'),
-            path_and_query
-        );
+        let bad = |e: http::Error| {
+            UpstreamError::Signing(format!(
+                "bad upstream URI {}{path_and_query}: {e}",
+                self.shown.trim_end_matches('/')
+            ))
+        };
+        let uri = Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+            .map_err(bad)?;
         let mut request = Request::builder()
             .method(method)
-            .uri(&uri)
+            .uri(uri)
             .body(body)
-            .map_err(|e| UpstreamError::Signing(format!("bad upstream URI {uri}: {e}")))?;
+            .map_err(bad)?;
         *request.headers_mut() = headers.clone();
         request
             .headers_mut()
