@@ -190,6 +190,7 @@ fn admit_settle(
         body: black_box(body),
         read: None,
         caller,
+        endpoint: None,
     };
     let decision = admission.decide(&facts).now_or_never();
     let Some(decision) = decision else {

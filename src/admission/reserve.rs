@@ -10,7 +10,10 @@ use super::{
     Admission, Admitted, Caller, Decision, Estimate, Hold, NeverFits, Pool, ShadowReason, Throttle,
     ThrottleWhy, Unavailability, Unavailable, hint,
 };
-use crate::ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict};
+use crate::{
+    bedrock::Api,
+    ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict},
+};
 
 /// What admission prepared before reserving: the estimate and the body to forward.
 #[derive(Debug)]
@@ -36,6 +39,33 @@ pub(super) struct Granted {
 }
 
 impl Admission {
+    /// Reserves what `prepared` estimated in `pool` (in shadow mode, without waiting or
+    /// refusing) and admits the request holding it, or refuses it; the pool counts an admission
+    /// or a throttle under the call's `api`.
+    pub(super) async fn take(
+        &self,
+        pool: &Arc<Pool>,
+        prepared: Prepared<'_>,
+        caller: &Caller,
+        shadow: bool,
+        api: Api,
+    ) -> Decision {
+        let granted = if shadow {
+            self.reserve_shadow(pool, prepared.estimate, caller).await
+        } else {
+            self.reserve(pool, prepared.estimate, caller).await
+        };
+        let decision = match granted {
+            Ok(granted) => Decision::Admit(self.admitted(pool, granted, prepared, caller)),
+            Err(refusal) => refusal,
+        };
+        if let Decision::Admit(_) | Decision::Throttle(_) = decision {
+            pool.counts
+                .api_decided(api, matches!(decision, Decision::Admit(_)));
+        }
+        decision
+    }
+
     /// Reserves `estimate` in `pool`: at once, or after waiting in the pool's queue.
     pub(super) async fn reserve(
         &self,
@@ -44,7 +74,7 @@ impl Admission {
         caller: &Caller,
     ) -> Result<Granted, Decision> {
         let tokens = estimate.reservation();
-        if !pool.config.can_ever_hold(tokens) {
+        if !pool.can_ever_hold(tokens) {
             return Err(self.never_fits(pool, &estimate));
         }
         // While requests wait in this pool, newcomers queue behind them instead of taking the
@@ -93,7 +123,7 @@ impl Admission {
                 reason,
             })
         };
-        if !pool.config.can_ever_hold(estimate.reservation()) {
+        if !pool.can_ever_hold(estimate.reservation()) {
             return Err(waived(ShadowReason::NeverFits));
         }
         match self.try_reserve(pool, estimate.reservation(), caller).await {
@@ -182,7 +212,7 @@ impl Admission {
             reserving: estimate.reservation(),
             input: estimate.input,
             max_tokens: estimate.max_tokens,
-            capacity: pool.config.usable_tokens_per_minute(),
+            capacity: pool.capacity(),
         })
     }
 
