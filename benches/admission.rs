@@ -24,6 +24,8 @@
 //! (`settle_in_background`). A runtime's `block_on` would add its own enter/park cost to every
 //! iteration and measure the executor rather than the decision.
 //!
+//! The bench runs on the proxy's allocator (mimalloc), as the proxy does.
+//!
 //! Run: `cargo bench --bench admission -- --warm-up-time 1 --measurement-time 3`
 
 use std::{
@@ -50,6 +52,10 @@ use tokengate::{
 };
 
 const MODEL: &str = "us.anthropic.claude-sonnet-4-20250514-v1:0";
+
+/// The proxy's allocator (`src/main.rs`), so that the bench measures what the proxy runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Large enough that nothing is rejected during a run: the bench measures admissions only.
 const LIMITS: Limits = Limits {
