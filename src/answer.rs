@@ -12,8 +12,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::{
     admission::{
-        Decision, Invalid, NeverFits, NotAllowed, QueueRefusal, Throttle, ThrottleWhy,
-        Unavailability, Unavailable, hint,
+        Decision, Invalid, MissingMaxTokens, NeverFits, NotAllowed, QueueRefusal, Throttle,
+        ThrottleWhy, Unavailability, Unavailable, hint,
     },
     bedrock::{BedrockError, ErrorCode, Operation, TargetError},
     ledger::Limit,
@@ -95,9 +95,20 @@ fn limit_noun(limit: Limit) -> &'static str {
 fn never_fits(n: &NeverFits) -> BedrockError {
     let name = &*n.pool.name;
     let fits = n.capacity.saturating_sub(n.input);
+    let cap = match n.max_tokens_missing {
+        Some(MissingMaxTokens::ReserveModelMax) => format!(
+            "it names no maximum output, so it reserves the model's maximum ({} tokens) as Bedrock does; send maxTokens (or your model family's output-cap field) of at most {fits}",
+            n.max_tokens
+        ),
+        Some(_) => format!(
+            "it names no maximum output and tokengate set {}; send maxTokens of at most {fits}",
+            n.max_tokens
+        ),
+        None => format!("set maxTokens to at most {fits}"),
+    };
     BedrockError::validation(format!(
         "this request reserves {} tokens (about {} input + {} maxTokens) but pool {name:?} holds at most {} \
-         tokens per minute, so it can never be admitted; set maxTokens to at most {fits}, or shorten the input",
+         tokens per minute, so it can never be admitted: {cap}, or shorten the input",
         n.reserving, n.input, n.max_tokens, n.capacity
     ))
     .with_header(X_TOKENGATE_POOL, name)

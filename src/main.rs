@@ -59,6 +59,9 @@ fn main() -> ExitCode {
                     file.display(),
                     config.policy.pools.len()
                 );
+                for pool in &config.policy.pools {
+                    println!("  {}", pool.in_force());
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 
-use super::{Pool, hold::Hold};
+use super::{MissingMaxTokens, Pool, hold::Hold};
 use crate::{bedrock::max_tokens::MaxTokensError, ledger::Limit};
 
 /// The outcome of admission for one request.
@@ -169,6 +169,9 @@ pub struct NeverFits {
     pub reserving: u64,
     pub input: u64,
     pub max_tokens: u64,
+    /// The request named no `maxTokens` (so `max_tokens` is the model's maximum, or the pool's
+    /// default), and what was done about it.
+    pub max_tokens_missing: Option<MissingMaxTokens>,
     /// The most the pool holds.
     pub capacity: u64,
 }
@@ -212,6 +215,15 @@ pub enum Problem {
     },
     #[error("maxTokens cannot be limited to the route's ceiling of {ceiling}: {reason}")]
     CannotClamp { ceiling: u64, reason: String },
+    #[error(
+        "this request names no maximum output, so Bedrock would reserve the model's maximum ({model_max} tokens), and tokengate pool {pool:?} refuses such requests (when_max_tokens_missing = \"reject\"): send {field} with the most output tokens you need"
+    )]
+    MaxTokensMissing {
+        /// The field to send (`inferenceConfig.maxTokens`, `max_tokens`, ...).
+        field: &'static str,
+        pool: String,
+        model_max: u64,
+    },
 }
 
 /// Admission could not decide.

@@ -71,6 +71,8 @@ pub struct Estimate {
     /// The calibrated input figure that was reserved.
     pub input: u64,
     pub max_tokens: u64,
+    /// The request named no `maxTokens`, and what was done about it.
+    pub max_tokens_missing: Option<super::MissingMaxTokens>,
 }
 
 impl Estimate {

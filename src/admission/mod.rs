@@ -2,8 +2,9 @@
 //!
 //! For every operation that names a model (in its path, or in its body for StartAsyncInvoke):
 //! the caller's route may call it ([`allow`]), before anything is passed through. Then, for a
-//! model call: resolve the pool from the modelId; read `maxTokens` (the pool's `default_max_tokens` when absent) and estimate input tokens
-//! (conservative, calibrated online from reported usage); apply the route's `max_tokens_ceiling`;
+//! model call: resolve the pool from the modelId; read `maxTokens` and estimate input tokens
+//! (conservative, calibrated online from reported usage); apply the route's `max_tokens_ceiling`,
+//! or, for a request that names none, the pool's `when_max_tokens_missing` ([`output_cap`]);
 //! reserve `input + maxTokens` in the ledger, every limit at once, waiting in the pool's queue
 //! when the wait is worth it ([`queue`]).
 //!
@@ -15,11 +16,11 @@
 pub mod advice;
 mod allow;
 pub mod body;
-mod ceiling;
 pub mod decision;
 pub mod estimate;
 pub mod hint;
 pub mod hold;
+pub mod output_cap;
 pub mod pools;
 pub mod queue;
 mod reserve;
@@ -42,6 +43,7 @@ pub use decision::{
     Throttle, ThrottleWhy, Unavailability, Unavailable,
 };
 pub use hold::{Estimate, Hold, Settled, SettlementRule};
+pub use output_cap::MissingMaxTokens;
 pub use pools::{Pool, PoolTable};
 pub use routes::{Caller, Route, RouteTable};
 
@@ -178,14 +180,15 @@ impl Admission {
             Ok(estimated) => estimated,
             Err(problem) => return invalid(problem),
         };
-        let asked = ceiling::Asked {
+        let asked = output_cap::Asked {
             operation: facts.operation,
             model: &model,
             body: facts.body,
             max_tokens: requested,
         };
-        let body = match ceiling::apply(route, &asked, &mut estimate) {
-            Ok(body) => body,
+        let capped = match output_cap::apply(route, &pool.config, &asked, &mut estimate) {
+            Ok(capped) => capped,
+            Err(problem @ Problem::MaxTokensMissing { .. }) => return invalid(problem),
             Err(problem) => return refuse(invalid(problem), ShadowReason::MaxTokensCeiling),
         };
         let granted = if shadow {
@@ -196,7 +199,7 @@ impl Admission {
         let prepared = reserve::Prepared {
             estimate,
             configured_model: configured,
-            body,
+            capped,
             count_tokens_failed: count_failed,
         };
         match granted {
@@ -205,7 +208,7 @@ impl Admission {
         }
     }
 
-    /// The reservation's estimate: `maxTokens` from the body (or the pool's default) and the
+    /// The reservation's estimate: `maxTokens` from the body (or the model's maximum) and the
     /// calibrated input, counted exactly when the pool asks for it. A failed count falls back
     /// to the estimate, and says so.
     async fn estimate(
@@ -228,7 +231,8 @@ impl Admission {
         let mut estimate = Estimate {
             raw_input: read.input_tokens,
             input: pool.calibrated_input(read.input_tokens),
-            max_tokens: read.max_tokens.unwrap_or(pool.config.default_max_tokens),
+            max_tokens: read.max_tokens.unwrap_or(pool.config.max_output_tokens),
+            max_tokens_missing: None,
         };
         let mut count_failed = None;
         if let (InputEstimate::CountTokens, Some(counter), Some(model_id)) =
@@ -268,6 +272,8 @@ impl Admission {
                 requests_per_minute: limits.requests_per_minute,
                 max_concurrency: limits.max_concurrency,
                 output_burndown: pool.config.output_burndown,
+                max_output_tokens: pool.config.max_output_tokens,
+                when_max_tokens_missing: pool.config.when_max_tokens_missing.label(),
                 default_max_tokens: pool.config.default_max_tokens,
                 ledger,
                 admitted: load(&c.admitted),
@@ -331,6 +337,10 @@ pub struct PoolView {
     pub requests_per_minute: Option<u64>,
     pub max_concurrency: u32,
     pub output_burndown: u32,
+    /// The model's maximum output in force (the catalogue's or the pool's).
+    pub max_output_tokens: u64,
+    pub when_max_tokens_missing: &'static str,
+    /// What `inject` writes.
     pub default_max_tokens: u64,
     /// `null` when the ledger could not be read.
     pub ledger: Option<PoolSnapshot>,

@@ -430,7 +430,7 @@ mod tests {
         let config = crate::config::Config::parse(
             "[server]\nlisten = \"127.0.0.1:0\"\n[upstream]\nregion = \"us-east-1\"\nendpoint = \"simulated\"\n\
              [[pools]]\nname = \"p\"\nmodels = [\"m.x\"]\ntokens_per_minute = 1000\nmax_concurrency = 1\n\
-             output_burndown = 1\ndefault_max_tokens = 10\n",
+             output_burndown = 1\nmax_output_tokens = 10\ndefault_max_tokens = 10\n",
         )
         .expect("config");
         Pool::new(

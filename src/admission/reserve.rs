@@ -3,12 +3,11 @@
 
 use std::{sync::Arc, time::Duration};
 
-use bytes::Bytes;
 use rand::{SeedableRng, rngs::SmallRng};
 
 use super::{
     Admission, Admitted, Caller, Decision, Estimate, Hold, NeverFits, Pool, ShadowReason, Throttle,
-    ThrottleWhy, Unavailability, Unavailable, hint,
+    ThrottleWhy, Unavailability, Unavailable, hint, output_cap,
 };
 use crate::ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict};
 
@@ -18,8 +17,8 @@ pub(super) struct Prepared<'a> {
     pub estimate: Estimate,
     /// The model id as the pool's config lists it (the maxTokens-advice slot).
     pub configured_model: &'a str,
-    /// The body rewritten to the route's ceiling, if it was.
-    pub body: Option<Bytes>,
+    /// The body rewritten with an output cap, if it was.
+    pub capped: output_cap::Capped,
     /// Why exact input counting failed, if it did.
     pub count_tokens_failed: Option<String>,
 }
@@ -136,7 +135,7 @@ impl Admission {
         let Prepared {
             estimate,
             configured_model,
-            body,
+            capped,
             count_tokens_failed,
         } = prepared;
         pool.counts
@@ -147,18 +146,22 @@ impl Admission {
         if let (Some(slot), true) = (route, recovered) {
             pool.shares.counts(slot).recovered();
         }
+        let advice_slot = pool.advice.slot(configured_model);
+        if estimate.max_tokens_missing.is_some() {
+            pool.advice.named_none(advice_slot);
+        }
         let hold = Hold::new(
             pool.clone(),
             self.ledger.clone(),
             reservation,
             estimate,
-            pool.advice.slot(configured_model),
+            advice_slot,
             route,
         );
         Admitted {
             hold,
-            clamped: body.is_some(),
-            body,
+            clamped: capped.clamped,
+            body: capped.body,
             queued_for,
             recovered,
             count_tokens_failed,
@@ -175,6 +178,7 @@ impl Admission {
             reserving: estimate.reservation(),
             input: estimate.input,
             max_tokens: estimate.max_tokens,
+            max_tokens_missing: estimate.max_tokens_missing,
             capacity: pool.config.usable_tokens_per_minute(),
         })
     }

@@ -263,6 +263,24 @@ pub fn clamp_max_tokens(
     Ok(false)
 }
 
+/// The field a request of `operation` should name its maximum output tokens in (the first of its
+/// family's), for a message telling the caller what to send; `None` for an unknown family or an
+/// operation with no such field. `body`, when parsed, tells Titan from Nova.
+pub fn field_to_set(
+    operation: Operation,
+    provider: Option<&str>,
+    body: Option<&Value>,
+) -> Option<&'static str> {
+    let fields = match operation {
+        Operation::Converse | Operation::ConverseStream => CONVERSE_FIELDS,
+        Operation::InvokeModel | Operation::InvokeModelWithResponseStream => {
+            native_fields(provider, body.is_some_and(titan_shaped))
+        }
+        _ => return None,
+    };
+    (!std::ptr::eq(fields, UNKNOWN_FIELDS)).then(|| fields[0])
+}
+
 /// Where a model-native body of this provider keeps its maximum output tokens.
 fn native_fields(provider: Option<&str>, titan: bool) -> &'static [&'static str] {
     match provider {
@@ -623,6 +641,52 @@ mod tests {
         assert!(clamp_max_tokens(Operation::InvokeModel, Some("acme"), &mut unknown, 300).is_err());
         let mut bad = serde_json::json!({"inferenceConfig": 3});
         assert!(clamp_max_tokens(Operation::Converse, None, &mut bad, 300).is_err());
+    }
+
+    #[test]
+    fn the_field_to_set_is_the_familys_first() {
+        let titan = json!({"inputText": "hi"});
+        let cases = [
+            (
+                Operation::Converse,
+                Some("meta"),
+                None,
+                Some("inferenceConfig.maxTokens"),
+            ),
+            (
+                Operation::InvokeModel,
+                Some("anthropic"),
+                None,
+                Some("max_tokens"),
+            ),
+            (
+                Operation::InvokeModel,
+                Some("amazon"),
+                Some(&titan),
+                Some("textGenerationConfig.maxTokenCount"),
+            ),
+            (
+                Operation::InvokeModel,
+                Some("amazon"),
+                None,
+                Some("inferenceConfig.maxTokens"),
+            ),
+            (
+                Operation::InvokeModelWithResponseStream,
+                Some("meta"),
+                None,
+                Some("max_gen_len"),
+            ),
+            (Operation::InvokeModel, Some("acme"), None, None),
+            (Operation::CountTokens, Some("anthropic"), None, None),
+        ];
+        for (op, provider, body, expected) in cases {
+            assert_eq!(
+                field_to_set(op, provider, body),
+                expected,
+                "{op:?} {provider:?}"
+            );
+        }
     }
 
     #[test]

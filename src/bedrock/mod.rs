@@ -4,6 +4,7 @@
 //! request and response bytes, encoding and decoding event-stream frames, and shaping errors the
 //! way Bedrock (restJson1) shapes them. No I/O, no quota arithmetic.
 
+pub mod catalogue;
 pub mod error;
 pub mod eventstream;
 pub mod max_tokens;

@@ -28,7 +28,7 @@ pub use admission::{AdmissionConfig, UnknownModels};
 pub use auth::{AuthConfig, AuthMode, Secret};
 pub use ledger::{LedgerConfig, OnLedgerError, RedisLedgerConfig};
 pub use log::{LogConfig, LogFormat};
-pub use pools::{InputEstimate, PoolConfig};
+pub use pools::{InputEstimate, PoolConfig, PoolTier, Source, WhenMaxTokensMissing};
 use raw::RawConfig;
 pub use routes::{MaxTokensPolicy, RouteConfig, ShareConfig};
 pub use server::{ServerConfig, TlsFiles};
@@ -197,5 +197,7 @@ fn positive(key: &str, v: u64) -> Result<u64, ConfigError> {
     }
 }
 
+#[cfg(test)]
+mod model_facts_tests;
 #[cfg(test)]
 mod tests;

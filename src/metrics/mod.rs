@@ -80,6 +80,9 @@ pub struct Metrics {
     pub shadow_rejections: IntCounterVec,
     /// Requests whose maxTokens was lowered to the route's ceiling.
     pub max_tokens_clamped: IntCounterVec,
+    /// Requests that named no maxTokens, by what was done: route_ceiling, reserve_model_max,
+    /// inject, reject.
+    pub max_tokens_missing: IntCounterVec,
     /// Requests that failed identification, by reason (never said to the caller).
     pub auth_failures: IntCounterVec,
     // === The listener (see `server` and `body_budget`) ===
@@ -183,6 +186,7 @@ impl Metrics {
             recovery_admissions: r.counter("tokengate_recovery_admissions_total", "SDK retries admitted into the pool's retry reserve (the route's recovery budget).", &["pool", "route"])?,
             shadow_rejections: r.counter("tokengate_shadow_rejections_total", "Requests forwarded in shadow mode that enforcement would have turned away, by reason.", &["pool", "route", "reason"])?,
             max_tokens_clamped: r.counter("tokengate_max_tokens_clamped_total", "Requests whose maxTokens was lowered to the route's max_tokens_ceiling.", &["pool", "route"])?,
+            max_tokens_missing: r.counter("tokengate_max_tokens_missing_total", "Requests that named no maxTokens, by what was done: route_ceiling (the route's ceiling written in), reserve_model_max (the model's maximum reserved, as Bedrock does), inject (the pool's default_max_tokens written in), reject (refused). Counted once per call decided, not per throttled attempt.", &["pool", "route", "action"])?,
             auth_failures: r.counter("tokengate_auth_failures_total", "Requests that failed identification, by auth mode and reason.", &["mode", "reason"])?,
             buffered_body_bytes: r.single_gauge("tokengate_buffered_body_bytes", "Request-body bytes held in memory now (server.max_buffered_body_bytes bounds it).")?,
             body_budget_refusals: r.single_counter("tokengate_body_budget_refusals_total", "Requests answered 503 because their body would have taken the buffered bytes past server.max_buffered_body_bytes.")?,

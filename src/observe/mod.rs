@@ -19,8 +19,8 @@ use tokio::time::Instant;
 
 use crate::{
     admission::{
-        Admission, Admitted, Decision, Pass, Pool, QueueRefusal, Settled, Throttle, ThrottleWhy,
-        Unavailability,
+        Admission, Admitted, Decision, MissingMaxTokens, Pass, Pool, Problem, QueueRefusal,
+        Settled, Throttle, ThrottleWhy, Unavailability,
     },
     bedrock::{Operation, error::X_AMZN_REQUEST_ID},
     metrics::{Metrics, NO_POOL},
@@ -170,6 +170,7 @@ impl Observer {
                 m.rejections
                     .with_label_values(&[&n.pool.name, "never_fits"])
                     .inc();
+                self.max_tokens_missing(obs, &n.pool, n.max_tokens_missing);
             }
             Decision::NotAllowed(n) => {
                 obs.verdict = Some(Verdict::Invalid);
@@ -184,6 +185,9 @@ impl Observer {
                 count(pool.map_or(NO_POOL, |p| &p.name), "invalid");
                 if let Some(pool) = pool {
                     count_route(pool, "invalid");
+                    if matches!(invalid.problem, Problem::MaxTokensMissing { .. }) {
+                        self.max_tokens_missing(obs, pool, Some(MissingMaxTokens::Reject));
+                    }
                 }
             }
             Decision::UnknownModel { .. } => {
@@ -226,6 +230,19 @@ impl Observer {
             if admitted.clamped {
                 route.max_tokens_clamped.inc();
             }
+        }
+        self.max_tokens_missing(obs, pool, hold.estimate().max_tokens_missing);
+    }
+
+    /// A request that named no maxTokens, counted by what was done about it.
+    fn max_tokens_missing(&self, obs: &Observation, pool: &Pool, action: Option<MissingMaxTokens>) {
+        let Some(action) = action else { return };
+        let slot = obs.route.as_deref().and_then(|r| pool.shares.slot(r));
+        let counter = slot
+            .and_then(|slot| self.series(pool)?.route(slot.index()))
+            .and_then(|route| route.max_tokens_missing(action));
+        if let Some(counter) = counter {
+            counter.inc();
         }
     }
 

@@ -11,7 +11,7 @@
 use prometheus::{Gauge, Histogram, IntCounter, IntGauge};
 
 use crate::{
-    admission::{Admission, Pool, SettlementRule, ShadowReason},
+    admission::{Admission, MissingMaxTokens, Pool, SettlementRule, ShadowReason},
     bedrock::Operation,
     metrics::{Metrics, Publication},
 };
@@ -35,6 +35,8 @@ pub struct RouteSeries {
     pub charged_tokens: IntCounter,
     pub recovery_admissions: IntCounter,
     pub max_tokens_clamped: IntCounter,
+    /// By action, in the order of [`MissingMaxTokens::ALL`].
+    max_tokens_missing: Vec<IntCounter>,
 }
 
 /// Series of one pool.
@@ -205,7 +207,20 @@ impl RouteSeries {
             charged_tokens: m.route_charged_tokens.with_label_values(&two),
             recovery_admissions: m.recovery_admissions.with_label_values(&two),
             max_tokens_clamped: m.max_tokens_clamped.with_label_values(&two),
+            max_tokens_missing: MissingMaxTokens::ALL
+                .iter()
+                .map(|a| {
+                    m.max_tokens_missing
+                        .with_label_values(&[pool, route, a.label()])
+                })
+                .collect(),
         }
+    }
+
+    /// The request named no maxTokens, and `action` was taken.
+    pub fn max_tokens_missing(&self, action: MissingMaxTokens) -> Option<&IntCounter> {
+        let at = MissingMaxTokens::ALL.iter().position(|a| *a == action)?;
+        self.max_tokens_missing.get(at)
     }
 }
 

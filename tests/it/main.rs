@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `proxy` | every operation through the proxy equals the same call direct to the simulator |
 //! | `admission` | rejections and their hints, never-fitting requests, settlement on every path |
+//! | `max_tokens_missing` | requests naming no maxTokens: the model maximum reserved, the default injected, or refused |
 //! | `queue`, `queue_fleet` | the admission queue (paused clock), and a closed-loop SDK fleet against it |
 //! | `routes` | application routes and caller identity: keys, allow-lists, shares, recovery |
 //! | `saturation` | the product's promise under saturating load: no upstream throttle, the quota busy |
@@ -29,6 +30,7 @@ mod iam_policy;
 mod ledger_contract;
 mod ledger_differential;
 mod lifecycle;
+mod max_tokens_missing;
 mod observability;
 mod proxy;
 mod queue;

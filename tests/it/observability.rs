@@ -18,7 +18,7 @@ const SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_to
 
 fn pools() -> String {
     format!(
-        "{}max_wait_ms = 0\n\n\
+        "{}max_wait_ms = 0\nwhen_max_tokens_missing = \"inject\"\n\n\
          [[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 1\n\
          output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 5000\n\n\
          [[pools]]\nname = \"nova\"\nmodels = [\"{NOVA}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 8\n\
@@ -68,8 +68,8 @@ async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
     let mut sonnet = Sums::default();
     let mut requested = 0;
 
-    // 24 Converse calls with known output lengths; every sixth without maxTokens (the pool default
-    // of 1000 is reserved).
+    // 24 Converse calls with known output lengths; every sixth without maxTokens (the pool injects
+    // its default_max_tokens of 1000, and reserves it).
     for i in 0..24u64 {
         let max = (i % 6 != 0).then_some(400);
         let r = converse(
@@ -213,6 +213,17 @@ async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
         0.0,
     );
     m.expect("tokengate_retry_hint_seconds_count", &[s], 3.0);
+    // The four calls without maxTokens: the pool's default written in, once each.
+    let missing = |action| {
+        m.get(
+            "tokengate_max_tokens_missing_total",
+            &[s, ("route", "default"), ("action", action)],
+        )
+    };
+    assert_eq!(
+        (missing("inject"), missing("reserve_model_max")),
+        (4.0, 0.0)
+    );
 
     // Settlements and tokens: exactly what the simulator reported.
     m.expect(
