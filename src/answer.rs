@@ -194,10 +194,11 @@ pub fn target_error(e: TargetError) -> Response {
     .into_response()
 }
 
-/// An operation tokengate does not forward.
-pub fn not_forwarded(operation: Operation) -> Response {
+/// A streaming operation called over HTTP/1.1.
+pub fn needs_http2(operation: Operation) -> Response {
     BedrockError::validation(format!(
-        "tokengate does not forward {operation} yet; call bedrock-runtime directly for it"
+        "{operation} needs HTTP/2: it streams events both ways at once. Use an HTTP/2 client (the \
+         AWS SDKs' default for this operation; h2c with prior knowledge over plain HTTP)."
     ))
     .into_response()
 }

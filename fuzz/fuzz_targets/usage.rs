@@ -45,13 +45,16 @@ fuzz_target!(|input: Input| {
         Operation::ConverseStream,
         Operation::InvokeModel,
         Operation::InvokeModelWithResponseStream,
-    ][usize::from(input.operation % 4)];
+        Operation::InvokeModelWithBidirectionalStream,
+    ][usize::from(input.operation % 5)];
     let Some(kind) = ResponseKind::for_operation(operation) else {
         return;
     };
     let stream = matches!(
         kind,
-        ResponseKind::ConverseStream | ResponseKind::InvokeModelStream
+        ResponseKind::ConverseStream
+            | ResponseKind::InvokeModelStream
+            | ResponseKind::BidirectionalStream
     );
     let mut body = Vec::new();
     for (event, payload) in &input.events {
@@ -98,5 +101,6 @@ fuzz_target!(|input: Input| {
         observer.stream_exception(),
         observer.is_corrupt(),
         observer.usage(),
+        observer.running_usage(),
     );
 });

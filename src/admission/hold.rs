@@ -6,9 +6,9 @@
 //!
 //! | rule | when | charge |
 //! |---|---|---|
-//! | `usage` | upstream reported usage (Converse body, ConverseStream `metadata`, InvokeModel headers or body, the last chunk's invocation metrics) | `input + cacheWrite + output x burndown`, the moment it is seen |
-//! | `not_charged` | upstream answered an error status, or was never reached | 0: Bedrock does not charge failed requests |
-//! | `no_usage` | a response started but ended without usage: stream cut, idle timeout, corrupt frames, the client hung up | the larger of the reservation and `input estimate + output seen x burndown`: generation may have run to `maxTokens` and may still be running upstream |
+//! | `usage` | upstream reported usage (Converse body, ConverseStream `metadata`, InvokeModel headers or body, the last chunk's invocation metrics, a bidirectional stream's last `usageEvent` when it ends) | `input + cacheWrite + output x burndown`, the moment it is seen |
+//! | `not_charged` | upstream answered an error status, or was never reached, or refused a bidirectional stream in-band (a `throttlingException` before any usage) | 0: Bedrock does not charge failed requests |
+//! | `no_usage` | a response started but ended without usage: stream cut, idle timeout, corrupt frames, the client hung up | the larger of the reservation and `input estimate + output seen x burndown` (a bidirectional stream: its last running totals' charge): generation may have run to `maxTokens` and may still be running upstream |
 //! | `timeout` | no response head within `upstream.response_timeout_secs`, or by the shutdown drain deadline | the reservation |
 //! | `abandoned` | the request was dropped before any of the above (the client hung up while the proxy waited for upstream) | the reservation |
 //!
@@ -212,6 +212,14 @@ impl Hold {
     pub fn settle_without_usage(&mut self, output_seen: u64) -> Option<Settled> {
         let seen = self.estimate.input
             + output_seen.saturating_mul(u64::from(self.pool.config.output_burndown));
+        self.finish_now(|reserved| reserved.max(seen), SettlementRule::NoUsage)
+    }
+
+    /// A bidirectional stream ended without its final usage, after upstream reported `running`
+    /// totals: the larger of the reservation and those totals' charge (the session may have
+    /// used more since).
+    pub fn settle_cut_after(&mut self, running: &Usage) -> Option<Settled> {
+        let seen = running.charge(self.pool.config.output_burndown);
         self.finish_now(|reserved| reserved.max(seen), SettlementRule::NoUsage)
     }
 

@@ -6,7 +6,8 @@
 //! (conservative, calibrated online from reported usage); apply the route's `max_tokens_ceiling`,
 //! or, for a request that names none, the pool's `when_max_tokens_missing` ([`output_cap`]);
 //! reserve `input + maxTokens` in the ledger, every limit at once, waiting in the pool's queue
-//! when the wait is worth it ([`queue`]).
+//! when the wait is worth it ([`queue`]). An InvokeModelWithBidirectionalStream session, decided
+//! from its head before any event arrives, reserves the pool's `bidirectional_reservation`.
 //!
 //! [`Admission::decide`] returns pure data ([`decision`]): an admitted request carries a [`Hold`]
 //! that settles it ([`hold`] has the rules); a refusal says why and, when retrying can help, when
@@ -218,6 +219,21 @@ impl Admission {
         model: &ModelRef<'_>,
     ) -> Result<Estimated, Problem> {
         let operation = facts.operation;
+        if operation == Operation::InvokeModelWithBidirectionalStream {
+            // Its events have not arrived yet (they stream for up to 8 minutes): the session
+            // reserves what its pool says one holds, and settles to its usage at the end.
+            let estimate = Estimate {
+                raw_input: 0,
+                input: 0,
+                max_tokens: pool.config.bidirectional_reservation,
+                max_tokens_missing: None,
+            };
+            return Ok(Estimated {
+                estimate,
+                requested: None,
+                count_failed: None,
+            });
+        }
         let read = body::read(operation, model.provider(), facts.body).map_err(|e| match e {
             body::BodyError::NotJson(e) => Problem::NotJson {
                 operation: operation.name(),

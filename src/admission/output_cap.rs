@@ -15,6 +15,10 @@
 //!   `ValidationException` naming the field to send. A body whose model family tokengate cannot
 //!   write a field for (an unknown provider) falls back to `reserve_model_max`.
 //!
+//! An InvokeModelWithBidirectionalStream session names its `maxTokens` in its `sessionStart`
+//! event, which arrives after admission: it reserves the pool's `bidirectional_reservation`
+//! (capped by the route's ceiling), and neither rule above applies to it here.
+//!
 //! The rewrite is the one case where the proxy re-serialises a body. (A `maxTokens` named twice
 //! never gets here: [`super::body`] refuses it.)
 
@@ -94,6 +98,15 @@ pub(super) fn apply(
     estimate: &mut Estimate,
 ) -> Result<Capped, Problem> {
     let ceiling = route.config.max_tokens_ceiling;
+    if asked.operation == Operation::InvokeModelWithBidirectionalStream {
+        // Its `sessionStart` event (with any maxTokens) arrives after admission: the session
+        // reserves the pool's `bidirectional_reservation`, capped by the ceiling here, and the
+        // ceiling is applied to that event as it passes ([`crate::proxy::duplex`]).
+        if let Some(c) = ceiling {
+            estimate.max_tokens = estimate.max_tokens.min(c);
+        }
+        return Ok(Capped::default());
+    }
     let write = match (asked.max_tokens, ceiling) {
         (Some(n), Some(c)) if n > c => {
             if route.config.max_tokens_policy == MaxTokensPolicy::Reject {

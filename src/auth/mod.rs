@@ -16,11 +16,17 @@
 //! ([`Authenticator::verify_body`]). So an unknown caller costs a header parse, never a buffered
 //! body.
 //!
+//! InvokeModelWithBidirectionalStream is identified from its head alone
+//! ([`Authenticator::identify_stream`]): its body is a stream of events, each signed in `sigv4`
+//! mode and checked as it arrives ([`event_stream`]).
+//!
 //! A request that fails gets a 403 that does not say which part failed: `UnrecognizedClientException`
 //! for an access key id the proxy never issued (what AWS answers), `AccessDeniedException`
 //! otherwise. The reason is counted in `tokengate_auth_failures_total{mode,reason}` and logged at
 //! debug level.
 
+pub mod amz_date;
+pub mod event_stream;
 pub mod sigv4;
 
 use std::{collections::HashMap, sync::Arc, time::SystemTime};
@@ -29,11 +35,12 @@ use http::request::Parts;
 use sha2::{Digest, Sha256};
 
 use crate::{
-    bedrock::{BedrockError, ErrorCode},
+    bedrock::{BedrockError, ErrorCode, operation::raw_path_and_query},
     config::{AuthConfig, AuthMode, RouteConfig, Secret},
     metrics::Metrics,
 };
-use sigv4::{SigV4Error, constant_time_eq};
+use event_stream::{ChainVerifier, FrameSignatureError};
+use sigv4::{Payload, SigV4Error, constant_time_eq};
 
 /// Why identification failed: the `reason` label; never sent to the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,7 +202,7 @@ impl Authenticator {
                 .bearer_route(parts)
                 .map(known)
                 .map_err(|f| self.fail(f)),
-            AuthMode::SigV4 => self.signed_head(parts, SystemTime::now()),
+            AuthMode::SigV4 => self.signed_head(parts, SystemTime::now(), Payload::Body),
         }
     }
 
@@ -210,31 +217,81 @@ impl Authenticator {
         let Some(pending) = &identity.pending else {
             return Ok(());
         };
+        self.verify_signature(parts, pending.checked_at, Payload::Body, body)
+            .map(|_| ())
+    }
+
+    /// Identifies the caller of an event-stream request (InvokeModelWithBidirectionalStream)
+    /// from its head, which is all its own signature covers. In mode `sigv4` the head must be
+    /// signed as [`Payload::EventStream`] says and its signature is checked at once; the
+    /// [`ChainVerifier`] returned checks each event that follows. The other modes identify the
+    /// caller as for any request, and return no verifier.
+    pub fn identify_stream(
+        &self,
+        parts: &Parts,
+    ) -> Result<(Identity, Option<ChainVerifier>), BedrockError> {
+        if self.mode != AuthMode::SigV4 {
+            return self.identify(parts).map(|identity| (identity, None));
+        }
+        let now = SystemTime::now();
+        let identity = self.signed_head(parts, now, Payload::EventStream)?;
+        let verifier = self.verify_signature(parts, now, Payload::EventStream, &[])?;
+        Ok((identity, verifier))
+    }
+
+    /// Counts an input event of a stream that did not verify, and says so as vaguely as any
+    /// other failed identification.
+    pub fn event_refused(&self, e: &FrameSignatureError) -> BedrockError {
+        tracing::debug!(error = %e, "event signature verification failed");
+        let failure = match e {
+            FrameSignatureError::Unsigned => AuthFailure::Missing,
+            FrameSignatureError::Malformed(_) => AuthFailure::Malformed,
+            FrameSignatureError::ClockSkew => AuthFailure::Expired,
+            FrameSignatureError::Mismatch | FrameSignatureError::Broken => AuthFailure::Signature,
+        };
+        self.fail(failure)
+    }
+
+    /// Checks a SigV4 caller's signature (head checked at `checked_at`) over `body`; for an event
+    /// stream, returns the verifier of the events, chained from this signature.
+    fn verify_signature(
+        &self,
+        parts: &Parts,
+        checked_at: SystemTime,
+        payload: Payload,
+        body: &[u8],
+    ) -> Result<Option<ChainVerifier>, BedrockError> {
         let request = sigv4::SignedRequest {
             method: &parts.method,
-            raw_path_and_query: parts
-                .uri
-                .path_and_query()
-                .map_or(parts.uri.path(), |p| p.as_str()),
+            raw_path_and_query: raw_path_and_query(&parts.uri),
             authority: parts.uri.authority().map(|a| a.as_str()),
             headers: &parts.headers,
             body,
         };
         let verified =
-            sigv4::SignedHead::check(&parts.headers, pending.checked_at).and_then(|head| {
+            sigv4::SignedHead::check_for(&parts.headers, checked_at, payload).and_then(|head| {
                 let (secret, _) = self
                     .keys
                     .get(head.auth.access_key_id)
                     .ok_or_else(|| SigV4Error::UnknownKey(head.auth.access_key_id.into()))?;
-                head.verify(&request, &secret.0)
+                head.verify(&request, &secret.0)?;
+                let auth = &head.auth;
+                Ok((payload == Payload::EventStream).then(|| {
+                    ChainVerifier::new(secret.clone(), auth.region, auth.service, auth.signature)
+                }))
             });
-        verified.map(|_| ()).map_err(|e| self.sigv4_failed(&e))
+        verified.map_err(|e| self.sigv4_failed(&e))
     }
 
     /// Mode `sigv4`, head only: the header's shape and date, a known key, a scope we serve.
-    fn signed_head(&self, parts: &Parts, now: SystemTime) -> Result<Identity, BedrockError> {
-        let head =
-            sigv4::SignedHead::check(&parts.headers, now).map_err(|e| self.sigv4_failed(&e))?;
+    fn signed_head(
+        &self,
+        parts: &Parts,
+        now: SystemTime,
+        payload: Payload,
+    ) -> Result<Identity, BedrockError> {
+        let head = sigv4::SignedHead::check_for(&parts.headers, now, payload)
+            .map_err(|e| self.sigv4_failed(&e))?;
         let auth = &head.auth;
         let (_, route) = self
             .keys

@@ -12,6 +12,9 @@
 //!   `host` header; pass the request URI's authority to [`verify_with_authority`].
 //! - **Payload hash**: the SHA-256 of the body; an `x-amz-content-sha256` header must equal it
 //!   (`UNSIGNED-PAYLOAD` and `STREAMING-*` markers are refused: the body would go unchecked).
+//!   The one exception is an event stream's head ([`Payload::EventStream`]): it is signed over an
+//!   empty payload, or the `STREAMING-AWS4-HMAC-SHA256-EVENTS` marker, and each event frame then
+//!   carries its own signature ([`super::event_stream`]).
 //! - **Signed headers**: must include `host` and `x-amz-date`.
 //! - **Time**: `X-Amz-Date` within ±5 minutes of `now`, and its day equal to the credential
 //!   scope's.
@@ -21,9 +24,11 @@
 //! then checks the signature over the whole request. The credential scope's Region and service
 //! are returned for the caller to check against what it serves.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use aws_sigv4::sign::v4::{calculate_signature, generate_signing_key};
+
+use super::amz_date::parse_amz_date;
 use http::{HeaderMap, Method};
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use sha2::{Digest, Sha256};
@@ -31,6 +36,10 @@ use sha2::{Digest, Sha256};
 const ALGORITHM: &str = "AWS4-HMAC-SHA256";
 /// Largest accepted difference between the request's `X-Amz-Date` and our clock.
 pub const MAX_SKEW: Duration = Duration::from_secs(5 * 60);
+/// The payload marker of an event stream whose events are signed one by one.
+pub const STREAMING_EVENTS: &str = "STREAMING-AWS4-HMAC-SHA256-EVENTS";
+/// The SHA-256 of no bytes.
+const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
 /// Exactly the characters `aws-smithy-http` percent-encodes (its `BASE_SET`), minus `/` for paths.
 const QUERY_SET: &AsciiSet = &CONTROLS
@@ -216,6 +225,18 @@ pub struct SignedRequest<'a> {
     pub body: &'a [u8],
 }
 
+/// What a request's payload hash covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    /// The whole body: its SHA-256 is signed (every operation but one).
+    Body,
+    /// An event stream's head (InvokeModelWithBidirectionalStream): signed over an empty payload,
+    /// as aws-sdk-rust signs it, or over the `STREAMING-AWS4-HMAC-SHA256-EVENTS` marker declared
+    /// in `x-amz-content-sha256`; the events that follow are signed one by one, chained from
+    /// this signature ([`super::event_stream`]). Any other marker is refused.
+    EventStream,
+}
+
 /// What a signed request's head says, checked before its body is read: a well-formed
 /// `Authorization` that signs `host` and `x-amz-date`, an `X-Amz-Date` within [`MAX_SKEW`] of the
 /// clock and of the credential scope's day, and no unsigned-payload marker.
@@ -224,11 +245,21 @@ pub struct SignedHead<'a> {
     pub auth: Authorization<'a>,
     amz_date: &'a str,
     signed_at: SystemTime,
+    payload: Payload,
 }
 
 impl<'a> SignedHead<'a> {
-    /// Checks everything the head alone can show.
+    /// Checks everything the head alone can show, for a request whose body is signed whole.
     pub fn check(headers: &'a HeaderMap, now: SystemTime) -> Result<SignedHead<'a>, SigV4Error> {
+        SignedHead::check_for(headers, now, Payload::Body)
+    }
+
+    /// [`SignedHead::check`] for a request whose payload is signed as `payload` says.
+    pub fn check_for(
+        headers: &'a HeaderMap,
+        now: SystemTime,
+        payload: Payload,
+    ) -> Result<SignedHead<'a>, SigV4Error> {
         let value = headers
             .get(http::header::AUTHORIZATION)
             .ok_or(SigV4Error::Missing)?
@@ -261,27 +292,41 @@ impl<'a> SignedHead<'a> {
             });
         }
         // The body must be signed: its SHA-256, never `UNSIGNED-PAYLOAD` or a `STREAMING-*`
-        // marker (bedrock-runtime's request bodies are whole documents).
-        if let Some(declared) = header_str(headers, "x-amz-content-sha256")
-            && !(declared.len() == 64 && declared.bytes().all(|b| b.is_ascii_hexdigit()))
-        {
-            return Err(SigV4Error::UnsignedPayload);
+        // marker (bedrock-runtime's request bodies are whole documents), but for the event
+        // stream's own marker where the events are signed one by one.
+        if let Some(declared) = header_str(headers, "x-amz-content-sha256") {
+            let sha256 = declared.len() == 64 && declared.bytes().all(|b| b.is_ascii_hexdigit());
+            let allowed = match payload {
+                Payload::Body => sha256,
+                Payload::EventStream => declared == STREAMING_EVENTS || declared == EMPTY_SHA256,
+            };
+            if !allowed {
+                return Err(SigV4Error::UnsignedPayload);
+            }
         }
         Ok(SignedHead {
             auth,
             amz_date,
             signed_at,
+            payload,
         })
     }
 
-    /// Checks the signature over the whole request, body included, with the key's `secret`.
+    /// Checks the signature over the whole request, body included (an event stream's head:
+    /// without its body), with the key's `secret`.
     pub fn verify(
         &self,
         request: &SignedRequest<'_>,
         secret: &str,
     ) -> Result<VerifiedSignature, SigV4Error> {
         let auth = &self.auth;
-        let payload_hash = payload_hash(request.headers, request.body)?;
+        let payload_hash = match self.payload {
+            Payload::Body => payload_hash(request.headers, request.body)?,
+            // The head was checked: the marker if declared, else the hash of no payload.
+            Payload::EventStream => header_str(request.headers, "x-amz-content-sha256")
+                .unwrap_or(EMPTY_SHA256)
+                .to_string(),
+        };
         let canonical = canonical_request(request, auth.signed_headers, &payload_hash)?;
         let string_to_sign = format!(
             "{ALGORITHM}\n{}\n{}/{}/{}/aws4_request\n{}",
@@ -448,41 +493,6 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         return false;
     }
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// `YYYYMMDDTHHMMSSZ` to a time.
-fn parse_amz_date(s: &str) -> Option<SystemTime> {
-    let b = s.as_bytes();
-    if b.len() != 16 || b[8] != b'T' || b[15] != b'Z' {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let part = s.get(r)?;
-        if !part.bytes().all(|c| c.is_ascii_digit()) {
-            return None;
-        }
-        part.parse().ok()
-    };
-    let (y, mo, d) = (num(0..4)?, num(4..6)?, num(6..8)?);
-    let (h, mi, se) = (num(9..11)?, num(11..13)?, num(13..15)?);
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
-        return None;
-    }
-    let secs = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + se;
-    u64::try_from(secs)
-        .ok()
-        .map(|s| UNIX_EPOCH + Duration::from_secs(s))
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use super::*;
 use aws_credential_types::Credentials;
 use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
 use aws_sigv4::sign::v4::SigningParams;
+use std::time::UNIX_EPOCH;
 
 const PATH: &str = "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Ainference-profile%2Fus.anthropic.claude-sonnet-4-20250514-v1%3A0/converse";
 const BODY: &[u8] = br#"{"messages":[{"role":"user","content":[{"text":"hi"}]}]}"#;
@@ -172,9 +173,6 @@ fn unknown_keys_skew_and_garbage_are_refused() {
 
 #[test]
 fn helpers() {
-    assert_eq!(parse_amz_date("20260101T000000Z"), Some(t0()));
-    assert_eq!(parse_amz_date("20260101T000000"), None);
-    assert_eq!(parse_amz_date("2026010xT000000Z"), None);
     assert_eq!(normalize_path("/a/./b/../c//d"), "/a/c/d");
     assert_eq!(
         canonical_query("b=2&a=1&a=0&c=x%2Fy"),
@@ -265,4 +263,54 @@ fn the_head_is_checked_before_the_body() {
         SignedHead::check(&late, t0()),
         Err(SigV4Error::ClockSkew { .. })
     ));
+}
+
+/// An event stream's head: signed over no payload (aws-sdk-rust) or over the events marker, and
+/// only when the caller asks for [`Payload::EventStream`].
+#[test]
+fn an_event_stream_head_is_signed_without_its_body() {
+    use aws_sigv4::http_request::PayloadChecksumKind;
+    const STREAM: &str = "/model/amazon.nova-sonic-v1%3A0/invoke-with-bidirectional-stream";
+    let stream_check = |headers: &HeaderMap, body: &[u8]| {
+        let request = SignedRequest {
+            method: &Method::POST,
+            raw_path_and_query: STREAM,
+            authority: None,
+            headers,
+            body,
+        };
+        SignedHead::check_for(headers, t0(), Payload::EventStream)?.verify(&request, "secret")
+    };
+    let empty = signed("secret", STREAM, b"", t0());
+    assert!(stream_check(&empty, b"").is_ok());
+    // The events that follow are not the body the head's signature covers.
+    assert!(stream_check(&empty, b"events").is_ok());
+
+    let mut with_hash = SigningSettings::default();
+    with_hash.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+    let marked = signed_with(
+        with_hash.clone(),
+        "secret",
+        STREAM,
+        SignableBody::Precomputed(STREAMING_EVENTS.into()),
+        t0(),
+    );
+    assert_eq!(marked["x-amz-content-sha256"], STREAMING_EVENTS);
+    assert!(stream_check(&marked, b"").is_ok());
+    assert_eq!(
+        check(STREAM, &marked, b""),
+        Err(SigV4Error::UnsignedPayload),
+        "the events marker is refused for a whole-body operation"
+    );
+    let mut other = marked.clone();
+    other.insert(
+        "x-amz-content-sha256",
+        "STREAMING-UNSIGNED-PAYLOAD-TRAILER".parse().unwrap(),
+    );
+    assert_eq!(stream_check(&other, b""), Err(SigV4Error::UnsignedPayload));
+    let wrong = signed("not-the-secret", STREAM, b"", t0());
+    assert_eq!(
+        stream_check(&wrong, b""),
+        Err(SigV4Error::SignatureMismatch)
+    );
 }

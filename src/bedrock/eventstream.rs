@@ -5,7 +5,9 @@
 //! boundaries, so that what the proxy forwards can always be followed by a frame of its own; the
 //! `*_frame` functions encode the frames the simulator sends and the proxy's own exception frames.
 
-use aws_smithy_eventstream::frame::{DecodedFrame, MessageFrameDecoder, write_message_to};
+use aws_smithy_eventstream::frame::{
+    DecodedFrame, MessageFrameDecoder, read_message_from, write_message_to,
+};
 use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
 use bytes::{Buf, Bytes, BytesMut};
 
@@ -18,13 +20,16 @@ fn string_header(name: &'static str, value: impl Into<String>) -> Header {
 }
 
 fn encode(message: &Message) -> Bytes {
-    let mut buf = Vec::with_capacity(message.payload().len() + 96);
     // Writing to a Vec cannot fail short of headers too large for the format, which our
     // fixed header set never is.
-    if write_message_to(message, &mut buf).is_err() {
-        return Bytes::new();
-    }
-    Bytes::from(buf)
+    encode_message(message).unwrap_or_default()
+}
+
+/// The frame that encodes `message`.
+pub fn encode_message(message: &Message) -> Result<Bytes, FrameError> {
+    let mut buf = Vec::with_capacity(message.payload().len() + 96);
+    write_message_to(message, &mut buf).map_err(|e| FrameError(e.to_string()))?;
+    Ok(Bytes::from(buf))
 }
 
 /// An event frame: `:message-type=event`, `:event-type={event_type}`, JSON payload.
@@ -46,6 +51,20 @@ pub fn exception_frame(code: ErrorCode, message: &str) -> Bytes {
     encode(&message)
 }
 
+/// The one whole message that `bytes` encode (a signed envelope's payload), nothing before or
+/// after it.
+pub fn whole_message(bytes: &Bytes) -> Result<Message, FrameError> {
+    let mut buffer = bytes.clone();
+    let message = read_message_from(&mut buffer).map_err(|e| FrameError(e.to_string()))?;
+    if buffer.has_remaining() {
+        return Err(FrameError(format!(
+            "{} bytes follow the message",
+            buffer.remaining()
+        )));
+    }
+    Ok(message)
+}
+
 /// One decoded frame: its type headers and payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
@@ -57,7 +76,8 @@ pub struct Frame {
 }
 
 impl Frame {
-    fn from_message(message: &Message) -> Frame {
+    /// The frame's type headers and payload.
+    pub fn from_message(message: &Message) -> Frame {
         let header = |name: &str| {
             message
                 .headers()
@@ -82,7 +102,7 @@ impl Frame {
 }
 
 /// The stream is not valid event-stream framing (bad CRC, impossible lengths).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid event-stream frame: {0}")]
 pub struct FrameError(String);
 
@@ -105,11 +125,17 @@ impl FrameReader {
 
     /// The next complete frame, `Ok(None)` when more bytes are needed.
     pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        Ok(self.next_message()?.map(|m| Frame::from_message(&m)))
+    }
+
+    /// The next complete frame as the message it encodes, `Ok(None)` when more bytes are
+    /// needed.
+    pub fn next_message(&mut self) -> Result<Option<Message>, FrameError> {
         if !self.buffer.has_remaining() {
             return Ok(None);
         }
         match self.decoder.decode_frame(&mut self.buffer) {
-            Ok(DecodedFrame::Complete(message)) => Ok(Some(Frame::from_message(&message))),
+            Ok(DecodedFrame::Complete(message)) => Ok(Some(message)),
             Ok(DecodedFrame::Incomplete) => Ok(None),
             Err(e) => Err(FrameError(e.to_string())),
         }
@@ -251,6 +277,17 @@ mod tests {
             assert_eq!(frames[1].kind, "throttlingException");
             assert_eq!(reader.pending(), 0);
         }
+    }
+
+    #[test]
+    fn an_envelope_holds_one_whole_message() {
+        let inner = event_frame("chunk", b"{}");
+        let message = whole_message(&inner).unwrap();
+        assert_eq!(Frame::from_message(&message).kind, "chunk");
+        let mut two = inner.to_vec();
+        two.extend_from_slice(&inner);
+        assert!(whole_message(&Bytes::from(two)).is_err());
+        assert!(whole_message(&inner.slice(..inner.len() - 1)).is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod eventstream;
 pub mod max_tokens;
 pub mod model_id;
 pub mod operation;
+pub mod session_start;
 pub mod usage;
 
 pub use error::{BedrockError, ErrorCode};

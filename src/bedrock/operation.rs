@@ -104,23 +104,19 @@ impl Operation {
         )
     }
 
-    /// Whether tokengate forwards the operation upstream. Bidirectional streams need HTTP/2
-    /// full-duplex forwarding, which is not built: they are answered with a `ValidationException`.
-    pub fn forwarded(self) -> bool {
-        self != Operation::InvokeModelWithBidirectionalStream
-    }
-
     /// The IAM action that authorizes the call, as AWS documents it: the API reference says
-    /// which action Converse, ConverseStream and StartAsyncInvoke need (`bedrock:InvokeModel` or
+    /// which action Converse, ConverseStream, StartAsyncInvoke and
+    /// InvokeModelWithBidirectionalStream need (`bedrock:InvokeModel` or
     /// `bedrock:InvokeModelWithResponseStream`); the Service Authorization Reference for Amazon
     /// Bedrock lists the others under their own names. `None` where AWS documents no action
-    /// (InvokeGuardrailChecks, as of the 2026-06 launch) or the call is not forwarded. The
-    /// README's IAM policy is checked against this table (`tests/it/iam_policy.rs`).
+    /// (InvokeGuardrailChecks, as of the 2026-06 launch). The README's IAM policy is checked
+    /// against this table (`tests/it/iam_policy.rs`).
     pub fn iam_action(self) -> Option<&'static str> {
         match self {
-            Operation::Converse | Operation::InvokeModel | Operation::StartAsyncInvoke => {
-                Some("bedrock:InvokeModel")
-            }
+            Operation::Converse
+            | Operation::InvokeModel
+            | Operation::StartAsyncInvoke
+            | Operation::InvokeModelWithBidirectionalStream => Some("bedrock:InvokeModel"),
             Operation::ConverseStream | Operation::InvokeModelWithResponseStream => {
                 Some("bedrock:InvokeModelWithResponseStream")
             }
@@ -128,9 +124,7 @@ impl Operation {
             Operation::ApplyGuardrail => Some("bedrock:ApplyGuardrail"),
             Operation::GetAsyncInvoke => Some("bedrock:GetAsyncInvoke"),
             Operation::ListAsyncInvokes => Some("bedrock:ListAsyncInvokes"),
-            Operation::InvokeGuardrailChecks | Operation::InvokeModelWithBidirectionalStream => {
-                None
-            }
+            Operation::InvokeGuardrailChecks => None,
         }
     }
 
@@ -212,6 +206,11 @@ impl Target {
             model_id: None,
         })
     }
+}
+
+/// The path and query of `uri` exactly as received (what is forwarded and signed).
+pub fn raw_path_and_query(uri: &http::Uri) -> &str {
+    uri.path_and_query().map_or(uri.path(), |p| p.as_str())
 }
 
 /// Refuses paths whose segments, raw or decoded once, are empty, `.` or `..`, or that hold a
@@ -358,12 +357,11 @@ mod tests {
     }
 
     #[test]
-    fn every_forwarded_operation_but_guardrail_checks_has_an_iam_action() {
+    fn every_operation_but_guardrail_checks_has_an_iam_action() {
         for op in Operation::ALL {
-            let expected = op.forwarded() && op != Operation::InvokeGuardrailChecks;
+            let expected = op != Operation::InvokeGuardrailChecks;
             assert_eq!(op.iam_action().is_some(), expected, "{op}");
         }
-        assert!(!Operation::InvokeModelWithBidirectionalStream.forwarded());
         // The Converse API is authorized by the InvokeModel actions, not by actions of its own.
         assert_eq!(
             Operation::Converse.iam_action(),

@@ -1,4 +1,5 @@
 //! Usage extraction from every response kind, fed incrementally as the response streams through.
+//! (Over 500 lines: one observer for every response kind, so each kind's rules sit side by side.)
 //!
 //! A [`UsageObserver`] watches one successful response, chunk by chunk at whatever boundaries the
 //! network gives, and hands back the [`Usage`] from the call at which it first becomes known, so
@@ -14,6 +15,11 @@
 //!   `inputTextTokenCount` plus `results[].tokenCount`.
 //! - **InvokeModelWithResponseStream**: the `chunk` whose decoded JSON carries
 //!   `amazon-bedrock-invocationMetrics`.
+//! - **InvokeModelWithBidirectionalStream**: `chunk` events whose decoded JSON is a Nova Sonic
+//!   event; each `usageEvent` carries the session's running totals (`totalInputTokens`,
+//!   `totalOutputTokens`). They are kept as they come ([`UsageObserver::running_usage`]) and the
+//!   last ones are the session's usage, returned by [`UsageObserver::on_end`]: a session is
+//!   charged when it ends, not at its first usage event.
 //!
 //! # Output seen
 //! [`UsageObserver::output_tokens_seen`] is the settlement basis for a stream cut before its
@@ -82,6 +88,9 @@ pub enum ResponseKind {
     /// InvokeModelWithResponseStream: `chunk` events; the last carries
     /// `amazon-bedrock-invocationMetrics`.
     InvokeModelStream,
+    /// InvokeModelWithBidirectionalStream: `chunk` events of Nova Sonic; `usageEvent`s carry
+    /// running totals, the last of which is the usage.
+    BidirectionalStream,
 }
 
 impl ResponseKind {
@@ -91,6 +100,9 @@ impl ResponseKind {
             Operation::ConverseStream => Some(ResponseKind::ConverseStream),
             Operation::InvokeModel => Some(ResponseKind::InvokeModel),
             Operation::InvokeModelWithResponseStream => Some(ResponseKind::InvokeModelStream),
+            Operation::InvokeModelWithBidirectionalStream => {
+                Some(ResponseKind::BidirectionalStream)
+            }
             _ => None,
         }
     }
@@ -98,7 +110,9 @@ impl ResponseKind {
     fn is_stream(self) -> bool {
         matches!(
             self,
-            ResponseKind::ConverseStream | ResponseKind::InvokeModelStream
+            ResponseKind::ConverseStream
+                | ResponseKind::InvokeModelStream
+                | ResponseKind::BidirectionalStream
         )
     }
 }
@@ -110,6 +124,8 @@ pub struct UsageObserver {
     frames: FrameReader,
     body: BoundedBody,
     usage: Option<Usage>,
+    /// A bidirectional stream's latest running totals.
+    running: Option<Usage>,
     body_bytes: u64,
     output_seen: u64,
     exception: Option<String>,
@@ -123,6 +139,7 @@ impl UsageObserver {
             frames: FrameReader::new(),
             body: BoundedBody::default(),
             usage: None,
+            running: None,
             body_bytes: 0,
             output_seen: 0,
             exception: None,
@@ -157,6 +174,9 @@ impl UsageObserver {
     /// The body ended. Returns the usage if it becomes known only now (Converse JSON, InvokeModel
     /// body usage) and was not returned before.
     pub fn on_end(&mut self) -> Option<Usage> {
+        if self.kind == ResponseKind::BidirectionalStream && !self.corrupt {
+            return self.running.and_then(|u| self.report(u));
+        }
         if self.kind.is_stream() || self.usage.is_some() || self.corrupt {
             return None;
         }
@@ -199,6 +219,12 @@ impl UsageObserver {
     /// The usage, once known (whether or not it has been returned already).
     pub fn usage(&self) -> Option<Usage> {
         self.usage
+    }
+
+    /// A bidirectional stream's running totals so far (the last `usageEvent`), kept even if the
+    /// stream turned corrupt after them.
+    pub fn running_usage(&self) -> Option<Usage> {
+        self.running
     }
 
     /// Records usage and returns it, unless usage was already reported.
@@ -259,6 +285,10 @@ impl UsageObserver {
                     .map(|v| v.get("usage").and_then(|u| usage_in(u, &CONVERSE_KEYS)))
             }
             (ResponseKind::InvokeModelStream, "chunk") => return self.on_chunk(&frame.payload),
+            (ResponseKind::BidirectionalStream, "chunk") => {
+                self.on_session_chunk(&frame.payload);
+                return None;
+            }
             _ => Ok(None),
         };
         result.unwrap_or_else(|_| {
@@ -269,14 +299,7 @@ impl UsageObserver {
 
     /// One InvokeModelWithResponseStream `chunk`: `{"bytes": "<base64 of model-native JSON>"}`.
     fn on_chunk(&mut self, payload: &[u8]) -> Option<Usage> {
-        let decoded = serde_json::from_slice::<ChunkPayload>(payload)
-            .ok()
-            .and_then(|c| {
-                base64::engine::general_purpose::STANDARD
-                    .decode(c.bytes)
-                    .ok()
-            });
-        let Some(decoded) = decoded else {
+        let Some(decoded) = decode_chunk(payload) else {
             self.mark_corrupt();
             return None;
         };
@@ -292,6 +315,28 @@ impl UsageObserver {
                 self.add_output(decoded.len() as u64);
                 None
             }
+        }
+    }
+
+    /// One bidirectional stream `chunk`: `{"bytes": "<base64 of a Nova Sonic event>"}`.
+    fn on_session_chunk(&mut self, payload: &[u8]) {
+        let event = decode_chunk(payload).and_then(|d| serde_json::from_slice::<Value>(&d).ok());
+        let Some(event) = event else {
+            self.mark_corrupt();
+            return;
+        };
+        let Some(event) = event.get("event") else {
+            return;
+        };
+        if let Some(text) = event.pointer("/textOutput/content").and_then(Value::as_str) {
+            self.add_output(text.len() as u64);
+        }
+        if let Some(totals) = event
+            .get("usageEvent")
+            .and_then(|u| usage_in(u, &SESSION_KEYS))
+        {
+            self.output_seen = self.output_seen.max(totals.output_tokens);
+            self.running = Some(totals);
         }
     }
 
@@ -360,6 +405,13 @@ const METRICS_KEYS: UsageKeys = UsageKeys {
     output: "outputTokenCount",
     cache_read: &["cacheReadInputTokenCount"],
     cache_write: &["cacheWriteInputTokenCount"],
+};
+/// Nova Sonic's `usageEvent`: running totals of the session (speech and text together).
+const SESSION_KEYS: UsageKeys = UsageKeys {
+    input: "totalInputTokens",
+    output: "totalOutputTokens",
+    cache_read: &[],
+    cache_write: &[],
 };
 const ANTHROPIC_KEYS: UsageKeys = UsageKeys {
     input: "input_tokens",
@@ -461,6 +513,14 @@ impl NativeBody {
 #[derive(Deserialize)]
 struct ChunkPayload {
     bytes: String,
+}
+
+/// The bytes a `chunk` event's `{"bytes": base64}` carries.
+pub(super) fn decode_chunk(payload: &[u8]) -> Option<Vec<u8>> {
+    let chunk = serde_json::from_slice::<ChunkPayload>(payload).ok()?;
+    base64::engine::general_purpose::STANDARD
+        .decode(chunk.bytes)
+        .ok()
 }
 
 // === Output text ===

@@ -127,6 +127,70 @@ fn kinds_follow_operations() {
         Some(ResponseKind::ConverseStream)
     );
     assert_eq!(ResponseKind::for_operation(Operation::CountTokens), None);
+    assert_eq!(
+        ResponseKind::for_operation(Operation::InvokeModelWithBidirectionalStream),
+        Some(ResponseKind::BidirectionalStream)
+    );
+}
+
+// === The bidirectional stream ===
+
+/// A Nova Sonic output event, as a `chunk`.
+fn sonic(name: &str, body: Value) -> Vec<u8> {
+    chunk(&json!({"event": {name: body}}))
+}
+
+fn usage_event(input: u64, output: u64) -> Vec<u8> {
+    sonic(
+        "usageEvent",
+        json!({"totalInputTokens": input, "totalOutputTokens": output,
+               "totalTokens": input + output, "details": {"delta": {}, "total": {}}}),
+    )
+}
+
+#[test]
+fn a_session_is_charged_its_last_running_totals_at_its_end() {
+    let mut o = UsageObserver::new(ResponseKind::BidirectionalStream);
+    let turn = [
+        sonic("completionStart", json!({})),
+        sonic("textOutput", json!({"content": "twelve bytes"})),
+        usage_event(7, 20),
+    ];
+    for frame in &turn {
+        assert_eq!(o.on_data(frame), None, "running totals settle nothing yet");
+    }
+    assert_eq!(o.running_usage(), Some(usage(7, 20, 0, 0)));
+    assert_eq!(
+        o.output_tokens_seen(),
+        20,
+        "the totals, not the 3 tokens of text"
+    );
+    for frame in [
+        sonic("textOutput", json!({"content": "more"})),
+        usage_event(13, 50),
+    ] {
+        assert_eq!(o.on_data(&frame), None);
+    }
+    assert_eq!(o.on_end(), Some(usage(13, 50, 0, 0)));
+    assert_eq!(o.on_end(), None, "reported once");
+}
+
+#[test]
+fn a_session_without_totals_or_cut_short_reports_what_it_can() {
+    let mut o = UsageObserver::new(ResponseKind::BidirectionalStream);
+    o.on_data(&sonic("textOutput", json!({"content": "eight by"})));
+    assert_eq!(o.output_tokens_seen(), 2);
+    o.on_data(&exception_frame(ErrorCode::Throttling, "Too many tokens"));
+    assert_eq!(o.stream_exception(), Some("throttlingException"));
+    assert_eq!(o.on_end(), None);
+
+    // Corrupt after a usage event: the totals seen are kept, but are not the session's usage.
+    let mut o = UsageObserver::new(ResponseKind::BidirectionalStream);
+    o.on_data(&usage_event(5, 9));
+    o.on_data(&event_frame("chunk", br#"{"bytes": "not base64!"}"#));
+    assert!(o.is_corrupt());
+    assert_eq!(o.running_usage(), Some(usage(5, 9, 0, 0)));
+    assert_eq!(o.on_end(), None);
 }
 
 // === Converse JSON ===

@@ -34,6 +34,7 @@ pub struct RawPool {
     pub when_max_tokens_missing: Option<WhenMaxTokensMissing>,
     pub tokens_per_day: Option<u64>,
     pub tier: Option<PoolTier>,
+    pub bidirectional_reservation: Option<u64>,
     pub headroom: Option<f64>,
     pub input_estimate: Option<InputEstimate>,
     pub max_wait_ms: Option<u64>,
@@ -141,6 +142,9 @@ pub struct PoolConfig {
     /// The daily quota: a bucket refilling continuously over 24 hours.
     pub tokens_per_day: Option<u64>,
     pub tier: PoolTier,
+    /// Reserved for the whole of an InvokeModelWithBidirectionalStream session, whose input and
+    /// output are not known when it opens (`bidirectional_reservation`, else `default_max_tokens`).
+    pub bidirectional_reservation: u64,
     /// Fraction of the bucket kept free, in `[0, 1)`.
     pub headroom: f64,
     pub input_estimate: InputEstimate,
@@ -257,6 +261,10 @@ pub(super) fn validate(
             .unwrap_or(WhenMaxTokensMissing::ReserveModelMax),
         tokens_per_day,
         tier: raw.tier.unwrap_or(PoolTier::OnDemand),
+        bidirectional_reservation: match raw.bidirectional_reservation {
+            Some(v) => nonzero("bidirectional_reservation", v)?,
+            None => default_max_tokens,
+        },
         headroom,
         input_estimate: raw.input_estimate.unwrap_or(InputEstimate::Heuristic),
         max_wait,
@@ -264,15 +272,7 @@ pub(super) fn validate(
         retry_reserve,
         shadow: raw.shadow.unwrap_or(false),
     };
-    if default_max_tokens >= pool.usable_tokens_per_minute() {
-        return Err(invalid(
-            key("default_max_tokens"),
-            format!(
-                "{default_max_tokens} does not fit in the bucket ({} tokens per minute after headroom): lower it",
-                pool.usable_tokens_per_minute()
-            ),
-        ));
-    }
+    reservations_fit(&pool, &key)?;
     if let Some(day) = pool.tokens_per_day
         && day < pool.usable_tokens_per_minute()
     {
@@ -376,6 +376,26 @@ fn from_catalogue(
         }
     }
     best.ok_or_else(|| invalid(key, "the pool lists no model to look up"))
+}
+
+/// A pool's fixed reservations (`default_max_tokens`, `bidirectional_reservation`) must fit its
+/// bucket, or requests that use them could never be admitted.
+fn reservations_fit(pool: &PoolConfig, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    for (name, tokens) in [
+        ("default_max_tokens", pool.default_max_tokens),
+        ("bidirectional_reservation", pool.bidirectional_reservation),
+    ] {
+        if tokens >= pool.usable_tokens_per_minute() {
+            return Err(invalid(
+                key(name),
+                format!(
+                    "{tokens} does not fit in the bucket ({} tokens per minute after headroom): lower it",
+                    pool.usable_tokens_per_minute()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The pool's name and model list.

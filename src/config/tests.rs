@@ -33,6 +33,9 @@ fn the_documented_minimal_config_parses() {
     assert_eq!(pool.region, "us-east-1");
     assert_eq!(pool.usable_tokens_per_minute(), 200_000);
     assert_eq!(pool.input_estimate, InputEstimate::Heuristic);
+    assert_eq!(pool.bidirectional_reservation, 8192, "default_max_tokens");
+    let own = Config::parse(&format!("{MINIMAL}bidirectional_reservation = 2000\n")).unwrap();
+    assert_eq!(own.policy.pools[0].bidirectional_reservation, 2000);
 }
 
 /// Applies `edit` to the minimal config and returns the error message.
@@ -62,6 +65,14 @@ fn each_invalid_setting_names_its_key() {
         (
             Box::new(|c| c.replace("default_max_tokens = 8192", "default_max_tokens = 300000")),
             "pools[0] (sonnet4-us).default_max_tokens: 300000 does not fit",
+        ),
+        (
+            Box::new(|c| format!("{c}bidirectional_reservation = 300000\n")),
+            "pools[0] (sonnet4-us).bidirectional_reservation: 300000 does not fit",
+        ),
+        (
+            Box::new(|c| format!("{c}bidirectional_reservation = 0\n")),
+            "pools[0] (sonnet4-us).bidirectional_reservation: must be greater than zero",
         ),
         (
             Box::new(|c| format!("{c}headroom = 1.5\n")),

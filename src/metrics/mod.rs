@@ -249,7 +249,8 @@ pub struct Publication {
 
 impl Publication {
     pub fn publish(&self, counter: &IntCounter, total: u64) {
-        let previous = self.last.swap(total, Ordering::Relaxed);
+        // Two scrapes at once: only the one that moves `last` forward adds the difference.
+        let previous = self.last.fetch_max(total, Ordering::Relaxed);
         if total > previous {
             counter.inc_by(total - previous);
         }

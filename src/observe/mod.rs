@@ -377,12 +377,14 @@ impl Observer {
     }
 
     /// Upstream throttled a request admitted in `pool`; its limit shrank.
-    pub fn upstream_throttled(&self, pool: &Pool, hint: Duration) {
+    /// Upstream throttled a call of `pool`; `hint` is the retry hint passed on to the client
+    /// (none for a throttle reported in-band, where the client gets upstream's frame as is).
+    pub fn upstream_throttled(&self, pool: &Pool, hint: Option<Duration>) {
         self.metrics
             .upstream_throttles
             .with_label_values(&[&pool.name])
             .inc();
-        if let Some(s) = self.series(pool) {
+        if let (Some(s), Some(hint)) = (self.series(pool), hint) {
             s.retry_hint.observe(hint.as_secs_f64());
         }
     }

@@ -33,6 +33,17 @@ pub fn identify(
     rejections: &RecentRejections,
 ) -> Result<Caller, BedrockError> {
     policy.auth.verify_body(identity, parts, body)?;
+    caller_of(policy, identity, parts, rejections)
+}
+
+/// The caller of an identified request (its signature, if any, checked already): the route
+/// looked up, and whether this is a retry of a call turned away.
+pub fn caller_of(
+    policy: &Policy,
+    identity: &Identity,
+    parts: &Parts,
+    rejections: &RecentRejections,
+) -> Result<Caller, BedrockError> {
     let route = policy
         .admission
         .routes()

@@ -8,12 +8,16 @@ use std::sync::Arc;
 
 use axum::{body::Body, response::Response};
 use http::{StatusCode, header, request::Parts};
+use hyper::body::Incoming;
 
 use super::meter::{InFlight, Meter, MeteredBody};
 use crate::{
     admission::{Admitted, hint},
     answer,
-    bedrock::{ErrorCode, Operation, UsageObserver, eventstream, usage::ResponseKind},
+    bedrock::{
+        ErrorCode, Operation, UsageObserver, eventstream, operation::raw_path_and_query,
+        usage::ResponseKind,
+    },
     observe::Observation,
     state::{AppState, Policy},
     upstream::{UpstreamError, headers::strip_hop_by_hop},
@@ -39,26 +43,34 @@ pub async fn forward(
     obs: &mut Option<Observation>,
 ) -> Response {
     let mut body = request.body;
-    let mut in_flight = admitted.map(|admitted| {
+    let in_flight = admitted.map(|admitted| {
         if let Some(rewritten) = admitted.body {
             body = rewritten;
         }
         InFlight::new(admitted.hold, obs.take(), policy.observer.clone())
     });
     let parts = request.parts;
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or(parts.uri.path(), |p| p.as_str());
+    let path_and_query = raw_path_and_query(&parts.uri);
     let sent = state
         .upstream
         .send(parts.method.clone(), path_and_query, &request.headers, body)
         .await;
+    match sent {
+        Ok(response) => respond(state, policy, request.operation, in_flight, response),
+        Err(e) => unreachable(policy, in_flight, &e),
+    }
+}
+
+/// Upstream's answer, on its way to the client: an error status settled and passed on, a
+/// success passed through a body that meters it.
+pub fn respond(
+    state: &AppState,
+    policy: &Arc<Policy>,
+    operation: Operation,
+    mut in_flight: Option<InFlight>,
+    response: http::Response<Incoming>,
+) -> Response {
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
-    let response = match sent {
-        Ok(response) => response,
-        Err(e) => return unreachable(policy, in_flight, &e),
-    };
     let status = response.status();
     policy.observer.upstream_response(pool.as_deref(), status);
     let (mut head, incoming) = response.into_parts();
@@ -77,7 +89,7 @@ pub async fn forward(
         }
         Some(mut f) => {
             f.answered(status, &head.headers);
-            ResponseKind::for_operation(request.operation).map(|kind| {
+            ResponseKind::for_operation(operation).map(|kind| {
                 let mut usage = UsageObserver::new(kind);
                 if let Some(u) = usage.on_headers(&head.headers) {
                     f.settle_usage(&u);
@@ -115,7 +127,7 @@ fn refused(
     if throttled {
         let pool = in_flight.hold().pool().clone();
         let hint = policy.admission.upstream_throttled(&pool);
-        policy.observer.upstream_throttled(&pool, hint);
+        policy.observer.upstream_throttled(&pool, Some(hint));
         answer::upstream_throttled(headers, hint);
     }
     in_flight.answered(status, headers);
@@ -123,7 +135,11 @@ fn refused(
 }
 
 /// No response from upstream: a retryable 503, settled by the rule for the failure.
-fn unreachable(policy: &Policy, in_flight: Option<InFlight>, error: &UpstreamError) -> Response {
+pub fn unreachable(
+    policy: &Policy,
+    in_flight: Option<InFlight>,
+    error: &UpstreamError,
+) -> Response {
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     policy
         .observer

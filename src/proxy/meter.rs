@@ -16,6 +16,11 @@
 //! complete-looking one. Either way the reservation is settled by the `no_usage` rule. If the
 //! client hangs up, the body is dropped and settles the same way.
 //!
+//! A bidirectional stream (InvokeModelWithBidirectionalStream) settles when it ends, to the last
+//! running totals its `usageEvent`s reported; ended early, by the `no_usage` rule on those totals.
+//! One that upstream refuses in-band (a `throttlingException` before any usage) is not charged,
+//! and shrinks its pool as a 429 does.
+//!
 //! At shutdown, once the drain deadline passes ([`crate::server::ServeOptions::deadline`]), a
 //! response still in flight ends the same way, with a `serviceUnavailableException` frame for a
 //! stream, and settles by the `no_usage` rule.
@@ -44,7 +49,7 @@ use crate::{
     bedrock::{
         ErrorCode, Usage, UsageObserver,
         eventstream::{WholeFrames, exception_frame},
-        usage::FRAME_CAP,
+        usage::{FRAME_CAP, ResponseKind},
     },
     observe::{Observation, Observer},
     upstream::Upstream,
@@ -100,6 +105,20 @@ impl InFlight {
     pub fn settle_without_usage(&mut self, output_seen: u64) {
         let settled = self.hold.settle_without_usage(output_seen);
         self.observed(settled);
+    }
+
+    pub fn settle_cut_after(&mut self, running: &Usage) {
+        let settled = self.hold.settle_cut_after(running);
+        self.observed(settled);
+    }
+
+    /// Upstream turned the call away in-band (a stream's `throttlingException`): the pool
+    /// shrinks as for a 429, and nothing is charged.
+    pub fn throttled_in_band(&mut self) {
+        let pool = self.hold.pool().clone();
+        pool.upstream_throttled();
+        self.observer.upstream_throttled(&pool, None);
+        self.settle_not_charged();
     }
 
     pub fn settle_timeout(&mut self) {
@@ -159,20 +178,32 @@ impl Meter {
         }
     }
 
-    /// The body ended cleanly: settle on its usage, or by the `no_usage` rule.
+    /// The body ended cleanly: settle on its usage, as not charged if upstream refused a
+    /// bidirectional stream in-band, or by the `no_usage` rule.
     fn end(&mut self) {
         match self.usage.on_end() {
             Some(usage) => self.in_flight.settle_usage(&usage),
+            None if self.refused_in_band() => self.in_flight.throttled_in_band(),
+            None => self.cut(),
+        }
+    }
+
+    /// A bidirectional stream that ended on a `throttlingException` before any usage: upstream
+    /// never started the session (Bedrock reserves when the session starts).
+    fn refused_in_band(&self) -> bool {
+        self.usage.kind() == ResponseKind::BidirectionalStream
+            && self.usage.running_usage().is_none()
+            && self.usage.stream_exception() == Some(ErrorCode::Throttling.event_member().as_str())
+    }
+
+    fn cut(&mut self) {
+        match self.usage.running_usage() {
+            Some(running) => self.in_flight.settle_cut_after(&running),
             None => {
                 let seen = self.unsettled_output();
                 self.in_flight.settle_without_usage(seen);
             }
         }
-    }
-
-    fn cut(&mut self) {
-        let seen = self.unsettled_output();
-        self.in_flight.settle_without_usage(seen);
     }
 }
 

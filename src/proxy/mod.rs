@@ -14,11 +14,16 @@
 //! ([`crate::admission::retries`]), so that the SDK's retry of that call may use the retry reserve.
 //! Only the headers the API defines (and a SigV4 caller signed) go upstream
 //! ([`crate::upstream::headers`]).
+//!
+//! InvokeModelWithBidirectionalStream takes the same steps from its head alone, its body being
+//! the session's events, which stream upstream as they come ([`duplex`], [`relay`]).
 
 pub mod caller;
 pub mod count_tokens;
+pub mod duplex;
 pub mod forward;
 pub mod meter;
+pub mod relay;
 
 use std::sync::Arc;
 
@@ -33,7 +38,7 @@ use http::StatusCode;
 use crate::{
     admission::{Decision, Facts},
     answer,
-    bedrock::Target,
+    bedrock::{Operation, Target},
     observe::{Observation, Verdict},
     state::{AppState, Policy},
     upstream::headers::BEDROCK_RUNTIME,
@@ -83,8 +88,9 @@ async fn proxy(
         Err(e) => return answer::target_error(e),
     };
     record.target(target.operation, target.model_id.as_deref());
-    if !target.operation.forwarded() {
-        return answer::not_forwarded(target.operation);
+    if target.operation == Operation::InvokeModelWithBidirectionalStream {
+        let model_id = target.model_id.as_deref();
+        return duplex::proxy(state, policy, parts, body, model_id, obs, route).await;
     }
     // Who is calling, from the head alone: an unknown caller never gets a body buffered.
     let identity = match caller::identify_head(policy, &parts) {

@@ -8,7 +8,9 @@
 //! - Anything else is SigV4-verified with `verify_sigv4` when that is set, and must be signed for
 //!   the service `bedrock`.
 //! - InvokeModelWithBidirectionalStream takes SigV4 only (V): a bearer or `x-api-key` request
-//!   is refused with 403 whatever is configured.
+//!   is refused with 403 whatever is configured. Its head is signed without its body (an empty
+//!   payload, or `STREAMING-AWS4-HMAC-SHA256-EVENTS`); with `verify_sigv4` set, [`check_stream`]
+//!   verifies it and returns the verifier of the events that follow, chained from its signature.
 //!
 //! Refusals are 403s in Bedrock's shape; the body-model APIs reshape them into their own.
 
@@ -19,9 +21,11 @@ use http::request::Parts;
 
 use super::Inner;
 use super::stats::ApiKeyStats;
-use crate::auth::sigv4::{self, SigV4Error};
+use crate::auth::event_stream::ChainVerifier;
+use crate::auth::sigv4::{self, Payload, SigV4Error, SignedHead};
 use crate::bedrock::error::X_AMZN_ERROR_TYPE;
 use crate::bedrock::{BedrockError, ErrorCode};
+use crate::config::Secret;
 
 /// Bearer and `x-api-key` counters.
 #[derive(Debug, Default)]
@@ -51,14 +55,27 @@ fn api_key(parts: &Parts) -> Option<&str> {
     bearer.or_else(|| parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()))
 }
 
-/// Checks the request's credential; `body` is what the payload hash covers (empty for a
-/// streamed body, whose hash header is a `STREAMING-` marker).
-pub(crate) fn check(
+/// Checks the request's credential; `body` is what the payload hash covers.
+pub(crate) fn check(sim: &Inner, parts: &Parts, body: &[u8]) -> Result<(), BedrockError> {
+    check_as(sim, parts, body, Payload::Body).map(|_| ())
+}
+
+/// Checks a bidirectional stream's head (SigV4 only); with `verify_sigv4` set, returns the
+/// verifier of its events.
+pub(crate) fn check_stream(
+    sim: &Inner,
+    parts: &Parts,
+) -> Result<Option<ChainVerifier>, BedrockError> {
+    check_as(sim, parts, &[], Payload::EventStream)
+}
+
+fn check_as(
     sim: &Inner,
     parts: &Parts,
     body: &[u8],
-    sigv4_only: bool,
-) -> Result<(), BedrockError> {
+    payload: Payload,
+) -> Result<Option<ChainVerifier>, BedrockError> {
+    let sigv4_only = payload == Payload::EventStream;
     let authorization = parts
         .headers
         .get(header::AUTHORIZATION)
@@ -82,7 +99,7 @@ pub(crate) fn check(
             };
             counter.fetch_add(1, Relaxed);
             return match accepted {
-                true => Ok(()),
+                true => Ok(None),
                 false => Err(BedrockError::new(
                     ErrorCode::AccessDenied,
                     "The API key in the request is not valid. Check the Bedrock API key you sent.",
@@ -92,7 +109,7 @@ pub(crate) fn check(
     }
     let Some(key) = sim.config.verify_sigv4.as_ref() else {
         if sim.config.api_keys.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         // Only API keys are configured: a request must carry one.
         return Err(
@@ -100,23 +117,31 @@ pub(crate) fn check(
                 .with_header(X_AMZN_ERROR_TYPE, "MissingAuthenticationTokenException"),
         );
     };
-    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let result = sigv4::verify_with_authority(
-        &parts.method,
-        path_and_query,
-        parts.uri.authority().map(|a| a.as_str()),
-        &parts.headers,
+    let request = sigv4::SignedRequest {
+        method: &parts.method,
+        raw_path_and_query: parts.uri.path_and_query().map_or("/", |p| p.as_str()),
+        authority: parts.uri.authority().map(|a| a.as_str()),
+        headers: &parts.headers,
         body,
-        |id| (id == key.access_key_id).then(|| key.secret_access_key.clone()),
-        std::time::SystemTime::now(),
-    );
-    // Signed for another service (e.g. `bedrock-runtime`): refused, as AWS refuses it.
-    let result = result.and_then(|signed| match signed.service.as_str() {
-        "bedrock" => Ok(()),
-        other => Err(SigV4Error::Malformed(format!(
-            "Credential should be scoped to correct service: 'bedrock', not '{other}'."
-        ))),
-    });
+    };
+    let result = SignedHead::check_for(&parts.headers, std::time::SystemTime::now(), payload)
+        .and_then(|head| {
+            let auth = &head.auth;
+            if auth.access_key_id != key.access_key_id {
+                return Err(SigV4Error::UnknownKey(auth.access_key_id.to_string()));
+            }
+            head.verify(&request, &key.secret_access_key)?;
+            // Signed for another service (e.g. `bedrock-runtime`): refused, as AWS refuses it.
+            if auth.service != "bedrock" {
+                return Err(SigV4Error::Malformed(format!(
+                    "Credential should be scoped to correct service: 'bedrock', not '{}'.",
+                    auth.service
+                )));
+            }
+            let secret = Secret(key.secret_access_key.clone());
+            Ok((payload == Payload::EventStream)
+                .then(|| ChainVerifier::new(secret, auth.region, auth.service, auth.signature)))
+        });
     sim.sigv4.record(result.is_ok());
     result.map_err(refusal)
 }

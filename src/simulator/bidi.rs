@@ -4,9 +4,13 @@
 //! the request body frame by frame and answers as input arrives, not after the body ends. Input
 //! frames are `chunk` events whose JSON `bytes` (base64) hold Nova Sonic events
 //! ([`super::sonic`]); an SDK signs each one, wrapping it in an envelope frame (`:date`,
-//! `:chunk-signature`, the message as payload, an empty one at the end), which is unwrapped (its
-//! signature is not checked: the request's own SigV4 is, with the `STREAMING-` payload marker).
-//! Output events go back as `chunk` events the same way.
+//! `:chunk-signature`, the message as payload, an empty one at the end), which is unwrapped.
+//! With `verify_sigv4` set, the head's SigV4 (over an empty payload, or the
+//! `STREAMING-AWS4-HMAC-SHA256-EVENTS` marker) is verified, and so is every envelope's signature,
+//! chained from the head's: an event that is not signed, or whose signature does not verify,
+//! ends the stream with a `validationException` frame (the exception is the simulator's reading:
+//! AWS does not document which it sends). Without it, bare events are read too. Output events go
+//! back as `chunk` events.
 //!
 //! Quota: `sessionStart` reserves the session's output cap (`maxTokens`, else the model's
 //! maximum; the input is not known yet) through [`Call`]; a reservation that does not fit ends
@@ -39,8 +43,10 @@ use super::model_id::Resolved;
 use super::quota::Reservation;
 use super::sonic::{Action, Session};
 use super::{auth, shapes};
-use crate::bedrock::eventstream::{self, FrameReader, exception_frame};
+use crate::auth::event_stream::{ChainVerifier, is_envelope};
+use crate::bedrock::eventstream::{self, Frame, FrameReader, exception_frame};
 use crate::bedrock::{BedrockError, ErrorCode, Operation};
+use aws_smithy_types::event_stream::Message;
 
 const API: &str = "InvokeModelWithBidirectionalStream";
 
@@ -52,9 +58,10 @@ pub(super) async fn handle(
     parts: Parts,
     body: Body,
 ) -> Response {
-    if let Err(refusal) = auth::check(&sim, &parts, &[], true) {
-        return refusal.into_response();
-    }
+    let verifier = match auth::check_stream(&sim, &parts) {
+        Ok(verifier) => verifier,
+        Err(refusal) => return refusal.into_response(),
+    };
     sim.count_operation(op);
     if parts.version != Version::HTTP_2 {
         return BedrockError::validation(
@@ -70,7 +77,7 @@ pub(super) async fn handle(
         .into_response();
     }
     let (tx, rx) = mpsc::channel::<Bytes>(64);
-    tokio::spawn(session(sim, model, body, tx));
+    tokio::spawn(session(sim, model, body, tx, verifier));
     let frames = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
@@ -97,6 +104,8 @@ struct Live<'a> {
     /// The session's output cap.
     max_tokens: u64,
     tx: mpsc::Sender<Bytes>,
+    /// With `verify_sigv4`: the verifier of the envelopes.
+    verifier: Option<ChainVerifier>,
 }
 
 /// Why a session ended.
@@ -107,7 +116,13 @@ enum End {
     Broken,
 }
 
-async fn session(sim: Arc<Inner>, model: Resolved, mut body: Body, tx: mpsc::Sender<Bytes>) {
+async fn session(
+    sim: Arc<Inner>,
+    model: Resolved,
+    mut body: Body,
+    tx: mpsc::Sender<Bytes>,
+    verifier: Option<ChainVerifier>,
+) {
     let limit = Duration::from_secs(sim.config.bidirectional_session_secs);
     let deadline = tokio::time::Instant::now() + limit;
     let mut live = Live {
@@ -117,6 +132,7 @@ async fn session(sim: Arc<Inner>, model: Resolved, mut body: Body, tx: mpsc::Sen
         session: Session::new(),
         reservation: None,
         tx,
+        verifier,
     };
     let mut reader = FrameReader::new();
     let end = loop {
@@ -159,33 +175,50 @@ impl Live<'_> {
 
     /// Handles every whole frame read so far; `Some` when the session is over.
     async fn drain(&mut self, reader: &mut FrameReader) -> Result<Option<End>, String> {
-        while let Some(frame) = reader.next_frame().map_err(|e| e.to_string())? {
+        while let Some(message) = reader.next_message().map_err(|e| e.to_string())? {
             // A signed envelope has no :message-type; its payload is the message itself.
-            let message = if frame.message_type.is_empty() {
-                if frame.payload.is_empty() {
+            let message = if is_envelope(&message) {
+                let payload = self.unwrap(&message)?;
+                if payload.is_empty() {
                     return Ok(Some(End::Done));
                 }
-                let mut inner = FrameReader::new();
-                inner.push(&frame.payload);
-                inner
-                    .next_frame()
-                    .map_err(|e| e.to_string())?
-                    .ok_or("A signed frame does not hold a whole message.")?
+                eventstream::whole_message(&payload)
+                    .map_err(|_| "A signed frame does not hold a whole message.".to_string())?
+            } else if self.verifier.is_some() {
+                self.sim.sigv4.record_event(false);
+                return Err(
+                    "Each input event must be signed (a :chunk-signature envelope).".into(),
+                );
             } else {
-                frame
+                message
             };
-            if message.kind != "chunk" {
+            let frame = Frame::from_message(&message);
+            if frame.kind != "chunk" {
                 return Err(format!(
                     "Unexpected input event {:?}; send chunk events.",
-                    message.kind
+                    frame.kind
                 ));
             }
-            let event = chunk_json(&message.payload)?;
+            let event = chunk_json(&frame.payload)?;
             if let Some(end) = self.event(&event).await? {
                 return Ok(Some(end));
             }
         }
         Ok(None)
+    }
+
+    /// An envelope's payload, its signature verified when the simulator verifies SigV4.
+    fn unwrap(&mut self, envelope: &Message) -> Result<Bytes, String> {
+        let Some(verifier) = self.verifier.as_mut() else {
+            return Ok(envelope.payload().clone());
+        };
+        let verified = verifier.verify(envelope, std::time::SystemTime::now());
+        self.sim.sigv4.record_event(verified.is_ok());
+        verified.map_err(|_| {
+            "The request signature we calculated does not match the signature you provided. \
+             Check your AWS Secret Access Key and signing method."
+                .to_string()
+        })
     }
 
     async fn event(&mut self, event: &Value) -> Result<Option<End>, String> {

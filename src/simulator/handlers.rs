@@ -53,7 +53,7 @@ pub(super) async fn handle(State(sim): State<Arc<Inner>>, req: Request) -> Respo
         )
         .into_response();
     };
-    if let Err(refusal) = auth::check(&sim, &parts, &body, false) {
+    if let Err(refusal) = auth::check(&sim, &parts, &body) {
         return refusal.into_response();
     }
     let target = match target {

@@ -40,7 +40,8 @@
 //!   their 503s and 500s in their own error shapes.
 //! - **Credentials** (`auth`): with `verify_sigv4` set every request must be signed with that
 //!   key, with `api_keys` set a Bearer or `x-api-key` must be one of them (403 otherwise); the
-//!   bidirectional stream takes SigV4 only. Key ids seen are recorded either way. `/_sim/*` is
+//!   bidirectional stream takes SigV4 only, and with `verify_sigv4` each of its events' chained
+//!   signatures is checked too. Key ids seen are recorded either way. `/_sim/*` is
 //!   never checked.
 //! - **Stats**: `GET /_sim/stats` ([`stats`]): every bucket (Region, model, route, tier
 //!   capacity, minute and day), quota-counted calls by API, by requested tier and by Region.

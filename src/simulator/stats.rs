@@ -266,6 +266,11 @@ pub struct SigV4Stats {
     pub access_key_ids: BTreeSet<String>,
     /// Requests that carried an `Authorization` header.
     pub authorization_headers_seen: u64,
+    /// Signed events of bidirectional streams whose chained signature verified, and did not.
+    #[serde(default)]
+    pub events_verified: u64,
+    #[serde(default)]
+    pub events_rejected: u64,
 }
 
 /// Live SigV4 counters.
@@ -275,6 +280,8 @@ pub(crate) struct SigV4Counters {
     pub rejected: AtomicU64,
     pub seen: AtomicU64,
     pub key_ids: DashSet<String>,
+    pub events_verified: AtomicU64,
+    pub events_rejected: AtomicU64,
 }
 
 impl SigV4Counters {
@@ -305,12 +312,24 @@ impl SigV4Counters {
         counter.fetch_add(1, Relaxed);
     }
 
+    /// Counts one event's verification.
+    pub fn record_event(&self, verified: bool) {
+        let counter = if verified {
+            &self.events_verified
+        } else {
+            &self.events_rejected
+        };
+        counter.fetch_add(1, Relaxed);
+    }
+
     pub fn snapshot(&self) -> SigV4Stats {
         SigV4Stats {
             verified: self.verified.load(Relaxed),
             rejected: self.rejected.load(Relaxed),
             access_key_ids: self.key_ids.iter().map(|k| k.key().clone()).collect(),
             authorization_headers_seen: self.seen.load(Relaxed),
+            events_verified: self.events_verified.load(Relaxed),
+            events_rejected: self.events_rejected.load(Relaxed),
         }
     }
 }

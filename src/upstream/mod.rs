@@ -5,7 +5,12 @@
 //! The request body is forwarded byte for byte (never re-serialised, so fields this proxy does not
 //! know pass through untouched); the raw, percent-encoded path is forwarded unchanged and signed
 //! as it is sent (no normalisation: the path signed is the path admitted). Response bodies stream
-//! through frame by frame; nothing buffers a whole response. Errors never show the upstream
+//! through frame by frame; nothing buffers a whole response.
+//!
+//! InvokeModelWithBidirectionalStream goes over a client of its own that speaks only HTTP/2
+//! (ALPN `h2` over TLS, prior knowledge over plain HTTP), because both directions stream at once
+//! ([`Upstream::open_duplex`]): its request body is handed over as a stream of frames, each
+//! signed on its way ([`signer::EventSigner`]), while the response streams back. Errors never show the upstream
 //! URL's userinfo (config refuses it; [`redact_userinfo`] guards the messages anyway).
 
 pub mod headers;
@@ -20,11 +25,16 @@ use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
-    rt::TokioExecutor,
+    rt::{TokioExecutor, TokioTimer},
 };
 use tokio_util::sync::CancellationToken;
 
-pub use signer::Signer;
+pub use signer::{EventSigner, Signer};
+
+/// The request body of a duplex call: frames as they come.
+pub type DuplexBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Connector = HttpsConnector<HttpConnector>;
 
 /// Why a request got no response from upstream.
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +83,9 @@ pub fn redact_userinfo(url: &str) -> std::borrow::Cow<'_, str> {
 /// The pooled, signing client for one upstream.
 #[derive(Debug)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Client<Connector, Full<Bytes>>,
+    /// HTTP/2 only, for the bidirectional stream.
+    duplex: Client<Connector, DuplexBody>,
     base: Uri,
     /// `base` for messages, userinfo redacted.
     shown: String,
@@ -107,25 +119,37 @@ impl Upstream {
         }
         let host = HeaderValue::from_str(authority.as_str())
             .map_err(|e| UpstreamError::Connect(shown.clone(), e.to_string()))?;
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(connect_timeout));
-        http.set_keepalive(Some(Duration::from_secs(60)));
-        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(provider)
-            .map_err(|e| UpstreamError::Connect(shown.clone(), e.to_string()))?
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
+        let connector = |h2_only: bool| {
+            let mut http = HttpConnector::new();
+            http.enforce_http(false);
+            http.set_nodelay(true);
+            http.set_connect_timeout(Some(connect_timeout));
+            http.set_keepalive(Some(Duration::from_secs(60)));
+            let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+            let https = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_provider_and_webpki_roots(provider)
+                .map_err(|e| UpstreamError::Connect(shown.clone(), e.to_string()))?
+                .https_or_http();
+            Ok::<_, UpstreamError>(if h2_only {
+                https.enable_http2().wrap_connector(http)
+            } else {
+                https.enable_http1().enable_http2().wrap_connector(http)
+            })
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(1024)
-            .build(https);
+            .build(connector(false)?);
+        // Pings find a dead connection under a session that is quiet both ways.
+        let duplex = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .timer(TokioTimer::new())
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector(true)?);
         Ok(Upstream {
             client,
+            duplex,
             base,
             shown,
             host,
@@ -165,6 +189,38 @@ impl Upstream {
         headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Response<Incoming>, UpstreamError> {
+        let mut request = self.request(method, path_and_query, headers, body)?;
+        self.signer.sign(&mut request).await?;
+        // `host` is signed but hyper derives it (or `:authority`) from the URI.
+        request.headers_mut().remove(header::HOST);
+        self.answer(self.client.request(request.map(Full::new)))
+            .await
+    }
+
+    /// Opens an event stream both ways over HTTP/2 (InvokeModelWithBidirectionalStream): signs
+    /// the head over an empty payload, builds the request body with `body` around the signer of
+    /// its events, and waits for the response head while that body streams upstream.
+    pub async fn open_duplex(
+        &self,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: impl FnOnce(EventSigner) -> DuplexBody,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let mut request = self.request(Method::POST, path_and_query, headers, Bytes::new())?;
+        let events = self.signer.sign_event_stream(&mut request).await?;
+        request.headers_mut().remove(header::HOST);
+        let request = request.map(|_| body(events));
+        self.answer(self.duplex.request(request)).await
+    }
+
+    /// The request to `path_and_query` upstream, with `headers` and `host`, unsigned.
+    fn request(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Request<Bytes>, UpstreamError> {
         let uri = format!(
             "{}{}",
             self.base.to_string().trim_end_matches('/'),
@@ -179,11 +235,16 @@ impl Upstream {
         request
             .headers_mut()
             .insert(header::HOST, self.host.clone());
-        self.signer.sign(&mut request).await?;
-        // `host` is signed but hyper derives it (or `:authority`) from the URI.
-        request.headers_mut().remove(header::HOST);
-        let request = request.map(Full::new);
-        let call = tokio::time::timeout(self.response_timeout, self.client.request(request));
+        Ok(request)
+    }
+
+    /// Waits for the response head of `call`, within the response timeout and the drain
+    /// deadline.
+    async fn answer(
+        &self,
+        call: impl Future<Output = Result<Response<Incoming>, hyper_util::client::legacy::Error>>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let call = tokio::time::timeout(self.response_timeout, call);
         let answer = tokio::select! {
             answer = call => answer,
             () = self.deadline.cancelled() => return Err(UpstreamError::ShuttingDown),

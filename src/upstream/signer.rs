@@ -5,6 +5,10 @@
 //! byte the path admitted and forwarded. (Paths with dot or empty segments never get this far:
 //! [`crate::bedrock::Target::parse`] refuses them.)
 //!
+//! An event stream (InvokeModelWithBidirectionalStream) is signed as aws-sdk-rust signs it: the
+//! head over an empty payload ([`Signer::sign_event_stream`]), then every event in an envelope
+//! whose signature chains from the one before, the head's first ([`EventSigner`]).
+//!
 //! Credentials come from a provider (the AWS default chain in production: environment, profile,
 //! web identity (IRSA), container credentials (EKS Pod Identity, ECS), IMDS). They are cached
 //! and refreshed five minutes before they expire, once, however many requests are waiting.
@@ -18,6 +22,7 @@ use aws_credential_types::{
     Credentials, provider::ProvideCredentials, provider::SharedCredentialsProvider,
 };
 use aws_sigv4::{
+    event_stream::{sign_empty_message, sign_message},
     http_request::{
         PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
         UriPathNormalizationMode, sign,
@@ -25,6 +30,7 @@ use aws_sigv4::{
     sign::v4,
 };
 use aws_smithy_runtime_api::client::identity::Identity;
+use aws_smithy_types::event_stream::Message;
 
 use super::UpstreamError;
 
@@ -88,7 +94,67 @@ impl Signer {
         request: &mut http::Request<bytes::Bytes>,
     ) -> Result<(), UpstreamError> {
         let identity: Identity = self.credentials().await?.into();
-        sign_as(&identity, &self.region, SystemTime::now(), request)
+        sign_as(&identity, &self.region, SystemTime::now(), request).map(|_| ())
+    }
+
+    /// Signs the head of an event stream in place, over an empty payload (`request`'s body must
+    /// be empty), and returns the signer of the events that follow. The session keeps the
+    /// credentials it started with, as the SDKs do.
+    pub async fn sign_event_stream(
+        &self,
+        request: &mut http::Request<bytes::Bytes>,
+    ) -> Result<EventSigner, UpstreamError> {
+        let identity: Identity = self.credentials().await?.into();
+        let seed = sign_as(&identity, &self.region, SystemTime::now(), request)?;
+        Ok(EventSigner {
+            identity,
+            region: self.region.clone(),
+            prior: seed,
+        })
+    }
+}
+
+/// Signs the events of one stream, each chained from the signature before it.
+#[derive(Debug)]
+pub struct EventSigner {
+    identity: Identity,
+    region: String,
+    /// The last signature made (the head's to begin with), hex.
+    prior: String,
+}
+
+impl EventSigner {
+    /// `event` wrapped in an envelope signed now (`:date`, `:chunk-signature`).
+    pub fn sign(&mut self, event: &Message) -> Result<Message, UpstreamError> {
+        let params = self.params()?;
+        let signed = sign_message(event, &self.prior, &params)
+            .map_err(|e| UpstreamError::Signing(e.to_string()))?;
+        Ok(self.chain(signed))
+    }
+
+    /// The envelope with an empty payload that ends the stream.
+    pub fn sign_end(&mut self) -> Result<Message, UpstreamError> {
+        let params = self.params()?;
+        let signed = sign_empty_message(&self.prior, &params)
+            .map_err(|e| UpstreamError::Signing(e.to_string()))?;
+        Ok(self.chain(signed))
+    }
+
+    fn params(&self) -> Result<aws_sigv4::event_stream::SigningParams<'_>, UpstreamError> {
+        v4::SigningParams::builder()
+            .identity(&self.identity)
+            .region(&self.region)
+            .name(SIGNING_NAME)
+            .time(SystemTime::now())
+            .settings(())
+            .build()
+            .map_err(|e| UpstreamError::Signing(e.to_string()))
+    }
+
+    fn chain(&mut self, signed: aws_sigv4::SigningOutput<Message>) -> Message {
+        let (message, signature) = signed.into_parts();
+        self.prior = signature;
+        message
     }
 }
 
@@ -100,12 +166,13 @@ pub fn signing_settings() -> SigningSettings {
     settings
 }
 
+/// Signs `request` in place; returns the signature (hex).
 fn sign_as(
     identity: &Identity,
     region: &str,
     at: SystemTime,
     request: &mut http::Request<bytes::Bytes>,
-) -> Result<(), UpstreamError> {
+) -> Result<String, UpstreamError> {
     let params = v4::SigningParams::builder()
         .identity(identity)
         .region(region)
@@ -127,11 +194,11 @@ fn sign_as(
         SignableBody::Bytes(request.body()),
     )
     .map_err(|e| UpstreamError::Signing(e.to_string()))?;
-    let (instructions, _signature) = sign(signable, &params)
+    let (instructions, signature) = sign(signable, &params)
         .map_err(|e| UpstreamError::Signing(e.to_string()))?
         .into_parts();
     instructions.apply_to_request_http1x(request);
-    Ok(())
+    Ok(signature)
 }
 
 #[cfg(test)]
@@ -272,5 +339,50 @@ mod tests {
             Err(crate::auth::sigv4::SigV4Error::SignatureMismatch),
             "signed over the path as sent, not its normal form"
         );
+    }
+
+    /// The head of an event stream verifies as an event-stream head, and the events signed after
+    /// it verify in a chain seeded with the head's signature (as bedrock-runtime checks them).
+    #[tokio::test]
+    async fn an_event_stream_is_signed_head_first_then_event_by_event() {
+        use crate::auth::{
+            event_stream::ChainVerifier,
+            sigv4::{Payload, SignedHead, SignedRequest},
+        };
+        let (signer, _) = signer(Duration::from_secs(3600));
+        let path = "/model/amazon.nova-sonic-v1%3A0/invoke-with-bidirectional-stream";
+        let mut request = http::Request::builder()
+            .method("POST")
+            .uri(format!(
+                "https://bedrock-runtime.us-east-1.amazonaws.com{path}"
+            ))
+            .header("host", "bedrock-runtime.us-east-1.amazonaws.com")
+            .body(bytes::Bytes::new())
+            .unwrap();
+        let mut events = signer.sign_event_stream(&mut request).await.unwrap();
+        assert!(!request.headers().contains_key("x-amz-content-sha256"));
+        let now = SystemTime::now();
+        let head = SignedHead::check_for(request.headers(), now, Payload::EventStream).unwrap();
+        let signed = SignedRequest {
+            method: request.method(),
+            raw_path_and_query: path,
+            authority: None,
+            headers: request.headers(),
+            body: b"",
+        };
+        head.verify(&signed, "secret").unwrap();
+        let mut verifier = ChainVerifier::new(
+            crate::config::Secret("secret".into()),
+            "us-east-1",
+            SIGNING_NAME,
+            head.auth.signature,
+        );
+        let first = events.sign(&Message::new(&b"one"[..])).unwrap();
+        let second = events.sign(&Message::new(&b"two"[..])).unwrap();
+        let end = events.sign_end().unwrap();
+        for envelope in [&first, &second] {
+            assert!(!verifier.verify(envelope, now).unwrap().is_empty());
+        }
+        assert!(verifier.verify(&end, now).unwrap().is_empty());
     }
 }

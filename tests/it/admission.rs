@@ -367,13 +367,10 @@ async fn upstream_throttles_shrink_the_pool_and_reach_the_client_with_a_hint() {
     assert_eq!(r.error_type(), "ThrottlingException");
     assert_eq!(r.header("x-tokengate-reason"), Some("upstream"));
     assert!(r.header("x-amz-retry-after").is_some());
-    let metrics = &stack.proxy.state.metrics;
-    assert_eq!(
-        metrics
-            .upstream_throttles
-            .with_label_values(&["sonnet4-us"])
-            .get(),
-        1
+    crate::common::scrape(stack.proxy.addr).await.expect(
+        "tokengate_upstream_throttles_total",
+        &[("pool", "sonnet4-us")],
+        1.0,
     );
     let admission = stack.proxy.admission();
     let pool = &admission.pools()[0];

@@ -24,8 +24,11 @@ const FAST_SIM: &str =
 const POOL: &str = "sonnet4-us";
 
 fn settled(proxy: &Gateway, rule: &str) -> u64 {
-    let m = &proxy.state.metrics;
-    m.settlements.with_label_values(&[POOL, rule]).get()
+    common::metric(
+        proxy,
+        "tokengate_settlements_total",
+        &[("pool", POOL), ("rule", rule)],
+    ) as u64
 }
 
 fn in_flight(proxy: &Gateway) -> u64 {
@@ -66,11 +69,16 @@ async fn a_client_that_hangs_up_mid_body_reaches_nothing_and_holds_nothing() {
     let ok = raw_request(addr, "POST", &path, part.clone(), false).await;
     assert_eq!(ok.status, 200);
     stack.assert_ledger_zero().await;
-    let m = &stack.proxy.state.metrics;
-    let admitted = m
-        .requests
-        .with_label_values(&[POOL, "Converse", "admitted"]);
-    assert_eq!(admitted.get(), 1, "only the whole request was admitted");
+    let m = common::scrape(addr).await;
+    m.expect(
+        "tokengate_requests_total",
+        &[
+            ("pool", POOL),
+            ("operation", "Converse"),
+            ("outcome", "admitted"),
+        ],
+        1.0,
+    );
     let calls = stack
         .sim
         .simulator
@@ -104,10 +112,10 @@ async fn a_client_that_hangs_up_while_waiting_for_the_answer_is_charged_its_rese
     .await;
     stack.assert_ledger_zero().await;
     assert_eq!(settled(&stack.proxy, "abandoned"), 1);
-    let m = &stack.proxy.state.metrics;
+    let m = common::scrape(stack.proxy.addr).await;
     assert_eq!(
-        m.charged_tokens.with_label_values(&[POOL]).get(),
-        m.reserved_tokens_total.with_label_values(&[POOL]).get(),
+        m.get("tokengate_charged_tokens_total", &[("pool", POOL)]),
+        m.get("tokengate_reserved_tokens_total", &[("pool", POOL)]),
         "abandoned charges the reservation: the call may still run upstream"
     );
 }

@@ -1,6 +1,6 @@
-//! The IAM policy in README.md ("IAM policy") grants exactly the actions the forwarded operations
-//! need, as `Operation::iam_action` records them, and the README's table of operations says the
-//! same as that function.
+//! The IAM policy in README.md ("IAM policy") grants exactly the actions the operations need, as
+//! `Operation::iam_action` records them, and the README's table of operations says the same as
+//! that function.
 
 use std::collections::BTreeSet;
 
@@ -18,11 +18,11 @@ fn readme_section(heading: &str) -> String {
     rest[..end].to_string()
 }
 
-/// The actions every forwarded operation needs (operations AWS documents no action for apart).
+/// The actions every operation needs (tokengate forwards them all; operations AWS documents no
+/// action for apart).
 fn needed_actions() -> BTreeSet<&'static str> {
     Operation::ALL
         .into_iter()
-        .filter(|op| op.forwarded())
         .filter_map(Operation::iam_action)
         .collect()
 }
@@ -66,10 +66,9 @@ fn the_readme_table_names_each_operations_action() {
             .lines()
             .find(|line| line.starts_with(&format!("| {} |", op.name())))
             .unwrap_or_else(|| panic!("the table has a row for {op}"));
-        match (op.forwarded(), op.iam_action()) {
-            (true, Some(action)) => assert!(row.contains(&format!("`{action}`")), "{row}"),
-            (false, _) => assert!(row.contains("not forwarded"), "{row}"),
-            (true, None) => assert!(row.contains("none documented"), "{row}"),
+        match op.iam_action() {
+            Some(action) => assert!(row.contains(&format!("`{action}`")), "{row}"),
+            None => assert!(row.contains("none documented"), "{row}"),
         }
     }
 }

@@ -307,7 +307,6 @@ async fn queued_calls_are_answered_at_once_and_shutdown_reports_nothing_left() {
     config.process.server.drain = Duration::from_secs(10);
     let proxy = start_proxy(config).await;
     let (addr, state) = (proxy.addr, proxy.state.clone());
-    let metrics = state.metrics.clone();
     let request = |path: String, body: String| {
         tokio::spawn(async move { try_request(addr, &path, body).await })
     };
@@ -351,12 +350,15 @@ async fn queued_calls_are_answered_at_once_and_shutdown_reports_nothing_left() {
     let frames = frames(&holder.body.expect("the holder's stream finishes whole"));
     assert_eq!(frames.last().map(|f| f.kind.as_str()), Some("metadata"));
     assert!(report.is_clean(), "{report:?}");
-    let usage = metrics
-        .settlements
-        .with_label_values(&["sonnet4-us", "usage"]);
+    // The registry outlives the listener: read it as `/metrics` exposed it.
+    let metrics =
+        crate::common::scrape::Scrape::parse(&tokengate::metrics::render(&state.registry));
     assert_eq!(
-        usage.get(),
-        1,
+        metrics.get(
+            "tokengate_settlements_total",
+            &[("pool", "sonnet4-us"), ("rule", "usage")]
+        ),
+        1.0,
         "the holder settled on its usage; the queued call held nothing"
     );
 }

@@ -17,6 +17,7 @@
 //! | `security_request`, `security_transport`, `security_bodies` | the attacks of issue #14, one test each |
 //! | `iam_policy` | the README's IAM policy against the forwarded operations |
 //! | `simulator` | the simulator on its own: Bedrock's arithmetic and wire shapes, with real clients |
+//! | `bidi`, `bidi_raw` | InvokeModelWithBidirectionalStream through the proxy: the Rust SDK's sessions, and raw HTTP/2 where the SDK cannot say it |
 
 mod common;
 
@@ -24,6 +25,8 @@ mod access_log;
 mod admin;
 mod admission;
 mod bad_input;
+mod bidi;
+mod bidi_raw;
 mod client_faults;
 mod dashboards;
 mod iam_policy;

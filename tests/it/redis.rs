@@ -314,7 +314,8 @@ async fn each_call_is_one_redis_call_to_admit_and_one_to_settle() {
     let pool = format!("{}retry_reserve = 0.1\n", sonnet_pool(1_000_000, 8));
     let proxy = start_proxy(proxy_config(sim.addr, &pool, &extra)).await;
     // Every reserve and settle that came back (the proxy's own count: no Redis call of ours).
-    let ledger_calls = || proxy.state.metrics.ledger_seconds.get_sample_count();
+    let ledger_calls =
+        || crate::common::metric(&proxy, "tokengate_ledger_seconds_count", &[]) as u64;
     assert_eq!(
         converse(proxy.addr).await.status,
         200,

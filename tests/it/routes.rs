@@ -362,16 +362,20 @@ async fn reading(stack: &Stack) -> Reading {
             .find(|r| r.name == name)
             .map_or(0, |r| r.charged_tokens)
     };
-    let m = &stack.proxy.state.metrics;
-    let waited = m
-        .queue_outcomes
-        .with_label_values(&["haiku", "admitted"])
-        .get()
-        + m.queue_outcomes
-            .with_label_values(&["haiku", "timed_out"])
-            .get()
-        + pool.rejected.tokens
-        + m.rejections.with_label_values(&["haiku", "share"]).get();
+    let m = |name: &str, labels: &[(&str, &str)]| {
+        crate::common::metric(&stack.proxy, name, labels) as u64
+    };
+    let waited = m(
+        "tokengate_queue_outcomes_total",
+        &[("pool", "haiku"), ("outcome", "admitted")],
+    ) + m(
+        "tokengate_queue_outcomes_total",
+        &[("pool", "haiku"), ("outcome", "timed_out")],
+    ) + pool.rejected.tokens
+        + m(
+            "tokengate_rejections_total",
+            &[("pool", "haiku"), ("reason", "share")],
+        );
     Reading {
         available: pool.ledger.as_ref().expect("ledger").tokens_available,
         triage: charged("triage"),

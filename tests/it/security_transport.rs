@@ -6,6 +6,7 @@
 //! Timeouts are set to a second or two; every wait on the proxy is bounded far above them, only
 //! against hangs.
 
+use crate::common;
 use std::time::Duration;
 
 use crate::common::{h2raw, wire::*, *};
@@ -30,15 +31,24 @@ async fn stack(server: impl FnOnce(&mut Config)) -> (SimulatorHandle, Gateway) {
 }
 
 fn timeouts(proxy: &Gateway, kind: &str) -> u64 {
-    let m = &proxy.state.metrics;
-    m.connection_timeouts
-        .with_label_values(&["proxy", kind])
-        .get()
+    common::metric(
+        proxy,
+        "tokengate_connection_timeouts_total",
+        &[("listener", "proxy"), ("kind", kind)],
+    ) as u64
 }
 
 fn open_connections(proxy: &Gateway) -> i64 {
-    let m = &proxy.state.metrics;
-    m.open_connections.with_label_values(&["proxy"]).get()
+    common::metric(
+        proxy,
+        "tokengate_open_connections",
+        &[("listener", "proxy")],
+    ) as i64
+}
+
+/// Request-body bytes the proxy holds now (`tokengate_buffered_body_bytes`).
+fn buffered(proxy: &Gateway) -> usize {
+    common::metric(proxy, "tokengate_buffered_body_bytes", &[]) as usize
 }
 
 /// A converse call over HTTP/1.1 that must succeed.
@@ -181,8 +191,7 @@ async fn an_http2_peer_that_stops_answering_pings_is_closed_with_its_stream_in_f
         .await
         .expect("headers");
     // The request waits for its body: in flight, so no idle timeout applies.
-    let budget = &proxy.state.body_budget;
-    eventually(BOUND, "the request in flight", || budget.held() == 100).await;
+    eventually(BOUND, "the request in flight", || buffered(&proxy) == 100).await;
     let ping = h2raw::read_until(&mut h2, BOUND, |f| {
         f.kind == h2raw::PING && f.flags & h2raw::ACK == 0
     })
@@ -234,10 +243,11 @@ async fn at_the_connection_cap_idle_connections_make_room_oldest_first_and_busy_
         );
     }
     let shed = |action: &str| {
-        let m = &proxy.state.metrics;
-        m.connections_shed
-            .with_label_values(&["proxy", action])
-            .get()
+        common::metric(
+            &proxy,
+            "tokengate_connections_shed_total",
+            &[("listener", "proxy"), ("action", action)],
+        ) as u64
     };
     assert_eq!((shed("closed_idle"), shed("refused")), (2, 0));
 
@@ -251,8 +261,10 @@ async fn at_the_connection_cap_idle_connections_make_room_oldest_first_and_busy_
     for _ in 0..4 {
         busy.push(stalled_post(&proxy, 1000, 10).await);
     }
-    let budget = &proxy.state.body_budget;
-    eventually(BOUND, "four requests in flight", || budget.held() == 4000).await;
+    eventually(BOUND, "four requests in flight", || {
+        buffered(&proxy) == 4000
+    })
+    .await;
     let mut newcomer = TcpStream::connect(addr).await.expect("the kernel accepts");
     assert!(closed_within(&mut newcomer, BOUND).await, "refused");
     assert_eq!((shed("closed_idle"), shed("refused")), (2, 1));
@@ -296,8 +308,7 @@ async fn http2_streams_past_the_concurrency_limit_are_refused() {
         (reset.stream, reset.error_code()),
         (7, Some(h2raw::REFUSED_STREAM))
     );
-    let budget = &proxy.state.body_budget;
-    eventually(BOUND, "three streams in flight", || budget.held() == 30).await;
+    eventually(BOUND, "three streams in flight", || buffered(&proxy) == 30).await;
     drop(h2);
     assert_nothing_held(&proxy).await;
 }

@@ -7,6 +7,7 @@
 //! SDK, and a stall past the idle timeout (`tests/admission.rs`); a response head later than the
 //! response timeout (`tests/admission.rs`).
 
+use crate::common;
 use std::time::{Duration, Instant};
 
 use crate::common::{wire::*, *};
@@ -21,20 +22,31 @@ const FAST_SIM: &str =
 const POOL: &str = "sonnet4-us";
 
 fn settled(proxy: &Gateway, rule: &str) -> u64 {
-    let m = &proxy.state.metrics;
-    m.settlements.with_label_values(&[POOL, rule]).get()
+    common::metric(
+        proxy,
+        "tokengate_settlements_total",
+        &[("pool", POOL), ("rule", rule)],
+    ) as u64
 }
 
 fn upstream_errors(proxy: &Gateway, kind: &str) -> u64 {
-    let m = &proxy.state.metrics;
-    m.upstream_errors.with_label_values(&[POOL, kind]).get()
+    common::metric(
+        proxy,
+        "tokengate_upstream_errors_total",
+        &[("pool", POOL), ("kind", kind)],
+    ) as u64
 }
 
 fn admitted(proxy: &Gateway, operation: &str) -> u64 {
-    let m = &proxy.state.metrics;
-    m.requests
-        .with_label_values(&[POOL, operation, "admitted"])
-        .get()
+    common::metric(
+        proxy,
+        "tokengate_requests_total",
+        &[
+            ("pool", POOL),
+            ("operation", operation),
+            ("outcome", "admitted"),
+        ],
+    ) as u64
 }
 
 fn sim_calls(stack: &Stack, operation: &str) -> u64 {

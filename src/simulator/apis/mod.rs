@@ -118,7 +118,7 @@ pub(super) async fn handle(sim: &Inner, endpoint: Endpoint, parts: Parts, body: 
             "The request body could not be read or is larger than 25 MB.",
         ));
     };
-    if let Err(refusal) = auth::check(sim, &parts, &body, false) {
+    if let Err(refusal) = auth::check(sim, &parts, &body) {
         return fail(refusal);
     }
     let api = match endpoint.api {

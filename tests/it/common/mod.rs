@@ -7,6 +7,8 @@ pub mod log_capture;
 pub mod redis_server;
 pub mod scrape;
 pub mod signing;
+pub mod sonic;
+pub mod sonic_raw;
 pub mod tap;
 pub mod wire;
 
@@ -239,6 +241,29 @@ pub async fn assert_nothing_held(proxy: &Gateway) {
     assert_eq!(proxy.state.metrics.buffered_body_bytes.get(), 0);
 }
 
+/// A simulator for bidirectional sessions: instant answers, and the proxy's own SigV4 verified on
+/// every head and every event.
+pub const SONIC_SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\n\
+    verify_sigv4 = { access_key_id = \"AKIATOKENGATEPROXY01\", secret_access_key = \"proxy-secret-key\" }\n";
+
+/// The simulator's bucket of Nova Sonic in us-east-1 (empty before its first call).
+pub fn sonic_bucket(sim: &SimulatorHandle) -> simulator::BucketStats {
+    sim.simulator
+        .stats()
+        .buckets
+        .get(&format!("{}@us-east-1", sonic::SONIC))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Waits until upstream holds no session either (the proxy reset the ones it cut).
+pub async fn sonic_upstream_idle(sim: &SimulatorHandle) {
+    eventually(Duration::from_secs(10), "upstream's session ended", || {
+        sonic_bucket(sim).in_flight == 0
+    })
+    .await;
+}
+
 /// A plain HTTP response, for tests that speak raw HTTP.
 #[derive(Debug)]
 pub struct RawResponse {
@@ -336,4 +361,11 @@ pub fn in_flight(proxy: &Gateway, pool: &str) -> u64 {
         .iter()
         .find(|p| &*p.name == pool)
         .map_or(0, |p| p.load.in_flight())
+}
+
+/// The value of one series of `proxy`'s metrics as `/metrics` exposes it now (the registry's text
+/// exposition, parsed; the gauges `/metrics` refreshes from live state when scraped are read with
+/// [`scrape`] over HTTP instead). For the polls of a sync closure.
+pub fn metric(proxy: &Gateway, name: &str, labels: &[(&str, &str)]) -> f64 {
+    scrape::Scrape::parse(&tokengate::metrics::render(&proxy.state.registry)).get(name, labels)
 }

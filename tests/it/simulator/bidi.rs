@@ -1,182 +1,23 @@
 //! InvokeModelWithBidirectionalStream, driven by aws-sdk-bedrockruntime's
-//! `invoke_model_with_bidirectional_stream` over HTTP/2 cleartext (prior knowledge): the SDK's
-//! default client speaks HTTP/2 only over TLS, so the test gives it an h2c connector.
+//! `invoke_model_with_bidirectional_stream` over HTTP/2 cleartext (prior knowledge), through the
+//! h2c connector of `tests/it/common/sonic.rs`.
 
-use std::time::Duration;
-
-use aws_sdk_bedrockruntime::{
-    Client,
-    config::{BehaviorVersion, Credentials, Region},
-    primitives::{Blob, event_stream::EventStreamSender},
-    types::{
-        BidirectionalInputPayloadPart, InvokeModelWithBidirectionalStreamInput,
-        InvokeModelWithBidirectionalStreamOutput,
-        error::InvokeModelWithBidirectionalStreamInputError,
-    },
-};
-use aws_smithy_runtime_api::client::{
-    http::{HttpConnector, HttpConnectorFuture, SharedHttpConnector, http_client_fn},
-    orchestrator::HttpResponse,
-    result::ConnectorError,
-};
-use aws_smithy_types::body::SdkBody;
+use aws_sdk_bedrockruntime::types::InvokeModelWithBidirectionalStreamOutput;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::{
-    client::legacy::{Client as HttpClient, connect::HttpConnector as TcpConnector},
-    rt::TokioExecutor,
-};
+use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor};
 use serde_json::{Value, json};
-use tokengate::bedrock::eventstream::{Frame, FrameReader, event_frame};
+use tokengate::bedrock::eventstream::{Frame, FrameReader};
 use tokengate::simulator::{SimulatorConfig, SimulatorHandle};
 use tokio::sync::mpsc;
 
-/// The SDK's answer to the call: its `body` receives the output events.
-type Session = aws_sdk_bedrockruntime::operation::invoke_model_with_bidirectional_stream::InvokeModelWithBidirectionalStreamOutput;
-
 use super::{instant_config, start, verifying};
+use crate::common::sonic::{FIRST_TURN, SONIC, input_stream, names, open, totals, until_usage};
+use crate::common::sonic_raw::raw_session;
 
-const SONIC: &str = "amazon.nova-sonic-v1:0";
-
-/// An HTTP/2-only (prior knowledge) connector for the SDK.
-#[derive(Debug, Clone)]
-struct H2c(HttpClient<TcpConnector, SdkBody>);
-
-impl HttpConnector for H2c {
-    fn call(&self, request: aws_smithy_runtime_api::http::Request) -> HttpConnectorFuture {
-        let client = self.0.clone();
-        HttpConnectorFuture::new(async move {
-            let request = request
-                .try_into_http1x()
-                .map_err(|e| ConnectorError::other(e.into(), None))?;
-            let response = client
-                .request(request)
-                .await
-                .map_err(|e| ConnectorError::io(e.into()))?;
-            HttpResponse::try_from(response.map(SdkBody::from_body_1_x))
-                .map_err(|e| ConnectorError::other(e.into(), None))
-        })
-    }
-}
-
-fn h2c_client(sim: &SimulatorHandle, region: &str) -> Client {
-    let http = HttpClient::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build(TcpConnector::new());
-    let connector = SharedHttpConnector::new(H2c(http));
-    let config = aws_sdk_bedrockruntime::Config::builder()
-        .endpoint_url(format!("http://{}", sim.addr))
-        .region(Region::new(region.to_string()))
-        .credentials_provider(Credentials::new("AKIDTEST", "secret", None, None, "test"))
-        .http_client(http_client_fn(move |_, _| connector.clone()))
-        .behavior_version(BehaviorVersion::latest())
-        .build();
-    Client::from_conf(config)
-}
-
-type Input =
-    Result<InvokeModelWithBidirectionalStreamInput, InvokeModelWithBidirectionalStreamInputError>;
-
-/// A chunk event carrying one Nova Sonic event.
-fn chunk(name: &str, body: Value) -> Input {
-    let bytes = json!({"event": {name: body}}).to_string();
-    Ok(InvokeModelWithBidirectionalStreamInput::Chunk(
-        BidirectionalInputPayloadPart::builder()
-            .bytes(Blob::new(bytes))
-            .build(),
-    ))
-}
-
-/// The caller's side of a session: a channel feeding the SDK's input stream.
-struct Caller(mpsc::Sender<Input>);
-
-impl Caller {
-    async fn send(&self, name: &str, body: Value) {
-        self.0.send(chunk(name, body)).await.unwrap();
-    }
-
-    async fn user_text(&self, content: &str, text: &str) {
-        let ids = json!({"promptName": "p1", "contentName": content});
-        let mut start = ids.clone();
-        start["type"] = json!("TEXT");
-        start["role"] = json!("USER");
-        start["interactive"] = json!(true);
-        self.send("contentStart", start).await;
-        let mut input = ids.clone();
-        input["content"] = json!(text);
-        self.send("textInput", input).await;
-        self.send("contentEnd", ids).await;
-    }
-}
-
-fn input_stream(
-    rx: mpsc::Receiver<Input>,
-) -> EventStreamSender<
-    InvokeModelWithBidirectionalStreamInput,
-    InvokeModelWithBidirectionalStreamInputError,
-> {
-    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|e| (e, rx)) })
-        .into()
-}
-
-/// Opens a session whose `sessionStart` asks for `max_tokens`: the caller's side and the SDK's
-/// answer.
-async fn open(client: &Client, max_tokens: u64) -> (Caller, Session) {
-    let (tx, rx) = mpsc::channel(16);
-    let caller = Caller(tx);
-    caller
-        .send(
-            "sessionStart",
-            json!({"inferenceConfiguration": {"maxTokens": max_tokens}}),
-        )
-        .await;
-    let session = client
-        .invoke_model_with_bidirectional_stream()
-        .model_id(SONIC)
-        .body(input_stream(rx))
-        .send()
-        .await
-        .unwrap();
-    (caller, session)
-}
-
-/// The output events until (and including) the next `usageEvent`, or the end of the stream.
-async fn until_usage(out: &mut Session) -> Vec<Value> {
-    let body = &mut out.body;
-    let mut events = Vec::new();
-    // A hang guard, not a timing assertion: a simulator that answered only after the request
-    // body ended would never answer here, because the caller has not ended it.
-    let recv = async {
-        while let Some(InvokeModelWithBidirectionalStreamOutput::Chunk(part)) =
-            body.recv().await.unwrap()
-        {
-            let event: Value = serde_json::from_slice(part.bytes().unwrap().as_ref()).unwrap();
-            let usage = event["event"].get("usageEvent").is_some();
-            events.push(event);
-            if usage {
-                break;
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(60), recv)
-        .await
-        .expect("the simulator answers while the caller's side is still open");
-    events
-}
-
-fn names(events: &[Value]) -> Vec<String> {
-    events
-        .iter()
-        .map(|e| {
-            e["event"]
-                .as_object()
-                .unwrap()
-                .keys()
-                .next()
-                .unwrap()
-                .clone()
-        })
-        .collect()
+/// The SDK over h2c, signing with the key the simulator verifies.
+fn h2c_client(sim: &SimulatorHandle, region: &str) -> aws_sdk_bedrockruntime::Client {
+    crate::common::sonic::h2c_client(sim.addr, region, "AKIDTEST", "secret")
 }
 
 #[tokio::test]
@@ -188,25 +29,10 @@ async fn a_session_answers_turn_by_turn_and_is_charged_its_usage_totals() {
         .await;
     caller.user_text("t1", "hello sonic [sim:output=20]").await;
     let first = until_usage(&mut body).await;
-    assert_eq!(
-        names(&first),
-        [
-            "completionStart",
-            "contentStart",
-            "textOutput",
-            "contentEnd",
-            "usageEvent"
-        ]
-    );
+    assert_eq!(names(&first), FIRST_TURN);
     let usage = &first[4]["event"]["usageEvent"];
     // "hello sonic [sim:output=20]" = 27 bytes -> 7 text tokens.
-    assert_eq!(
-        (
-            usage["totalInputTokens"].as_u64(),
-            usage["totalOutputTokens"].as_u64()
-        ),
-        (Some(7), Some(20))
-    );
+    assert_eq!(totals(&first[4]), (7, 20));
     assert_eq!(usage["totalTokens"], 27);
     let text = first[2]["event"]["textOutput"]["content"].as_str().unwrap();
     assert_eq!(text.len().div_ceil(4), 20, "4 bytes a token: {text:?}");
@@ -227,13 +53,7 @@ async fn a_session_answers_turn_by_turn_and_is_charged_its_usage_totals() {
     );
     let usage = &second[3]["event"]["usageEvent"];
     // "again [sim:output=30]" = 21 bytes -> 6 tokens.
-    assert_eq!(
-        (
-            usage["totalInputTokens"].as_u64(),
-            usage["totalOutputTokens"].as_u64()
-        ),
-        (Some(13), Some(50))
-    );
+    assert_eq!(totals(&second[3]), (13, 50));
     assert_eq!(usage["details"]["delta"]["output"]["textTokens"], 30);
 
     caller.send("promptEnd", json!({"promptName": "p1"})).await;
@@ -265,6 +85,13 @@ async fn a_session_answers_turn_by_turn_and_is_charged_its_usage_totals() {
     );
     assert_eq!(stats.operations["InvokeModelWithBidirectionalStream"], 1);
     assert_eq!(stats.sigv4.verified, 1, "the request's own SigV4 verified");
+    // sessionStart, promptStart, 2 x 3 user content events, promptEnd, sessionEnd (which ends
+    // the session before the end envelope is read).
+    assert_eq!(
+        (stats.sigv4.events_verified, stats.sigv4.events_rejected),
+        (10, 0),
+        "each event's chained signature verified"
+    );
 }
 
 #[tokio::test]
@@ -341,34 +168,11 @@ async fn raw_h2(
     (status, out)
 }
 
-/// An unsigned `chunk` frame carrying one Nova Sonic event.
-fn raw_chunk(name: &str, body: Value) -> Vec<u8> {
-    use base64::Engine;
-    let event = json!({"event": {name: body}}).to_string();
-    let b64 = base64::engine::general_purpose::STANDARD.encode(event);
-    event_frame("chunk", json!({ "bytes": b64 }).to_string().as_bytes()).to_vec()
-}
-
 #[tokio::test]
 async fn unsigned_frames_are_read_and_api_keys_and_other_models_are_refused() {
     let sim = start(instant_config()).await;
     // Unsigned chunk frames (no SDK envelope), all sent before reading: the session still runs.
-    let ids = json!({"promptName": "p", "contentName": "c"});
-    let mut start_content = ids.clone();
-    start_content["type"] = json!("TEXT");
-    start_content["role"] = json!("USER");
-    let mut input = ids.clone();
-    input["content"] = json!("raw [sim:output=3]");
-    let frames = [
-        raw_chunk("sessionStart", json!({})),
-        raw_chunk("promptStart", json!({"promptName": "p"})),
-        raw_chunk("contentStart", start_content),
-        raw_chunk("textInput", input),
-        raw_chunk("contentEnd", ids),
-        raw_chunk("promptEnd", json!({"promptName": "p"})),
-        raw_chunk("sessionEnd", json!({})),
-    ]
-    .concat();
+    let frames = raw_session(None, "raw [sim:output=3]").concat();
     let (status, out) = raw_h2(&sim, &[], frames).await;
     assert_eq!(status, 200);
     assert!(
@@ -401,4 +205,57 @@ async fn unsigned_frames_are_read_and_api_keys_and_other_models_are_refused() {
     let service = err.into_service_error();
     assert!(service.is_validation_exception(), "{service:?}");
     assert!(service.meta().message().unwrap().contains("Nova Sonic"));
+}
+
+/// With `verify_sigv4`, every event's chained signature is checked: a forged one ends the
+/// stream, and so does a bare event; a head signed with the events marker is accepted.
+#[tokio::test]
+async fn forged_and_unsigned_events_end_the_stream_when_signatures_are_verified() {
+    use crate::common::sonic_raw::{EventSigner, Head, RawSession, head, raw_chunk};
+    let sim = start(verifying(instant_config())).await;
+    let host = sim.addr.to_string();
+    let start_event = raw_chunk("sessionStart", json!({}));
+    let prompt = raw_chunk("promptStart", json!({"promptName": "p"}));
+
+    let marker = Head::Marker {
+        key_id: "AKIDTEST",
+        secret: "secret",
+        marker: "STREAMING-AWS4-HMAC-SHA256-EVENTS",
+    };
+    let (headers, seed) = head(&host, marker);
+    let mut good = EventSigner::new("AKIDTEST", "secret", &seed);
+    let mut forger = EventSigner::new("AKIDTEST", "not-the-secret", "");
+    let first = good.sign(Some(&start_event));
+    let mut session = RawSession::open(sim.addr, &headers, &[first]).await;
+    assert_eq!(session.status, 200, "the events marker is a signed head");
+    session.send(forger.sign(Some(&prompt))).await;
+    let end = session.rest().await;
+    assert_eq!(end.len(), 1);
+    assert_eq!(
+        (end[0].message_type.as_str(), end[0].kind.as_str()),
+        ("exception", "validationException")
+    );
+    let stats = sim.simulator.stats();
+    assert_eq!(
+        (stats.sigv4.events_verified, stats.sigv4.events_rejected),
+        (1, 1)
+    );
+
+    let (headers, _) = head(
+        &host,
+        Head::EmptyPayload {
+            key_id: "AKIDTEST",
+            secret: "secret",
+        },
+    );
+    let mut bare = RawSession::open(sim.addr, &headers, &[start_event]).await;
+    assert_eq!(bare.status, 200);
+    let end = bare.rest().await;
+    assert_eq!(end.len(), 1);
+    assert!(
+        String::from_utf8_lossy(&end[0].payload).contains("must be signed"),
+        "{:?}",
+        end[0]
+    );
+    assert_eq!(sim.simulator.stats().sigv4.events_rejected, 2);
 }
