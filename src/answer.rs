@@ -61,6 +61,9 @@ fn throttle(t: &Throttle) -> BedrockError {
             Limit::Share => format!(
                 "Too many tokens for this route: it has used its max_share of pool {name:?}; retry after the hinted delay"
             ),
+            Limit::DailyQuota => format!(
+                "Too many tokens per day: this request reserves {reserving} tokens and pool {name:?} has {available} left of its daily quota (tokens_per_day); retry after the hinted delay, when the day has refilled enough"
+            ),
         },
         ThrottleWhy::Queue(refusal) => {
             let why = match refusal {
@@ -89,6 +92,7 @@ fn limit_noun(limit: Limit) -> &'static str {
         Limit::Requests => "requests",
         Limit::Concurrency => "concurrent requests",
         Limit::Share => "tokens of its route's max_share",
+        Limit::DailyQuota => "tokens of its daily quota",
     }
 }
 

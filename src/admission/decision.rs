@@ -93,11 +93,12 @@ pub enum ShadowReason {
 }
 
 impl ShadowReason {
-    pub const ALL: [ShadowReason; 8] = [
+    pub const ALL: [ShadowReason; 9] = [
         ShadowReason::Limit(Limit::Tokens),
         ShadowReason::Limit(Limit::Requests),
         ShadowReason::Limit(Limit::Concurrency),
         ShadowReason::Limit(Limit::Share),
+        ShadowReason::Limit(Limit::DailyQuota),
         ShadowReason::NeverFits,
         ShadowReason::NotAllowed,
         ShadowReason::MaxTokensCeiling,

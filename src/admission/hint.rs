@@ -38,6 +38,9 @@ pub fn projected_wait(rejection: &Rejection, history: PoolHistory, max_hint: Dur
     match rejection.limit {
         // A route's ceiling refills like a bucket; its in-flight refunds are not tracked apart.
         Limit::Requests | Limit::Share => refill,
+        // The day refills a 1,440th of the quota a minute: only refill makes room (in-flight
+        // refunds are small against a day).
+        Limit::DailyQuota => refill,
         Limit::Concurrency => {
             // With n requests in flight finishing at random, the next one ends after about
             // typical / n.

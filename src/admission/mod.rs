@@ -297,6 +297,7 @@ impl Admission {
                     tokens: load(&c.rejected_tokens),
                     requests: load(&c.rejected_requests),
                     concurrency: load(&c.rejected_concurrency),
+                    daily_quota: load(&c.rejected_daily),
                     never_fits: load(&c.never_fits),
                 },
                 upstream_throttles: load(&c.upstream_throttles),
@@ -379,5 +380,6 @@ pub struct RejectedCounts {
     pub tokens: u64,
     pub requests: u64,
     pub concurrency: u64,
+    pub daily_quota: u64,
     pub never_fits: u64,
 }

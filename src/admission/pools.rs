@@ -92,6 +92,7 @@ pub struct PoolCounts {
     pub rejected_requests: AtomicU64,
     pub rejected_concurrency: AtomicU64,
     pub rejected_share: AtomicU64,
+    pub rejected_daily: AtomicU64,
     pub never_fits: AtomicU64,
     pub upstream_throttles: AtomicU64,
 }
@@ -103,17 +104,19 @@ impl PoolCounts {
             Limit::Requests => &self.rejected_requests,
             Limit::Concurrency => &self.rejected_concurrency,
             Limit::Share => &self.rejected_share,
+            Limit::DailyQuota => &self.rejected_daily,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn all(&self) -> [&AtomicU64; 7] {
+    fn all(&self) -> [&AtomicU64; 8] {
         [
             &self.admitted,
             &self.rejected_tokens,
             &self.rejected_requests,
             &self.rejected_concurrency,
             &self.rejected_share,
+            &self.rejected_daily,
             &self.never_fits,
             &self.upstream_throttles,
         ]
@@ -239,6 +242,7 @@ impl Pool {
             tokens_per_minute: tokens.max(1),
             requests_per_minute: self.config.requests_per_minute,
             max_concurrency: self.config.max_concurrency,
+            tokens_per_day: self.config.tokens_per_day,
         }
     }
 

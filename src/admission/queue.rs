@@ -469,7 +469,7 @@ impl AdmissionQueue {
                     }
                     return match rejection.limit {
                         Limit::Concurrency => None,
-                        Limit::Tokens | Limit::Requests | Limit::Share => Some(
+                        Limit::Tokens | Limit::Requests | Limit::Share | Limit::DailyQuota => Some(
                             Instant::now()
                                 + rejection
                                     .refill_wait

@@ -17,7 +17,7 @@ const DEFAULT_MAX_QUEUE: usize = 1_000;
 /// The largest bucket the ledgers keep exact.
 const MAX_TOKENS_PER_MINUTE: u64 = 1_000_000_000;
 /// The largest daily bucket the ledgers keep exact (see `ledger::window`).
-pub const MAX_TOKENS_PER_WINDOW: u64 = 100_000_000_000;
+pub use crate::ledger::units::MAX_TOKENS_PER_WINDOW;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -69,6 +69,9 @@ impl FallbackLedger {
             tokens_per_minute: (limits.tokens_per_minute / n).max(1),
             requests_per_minute: limits.requests_per_minute.map(|r| (r / n).max(1)),
             max_concurrency: (limits.max_concurrency / self.replicas).max(1),
+            // A share of the day, starting full: while Redis is away a replica may admit up to
+            // this much more of the day than the shared bucket had left.
+            tokens_per_day: limits.tokens_per_day.map(|d| (d / n).max(1)),
         }
     }
 

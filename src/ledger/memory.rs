@@ -21,13 +21,15 @@ use super::{
     Rejection, Reservation, ReserveRequest, ShareHold, ShareRequest, Verdict,
     bucket::TokenBucket,
     shares::{Need, RouteStates},
-    units::UPSTREAM_TRANSIT_NS,
+    units::{DAY_TICKS, UPSTREAM_TRANSIT_NS},
+    window::WindowBucket,
 };
 
 #[derive(Debug)]
 struct PoolLedger {
     tokens: TokenBucket,
     requests: Option<TokenBucket>,
+    day: Option<WindowBucket>,
     max_concurrency: u32,
     in_flight: u32,
     reserved_tokens: u64,
@@ -41,6 +43,9 @@ impl PoolLedger {
             requests: limits
                 .requests_per_minute
                 .map(|rpm| TokenBucket::new(rpm, now)),
+            day: limits
+                .tokens_per_day
+                .map(|d| WindowBucket::new(d, DAY_TICKS, millis(now))),
             max_concurrency: limits.max_concurrency,
             in_flight: 0,
             reserved_tokens: 0,
@@ -62,6 +67,15 @@ impl PoolLedger {
                 bucket.refill(now);
             }
             (slot, rpm) => *slot = rpm.map(|rpm| TokenBucket::new(rpm, now)),
+        }
+        match (&mut self.day, limits.tokens_per_day) {
+            (Some(day), Some(tpd)) => {
+                if day.capacity() != tpd {
+                    day.set_capacity(tpd, millis(now));
+                }
+                day.refill(millis(now));
+            }
+            (slot, tpd) => *slot = tpd.map(|d| WindowBucket::new(d, DAY_TICKS, millis(now))),
         }
         self.max_concurrency = limits.max_concurrency;
     }
@@ -97,6 +111,17 @@ impl PoolLedger {
                 }
             }
         };
+        if let Some(day) = self.day.as_ref().filter(|d| !d.fits(tokens)) {
+            return Err(Rejection {
+                limit: Limit::DailyQuota,
+                refill_wait: day.wait_for(tokens, millis(now)),
+                token_deficit: u64::try_from(i128::from(tokens) - i128::from(day.level()))
+                    .unwrap_or(0),
+                in_flight_tokens: self.reserved_tokens,
+                in_flight_requests: self.in_flight,
+                held_for_others: false,
+            });
+        }
         let protected = plan.map_or(0, |(_, n)| n.protected);
         let need = plan
             .map_or(tokens, |(_, need)| need.tokens)
@@ -156,6 +181,9 @@ impl PoolLedger {
         if let Some(b) = &mut self.requests {
             b.take(1);
         }
+        if let Some(d) = &mut self.day {
+            d.take(tokens);
+        }
         self.in_flight += 1;
         self.reserved_tokens += tokens;
     }
@@ -214,6 +242,12 @@ impl MemoryLedger {
     }
 }
 
+/// The clock's nanoseconds as the whole milliseconds long-window buckets tick on (the Redis
+/// scripts' resolution).
+fn millis(now_ns: u64) -> u64 {
+    now_ns / 1_000_000
+}
+
 /// A poisoned lock means a panic mid-update elsewhere; the state itself is still consistent
 /// (every update is a handful of integer writes), so keep serving.
 fn lock(state: &Mutex<PoolLedger>) -> MutexGuard<'_, PoolLedger> {
@@ -260,9 +294,12 @@ impl Ledger for MemoryLedger {
         let mut state = lock(&pool.state);
         state.tokens.refill(now);
         let delta = i128::from(reserved) - i128::from(charged_tokens);
-        state
-            .tokens
-            .adjust(delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64);
+        let delta = delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+        state.tokens.adjust(delta);
+        if let Some(day) = &mut state.day {
+            day.refill(millis(now));
+            day.adjust(delta);
+        }
         state.in_flight = state.in_flight.saturating_sub(1);
         state.reserved_tokens = state.reserved_tokens.saturating_sub(reserved);
         if let Some(hold) = &hold {
@@ -282,6 +319,12 @@ impl Ledger for MemoryLedger {
             reserved_tokens: state.reserved_tokens,
             in_flight_requests: state.in_flight,
             requests_available: state.requests.as_ref().map(TokenBucket::available),
+            day_tokens_available: state.day.as_ref().map(WindowBucket::level),
+            day_tokens_capacity: state.day.as_ref().map(WindowBucket::capacity),
+            day_full_in_ms: state
+                .day
+                .as_ref()
+                .map(|d| u64::try_from(d.full_in(millis(now)).as_millis()).unwrap_or(u64::MAX)),
         })
     }
 

@@ -45,6 +45,7 @@ mod scripts;
 pub mod shares;
 pub mod stats;
 pub mod units;
+pub mod window;
 
 use std::{fmt, sync::Arc, time::Duration};
 
@@ -65,6 +66,9 @@ pub struct Limits {
     pub tokens_per_minute: u64,
     pub requests_per_minute: Option<u64>,
     pub max_concurrency: u32,
+    /// The pool's daily quota: a bucket refilling continuously over 24 hours ([`window`]),
+    /// checked and taken in the same atomic step as the rest.
+    pub tokens_per_day: Option<u64>,
 }
 
 /// One request's demand on one pool.
@@ -92,6 +96,9 @@ pub enum Limit {
     Concurrency,
     /// The calling route's `max_share` of the pool.
     Share,
+    /// The pool's daily quota (`tokens_per_day`).
+    #[serde(rename = "daily_quota")]
+    DailyQuota,
 }
 
 impl Limit {
@@ -102,6 +109,7 @@ impl Limit {
             Limit::Requests => "requests",
             Limit::Concurrency => "concurrency",
             Limit::Share => "share",
+            Limit::DailyQuota => "daily_quota",
         }
     }
 }
@@ -241,6 +249,11 @@ pub struct PoolSnapshot {
     pub reserved_tokens: u64,
     pub in_flight_requests: u32,
     pub requests_available: Option<u64>,
+    /// The daily bucket, when the pool has one: tokens left (negative while repaying a
+    /// burndown debt), its capacity, and milliseconds until it is full again.
+    pub day_tokens_available: Option<i64>,
+    pub day_tokens_capacity: Option<u64>,
+    pub day_full_in_ms: Option<u64>,
 }
 
 /// The ledger backend failed (unreachable, timed out, answered nonsense).
@@ -331,6 +344,7 @@ pub(crate) mod tests {
                 tokens_per_minute: 1_000,
                 requests_per_minute: None,
                 max_concurrency: 4,
+                tokens_per_day: None,
             },
             tokens: 10,
             share: None,

@@ -30,7 +30,9 @@ use serde::{Deserialize, de::DeserializeOwned};
 use super::{
     LedgerError, Limit, Limits, ReserveRequest, ShareHold,
     shares::share_tokens,
-    units::{MILLIS_PER_MINUTE, UPSTREAM_TRANSIT_MS},
+    units::{
+        DAY_TICKS, MAX_TOKENS_PER_WINDOW, MILLIS_PER_MINUTE, UPSTREAM_TRANSIT_MS, WINDOW_TICK_MS,
+    },
 };
 
 /// The version of the key layout, in every key: bump it with any change to what is stored or what
@@ -57,7 +59,8 @@ const TEST_CLOCK: &str = include_str!("lua/test_clock.lua");
 fn constants() -> String {
     format!(
         "local U = {MILLIS_PER_MINUTE}\nlocal TRANSIT_MS = {UPSTREAM_TRANSIT_MS}\n\
-         local PURGE_BATCH = {PURGE_BATCH}\nlocal KEY_GRACE_MS = {}\n",
+         local PURGE_BATCH = {PURGE_BATCH}\nlocal KEY_GRACE_MS = {}\n\
+         local TICK_MS = {WINDOW_TICK_MS}\nlocal DAY_TICKS = {DAY_TICKS}\n",
         KEY_GRACE.as_millis()
     )
 }
@@ -101,7 +104,8 @@ impl Scripts {
             .arg(rpm_arg(limits))
             .arg(limits.max_concurrency)
             .arg(millis(lease))
-            .arg(request.hold_back.min(MAX_TOKENS_PER_MINUTE));
+            .arg(request.hold_back.min(MAX_TOKENS_PER_MINUTE))
+            .arg(tpd_arg(limits));
         share_args(&mut invocation, request);
         invocation
     }
@@ -143,7 +147,8 @@ impl Scripts {
         let mut invocation = self.pool_call(&self.snapshot, pool);
         invocation
             .arg(limits.tokens_per_minute)
-            .arg(rpm_arg(limits));
+            .arg(rpm_arg(limits))
+            .arg(tpd_arg(limits));
         invocation
     }
 
@@ -186,6 +191,14 @@ pub fn check_limits(pool: &str, limits: &Limits) -> Result<(), LedgerError> {
     if limits.tokens_per_minute > MAX_TOKENS_PER_MINUTE {
         return Err(too_big("tokens_per_minute", limits.tokens_per_minute));
     }
+    if let Some(tpd) = limits.tokens_per_day.filter(|d| *d > MAX_TOKENS_PER_WINDOW) {
+        return Err(LedgerError {
+            backend: BACKEND,
+            message: format!(
+                "pool {pool:?}: tokens_per_day = {tpd} is above the redis ledger's exact range ({MAX_TOKENS_PER_WINDOW})"
+            ),
+        });
+    }
     match limits.requests_per_minute {
         Some(rpm) if rpm > MAX_TOKENS_PER_MINUTE => Err(too_big("requests_per_minute", rpm)),
         _ => Ok(()),
@@ -219,6 +232,12 @@ fn share_args(invocation: &mut ScriptInvocation<'_>, request: &ReserveRequest<'_
             .arg(ceiling.map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX)))
             .arg(recovery);
     }
+}
+
+fn tpd_arg(limits: &Limits) -> i64 {
+    limits
+        .tokens_per_day
+        .map_or(-1, |d| i64::try_from(d).unwrap_or(i64::MAX))
 }
 
 fn rpm_arg(limits: &Limits) -> i64 {

@@ -32,3 +32,18 @@ pub const UPSTREAM_TRANSIT_MS: u64 = UPSTREAM_TRANSIT.as_millis() as u64;
 // Both clocks agree on these exactly (checked when the crate compiles).
 const _: () = assert!(NANOS_PER_MINUTE == MILLIS_PER_MINUTE * 1_000_000);
 const _: () = assert!(UPSTREAM_TRANSIT_NS == UPSTREAM_TRANSIT_MS * 1_000_000);
+
+/// The tick of long-window buckets ([`super::window`]): they refill once per tick, in both
+/// backends, so that a day's bucket stays exact in a Lua double (`DAY_TICKS x` the largest
+/// daily quota is below 2^53).
+pub const WINDOW_TICK_MS: u64 = 1_000;
+
+/// Ticks in a day: a daily bucket's units per token.
+pub const DAY_TICKS: u64 = 86_400_000 / WINDOW_TICK_MS;
+
+/// The largest capacity of a long-window bucket that both backends keep exact: a full day's
+/// bucket is `capacity x DAY_TICKS` units, below 2^53 (9.007e15).
+pub const MAX_TOKENS_PER_WINDOW: u64 = 100_000_000_000;
+
+const _: () = assert!(86_400_000 % WINDOW_TICK_MS == 0);
+const _: () = assert!((MAX_TOKENS_PER_WINDOW as u128) * (DAY_TICKS as u128) < (1u128 << 53));

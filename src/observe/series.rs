@@ -82,11 +82,12 @@ pub const UPSTREAM_ERROR_KINDS: [&str; 8] = [
     "count_tokens",
 ];
 /// The `reason` labels of `tokengate_rejections_total`.
-pub const REJECTION_REASONS: [&str; 6] = [
+pub const REJECTION_REASONS: [&str; 7] = [
     "tokens",
     "requests",
     "concurrency",
     "share",
+    "daily_quota",
     "never_fits",
     "queue_full",
 ];

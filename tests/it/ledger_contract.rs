@@ -15,6 +15,9 @@
 //! - **route shares**: a route within its guarantee is admitted when borrowers are not; an idle
 //!   route's guarantee is lent; a route's `max_share` binds with its own refill; retries use the
 //!   retry reserve within their recovery budget and first attempts never do;
+//! - **daily quotas**: a pool's `tokens_per_day` bucket is checked and taken with the rest (a
+//!   request it refuses takes no tokens, request or permit), reports a wait to the tick that
+//!   makes room, settles like the minute bucket, and follows its limit as it changes;
 //! - **the transit hold**: after a reservation empties a full bucket, refill restarts 100 ms later
 //!   (a literal here, so changing `units::UPSTREAM_TRANSIT` or the Lua's `TRANSIT_MS` fails);
 //! - no reservation is ever dropped unsettled (the ledger's `stats().unsettled_drops() == 0`
@@ -83,6 +86,9 @@ macro_rules! contract_suite {
             shares_retries_use_the_reserve_within_the_budget,
             hold_back_stays_in_the_bucket,
             refill_after_a_full_bucket_waits_for_transit,
+            daily_quota_binds_in_the_same_step_and_takes_nothing_else,
+            daily_quota_settles_refunds_and_debts,
+            daily_quota_follows_its_limit,
         );
     };
     (@cases $backend:ident => $factory:expr; $($(#[$attr:meta])* $case:ident),* $(,)?) => {
@@ -147,6 +153,7 @@ fn limits(
         tokens_per_minute,
         requests_per_minute,
         max_concurrency,
+        tokens_per_day: None,
     }
 }
 
@@ -884,4 +891,131 @@ async fn refill_after_a_full_bucket_waits_for_transit(ledger: Arc<dyn Ledger>) {
         }
     }
     panic!("no attempt made its ledger calls within 50 ms: the machine is too slow to tell");
+}
+
+// === daily quotas ===
+
+/// A day of `tpd` tokens on the contract's minute limits: refill of `tpd / 86,400` a second.
+fn daily(tpd: u64) -> Limits {
+    Limits {
+        tokens_per_day: Some(tpd),
+        ..limits(TPM, Some(100), 4)
+    }
+}
+
+/// `wait` is `expected` less at most the time since `since` (refill meanwhile) and a tick.
+fn assert_wait(wait: Option<Duration>, expected: Duration, since: Instant, what: &str) {
+    let wait = wait.unwrap_or_else(|| panic!("{what}: refill makes room"));
+    let low = expected.saturating_sub(since.elapsed() + Duration::from_secs(1));
+    assert!(
+        (low..=expected).contains(&wait),
+        "{what}: wait {wait:?}, expected {low:?}..={expected:?}"
+    );
+}
+
+/// The day binds where the minute bucket would admit: nothing is taken, and the wait is the
+/// day's refill (500 tokens a day: one every 172.8 s).
+async fn daily_quota_binds_in_the_same_step_and_takes_nothing_else(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("daily-binds"), daily(500));
+    let start = Instant::now();
+    let held = admit(&*ledger, &pool, l, 300).await;
+    let before = snapshot(&*ledger, &pool, l).await;
+    assert_eq!(
+        (before.day_tokens_available, before.day_tokens_capacity),
+        (Some(200), Some(500))
+    );
+    let r = reject(&*ledger, &pool, l, 300).await;
+    assert_eq!((r.limit, r.token_deficit), (Limit::DailyQuota, 100));
+    assert_eq!((r.in_flight_tokens, r.in_flight_requests), (300, 1));
+    // 100 tokens at 500 a day: 17,280 s.
+    assert_wait(
+        r.refill_wait,
+        Duration::from_secs(17_280),
+        start,
+        "daily wait",
+    );
+    let after = snapshot(&*ledger, &pool, l).await;
+    assert_level(
+        after.tokens_available,
+        before.tokens_available,
+        start,
+        "minute bucket untouched",
+    );
+    assert_eq!(
+        after.requests_available, before.requests_available,
+        "no request taken"
+    );
+    assert_eq!(after.in_flight_requests, 1, "no permit taken");
+    assert_eq!(after.day_tokens_available, Some(200));
+    // Full again when the 300 taken have refilled: 51,840 s.
+    let full_in = Duration::from_millis(after.day_full_in_ms.expect("a daily bucket"));
+    assert_wait(Some(full_in), Duration::from_secs(51_840), start, "full in");
+    // More than the day holds never fits by refill.
+    let never = reject(&*ledger, &pool, l, 501).await;
+    assert_eq!((never.limit, never.refill_wait), (Limit::DailyQuota, None));
+    // What fits the day is admitted.
+    let small = admit(&*ledger, &pool, l, 200).await;
+    settle(&*ledger, small, 200).await;
+    settle(&*ledger, held, 300).await;
+    let end = snapshot(&*ledger, &pool, l).await;
+    assert_idle(&end);
+    assert_eq!(end.day_tokens_available, Some(0));
+}
+
+/// Settlement credits the day what was not used and debits a charge above the reservation.
+async fn daily_quota_settles_refunds_and_debts(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("daily-settles"), daily(1_000));
+    let r = admit(&*ledger, &pool, l, 400).await;
+    settle(&*ledger, r, 100).await;
+    assert_eq!(
+        snapshot(&*ledger, &pool, l).await.day_tokens_available,
+        Some(900)
+    );
+    let r = admit(&*ledger, &pool, l, 100).await;
+    settle(&*ledger, r, 1_150).await;
+    let s = snapshot(&*ledger, &pool, l).await;
+    assert_eq!(s.day_tokens_available, Some(-250), "a burndown debt");
+    let r = reject(&*ledger, &pool, l, 1).await;
+    assert_eq!(r.limit, Limit::DailyQuota);
+    assert_idle(&s);
+}
+
+/// No daily quota, no daily bucket; a lowered quota clamps the level, a raised one credits no
+/// burst.
+async fn daily_quota_follows_its_limit(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("daily-limits");
+    let none = limits(TPM, None, 4);
+    let s = snapshot(&*ledger, &pool, none).await;
+    assert_eq!(
+        (
+            s.day_tokens_available,
+            s.day_tokens_capacity,
+            s.day_full_in_ms
+        ),
+        (None, None, None)
+    );
+    let r = admit(&*ledger, &pool, daily(2_000), 500).await;
+    settle(&*ledger, r, 500).await;
+    assert_eq!(
+        snapshot(&*ledger, &pool, daily(2_000))
+            .await
+            .day_tokens_available,
+        Some(1_500)
+    );
+    // Lowered below the level: clamped to the new capacity.
+    let s = snapshot(&*ledger, &pool, daily(1_000)).await;
+    assert_eq!(
+        (s.day_tokens_available, s.day_tokens_capacity),
+        (Some(1_000), Some(1_000))
+    );
+    // Raised: the level stays, refill continues at the new rate.
+    let s = snapshot(&*ledger, &pool, daily(5_000)).await;
+    assert_eq!(
+        (s.day_tokens_available, s.day_tokens_capacity),
+        (Some(1_000), Some(5_000))
+    );
+    assert_eq!(
+        reject(&*ledger, &pool, daily(5_000), 1_001).await.limit,
+        Limit::DailyQuota
+    );
 }

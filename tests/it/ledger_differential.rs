@@ -4,7 +4,7 @@
 //! proptest generates a case: up to three sets of pool limits (limits travel with each call, so
 //! switching between them exercises capacity changes), up to three routes sharing the pool in up
 //! to two configurations (shares change on reload: ceilings appear and go), and a sequence of
-//! operations: reserve (random tokens, limits, calling route or none, retry flag,
+//! operations: reserve (random tokens, limits with or without a daily quota, calling route or none, retry flag,
 //! hold-back), settle a random held reservation (a random charge from zero to twice the
 //! reservation: refunds and burndown debts), advance the clock by random milliseconds, snapshot.
 //! Every answer is compared: granted or refused, the route hold of a grant, every field of a
@@ -97,12 +97,20 @@ fn limits() -> impl Strategy<Value = Limits> {
             (8u64..120).prop_map(Some)
         ],
         1u32..6,
+        // A daily quota small enough to bind within a case, or large (up to the ledgers' exact
+        // range), or none.
+        prop_oneof![
+            2 => Just(None),
+            2 => (1_000u64..400_000).prop_map(Some),
+            1 => (1_000_000u64..=100_000_000_000).prop_map(Some)
+        ],
     )
         .prop_map(
-            |(tokens_per_minute, requests_per_minute, max_concurrency)| Limits {
+            |(tokens_per_minute, requests_per_minute, max_concurrency, tokens_per_day)| Limits {
                 tokens_per_minute,
                 requests_per_minute,
                 max_concurrency,
+                tokens_per_day,
             },
         )
 }
@@ -211,6 +219,7 @@ struct Seen {
     refused_requests: AtomicU64,
     refused_concurrency: AtomicU64,
     refused_share: AtomicU64,
+    refused_daily: AtomicU64,
     held_for_others: AtomicU64,
     in_debt: AtomicU64,
 }
@@ -235,6 +244,7 @@ impl Seen {
             Limit::Requests => &self.refused_requests,
             Limit::Concurrency => &self.refused_concurrency,
             Limit::Share => &self.refused_share,
+            Limit::DailyQuota => &self.refused_daily,
         });
         if r.held_for_others {
             count(&self.held_for_others);
@@ -251,6 +261,7 @@ impl Seen {
             ("refused on requests", &self.refused_requests),
             ("refused on concurrency", &self.refused_concurrency),
             ("refused on a share ceiling", &self.refused_share),
+            ("refused on the daily quota", &self.refused_daily),
             ("refused, held for others", &self.held_for_others),
             ("a snapshot in burndown debt", &self.in_debt),
         ];
