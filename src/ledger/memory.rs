@@ -17,11 +17,13 @@ use async_trait::async_trait;
 use dashmap::{DashMap, mapref::one::Ref};
 
 use super::{
-    Clock, Issuer, Ledger, LedgerError, LedgerStats, Limit, Limits, Origin, PoolSnapshot,
-    Rejection, Reservation, ReserveRequest, ShareHold, ShareRequest, Verdict,
+    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Issuer, Ledger, LedgerError, LedgerStats,
+    Limit, Limits, Origin, PoolSnapshot, Rejection, Reservation, ReserveRequest, ShareHold,
+    ShareRequest, Verdict, WindowSnapshot,
     bucket::TokenBucket,
+    budget::Budgets,
     shares::{Need, RouteStates},
-    units::{DAY_TICKS, UPSTREAM_TRANSIT_NS},
+    units::{DAY_MS, UPSTREAM_TRANSIT_NS},
     window::WindowBucket,
 };
 
@@ -45,7 +47,7 @@ impl PoolLedger {
                 .map(|rpm| TokenBucket::new(rpm, now)),
             day: limits
                 .tokens_per_day
-                .map(|d| WindowBucket::new(d, DAY_TICKS, millis(now))),
+                .map(|d| WindowBucket::new(d, DAY_MS, millis(now))),
             max_concurrency: limits.max_concurrency,
             in_flight: 0,
             reserved_tokens: 0,
@@ -75,7 +77,7 @@ impl PoolLedger {
                 }
                 day.refill(millis(now));
             }
-            (slot, tpd) => *slot = tpd.map(|d| WindowBucket::new(d, DAY_TICKS, millis(now))),
+            (slot, tpd) => *slot = tpd.map(|d| WindowBucket::new(d, DAY_MS, millis(now))),
         }
         self.max_concurrency = limits.max_concurrency;
     }
@@ -196,6 +198,7 @@ pub struct MemoryLedger {
     clock: Clock,
     next_id: AtomicU64,
     stats: Arc<LedgerStats>,
+    budgets: Budgets,
 }
 
 /// One pool: its state, and the issuer its reservations share.
@@ -218,6 +221,7 @@ impl MemoryLedger {
             clock,
             next_id: AtomicU64::new(1),
             stats,
+            budgets: Budgets::default(),
         }
     }
 
@@ -326,6 +330,35 @@ impl Ledger for MemoryLedger {
                 .as_ref()
                 .map(|d| u64::try_from(d.full_in(millis(now)).as_millis()).unwrap_or(u64::MAX)),
         })
+    }
+
+    async fn take_budget(&self, request: &BudgetRequest<'_>) -> Result<BudgetVerdict, LedgerError> {
+        let now = millis(self.clock.now_ns());
+        Ok(match self.budgets.take(request, now) {
+            Ok(()) => BudgetVerdict::Taken(Origin::Local),
+            Err(refusal) => BudgetVerdict::Refused(refusal),
+        })
+    }
+
+    async fn settle_budget(
+        &self,
+        request: &BudgetRequest<'_>,
+        _origin: Origin,
+        charged: u64,
+    ) -> Result<(), LedgerError> {
+        self.budgets
+            .settle(request, charged, millis(self.clock.now_ns()));
+        Ok(())
+    }
+
+    async fn budget_snapshot(
+        &self,
+        scope: &str,
+        windows: &[BudgetWindow],
+    ) -> Result<Vec<WindowSnapshot>, LedgerError> {
+        Ok(self
+            .budgets
+            .snapshot(scope, windows, millis(self.clock.now_ns())))
     }
 
     fn backend(&self) -> &'static str {

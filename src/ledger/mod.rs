@@ -5,7 +5,8 @@
 //! token bucket, the request bucket, the concurrency semaphore, the caller's route share) and
 //! takes all of them or none: [`Ledger::reserve`] answers a [`Verdict`], `Granted` with a
 //! [`Reservation`] or `Refused` with a [`Rejection`] that says which limit bound and when refill
-//! would make room. The memory backend ([`memory`]) serves one process; the Redis backend
+//! would make room. Budgets outside any pool (the account's daily quota, a route's budgets) are
+//! taken in a call of their own ([`Ledger::take_budget`], [`budget`]). The memory backend ([`memory`]) serves one process; the Redis backend
 //! ([`redis`], its Lua in `lua/` and the scripts' wire in `scripts.rs`) shares one quota between
 //! replicas behind the same trait, and [`fallback`] puts a local share behind it for when Redis
 //! is unreachable.
@@ -37,6 +38,7 @@
 //! Prometheus: `/metrics` publishes the stats when it is scraped.
 
 pub mod bucket;
+pub mod budget;
 pub mod clock;
 pub mod fallback;
 pub mod memory;
@@ -52,6 +54,7 @@ use std::{fmt, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use budget::{BudgetRefusal, BudgetRequest, BudgetWindow, WindowSnapshot};
 pub use clock::Clock;
 pub use fallback::FallbackLedger;
 pub use memory::MemoryLedger;
@@ -139,6 +142,15 @@ pub enum Verdict {
     Granted(Reservation),
     /// Nothing was taken.
     Refused(Rejection),
+}
+
+/// The ledger's answer to [`Ledger::take_budget`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BudgetVerdict {
+    /// Taken from every window, by the ledger named: settle it there ([`Ledger::settle_budget`]).
+    Taken(Origin),
+    /// Nothing was taken.
+    Refused(BudgetRefusal),
 }
 
 /// Which ledger issued a reservation, and so must settle it: a [`FallbackLedger`] holds both.
@@ -318,6 +330,26 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
 
     /// The pool's state now, as seen with `limits`.
     async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError>;
+
+    /// Takes tokens from every window of a scope's budget, or none ([`budget`]): a call of its
+    /// own, made before the pool's reservation.
+    async fn take_budget(&self, request: &BudgetRequest<'_>) -> Result<BudgetVerdict, LedgerError>;
+
+    /// Settles `request.tokens` taken from a budget by the ledger `origin` names to `charged`
+    /// (zero gives them back, as when the pool refused).
+    async fn settle_budget(
+        &self,
+        request: &BudgetRequest<'_>,
+        origin: Origin,
+        charged: u64,
+    ) -> Result<(), LedgerError>;
+
+    /// Each window of a scope's budget now, in the order given.
+    async fn budget_snapshot(
+        &self,
+        scope: &str,
+        windows: &[BudgetWindow],
+    ) -> Result<Vec<WindowSnapshot>, LedgerError>;
 
     /// `memory`, `redis`, ...: for logs and metrics.
     fn backend(&self) -> &'static str;

@@ -28,10 +28,11 @@ use redis::{Script, ScriptInvocation};
 use serde::{Deserialize, de::DeserializeOwned};
 
 use super::{
-    LedgerError, Limit, Limits, ReserveRequest, ShareHold,
+    BudgetRequest, LedgerError, Limit, Limits, ReserveRequest, ShareHold,
     shares::share_tokens,
     units::{
-        DAY_TICKS, MAX_TOKENS_PER_WINDOW, MILLIS_PER_MINUTE, UPSTREAM_TRANSIT_MS, WINDOW_TICK_MS,
+        DAY_MS, MAX_BUDGET_TOKENS, MAX_TOKENS_PER_WINDOW, MAX_WINDOW_TICKS, MILLIS_PER_MINUTE,
+        UPSTREAM_TRANSIT_MS, WINDOW_TICK_MS,
     },
 };
 
@@ -60,7 +61,8 @@ fn constants() -> String {
     format!(
         "local U = {MILLIS_PER_MINUTE}\nlocal TRANSIT_MS = {UPSTREAM_TRANSIT_MS}\n\
          local PURGE_BATCH = {PURGE_BATCH}\nlocal KEY_GRACE_MS = {}\n\
-         local TICK_MS = {WINDOW_TICK_MS}\nlocal DAY_TICKS = {DAY_TICKS}\n",
+         local TICK_MS = {WINDOW_TICK_MS}\nlocal MAX_WINDOW_TICKS = {MAX_WINDOW_TICKS}\n\
+         local DAY_MS = {DAY_MS}\n",
         KEY_GRACE.as_millis()
     )
 }
@@ -72,6 +74,7 @@ pub struct Scripts {
     settle: Script,
     renew: Script,
     snapshot: Script,
+    budget: Script,
 }
 
 impl Scripts {
@@ -85,6 +88,7 @@ impl Scripts {
             settle: script(include_str!("lua/settle.lua")),
             renew: script(include_str!("lua/renew.lua")),
             snapshot: script(include_str!("lua/snapshot.lua")),
+            budget: script(include_str!("lua/budget.lua")),
         }
     }
 
@@ -152,6 +156,27 @@ impl Scripts {
         invocation
     }
 
+    /// `budget.lua`: `op` (`take`, `settle` or `snapshot`) on the scope's budget, `tokens`
+    /// (settled to `charged`).
+    pub fn budget(
+        &self,
+        op: &str,
+        request: &BudgetRequest<'_>,
+        charged: u64,
+    ) -> ScriptInvocation<'_> {
+        let mut invocation = self.budget.prepare_invoke();
+        invocation
+            .key(budget_key(request.scope))
+            .arg(op)
+            .arg(request.tokens.min(MAX_BUDGET_TOKENS))
+            .arg(charged.min(MAX_BUDGET_TOKENS))
+            .arg(request.windows.len());
+        for w in request.windows {
+            invocation.arg(w.name).arg(w.capacity).arg(w.window_ms);
+        }
+        invocation
+    }
+
     fn pool_call<'a>(&self, script: &'a Script, pool: &str) -> ScriptInvocation<'a> {
         let [state, leases] = keys(pool);
         let mut invocation = script.prepare_invoke();
@@ -167,6 +192,42 @@ fn keys(pool: &str) -> [String; 2] {
         format!("tg:{LAYOUT_VERSION}:{{{pool}}}:s"),
         format!("tg:{LAYOUT_VERSION}:{{{pool}}}:l"),
     ]
+}
+
+/// A budget's key, under the scope's own hash tag.
+fn budget_key(scope: &str) -> String {
+    format!("tg:{LAYOUT_VERSION}:{{budget:{scope}}}:b")
+}
+
+/// Refuses budget windows the script cannot keep exact, naming the scope and the window.
+pub fn check_windows(request: &BudgetRequest<'_>) -> Result<(), LedgerError> {
+    match request
+        .windows
+        .iter()
+        .find(|w| w.capacity > MAX_TOKENS_PER_WINDOW || w.window_ms == 0)
+    {
+        Some(w) => Err(LedgerError {
+            backend: BACKEND,
+            message: format!(
+                "budget {:?}: {} = {} per {} ms is outside the redis ledger's exact range ({MAX_TOKENS_PER_WINDOW})",
+                request.scope, w.name, w.capacity, w.window_ms
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The budget script's reply to `take` and `settle`.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum BudgetReply {
+    Taken,
+    Settled,
+    Refused {
+        window: String,
+        wait_ms: Option<u64>,
+        deficit: u64,
+    },
 }
 
 /// The lease's member in the pool's sorted set: its id and the tokens it holds.

@@ -1,12 +1,13 @@
-//! Long-window token buckets: a daily quota (and any window of whole ticks), exact in integers
-//! on both backends.
+//! Long-window token buckets: a daily quota, a route's hourly, daily and 30-day budgets, exact
+//! in integers on both backends.
 //!
-//! The arithmetic is [`super::bucket`]'s, with one token worth `window_ticks` units and refill
-//! of `capacity` units per elapsed tick ([`WINDOW_TICK_MS`], a second): over a full window the
-//! bucket refills exactly its capacity, continuously (one tick at a time). Ticks, not
-//! nanoseconds, so that the Redis scripts (Lua doubles, exact below 2^53) hold a day's bucket of
-//! up to [`super::units::MAX_TOKENS_PER_WINDOW`] tokens exactly; `lua/common.lua` has the same
-//! functions (`win_*`). Both backends read the tick as `floor(now_ms / WINDOW_TICK_MS)`.
+//! The arithmetic is [`super::bucket`]'s, in ticks instead of nanoseconds: one token is worth
+//! `ticks` units (the ticks in the window), and the bucket refills `capacity` units per elapsed
+//! tick, so over a full window it refills exactly its capacity, continuously (a tick at a time).
+//! A tick is a second ([`WINDOW_TICK_MS`]) for windows up to a day and `window / 86,400` beyond
+//! ([`tick_ms`]), so that a full bucket of up to [`super::units::MAX_TOKENS_PER_WINDOW`] tokens stays below
+//! 2^53 units, exact in the Redis scripts' doubles; `lua/common.lua` has the same functions
+//! (`win_*`). Both backends read the tick as `floor(now_ms / tick_ms)`.
 //!
 //! Bedrock documents no reset rule for its daily quotas: a continuous refill over 24 hours is
 //! the model here (a burst spends the day, and it comes back a 1,440th a minute). A fixed-window
@@ -15,32 +16,49 @@
 
 use std::time::Duration;
 
-use super::units::WINDOW_TICK_MS;
+use super::units::{MAX_WINDOW_TICKS, WINDOW_TICK_MS};
 
-/// A bucket of `capacity` tokens refilling `capacity` per window of `window_ticks` ticks.
+/// A window's tick: a second, or `window_ms / 86,400` for windows longer than a day (rounded
+/// up to a whole millisecond).
+pub fn tick_ms(window_ms: u64) -> u64 {
+    WINDOW_TICK_MS.max(window_ms.div_ceil(MAX_WINDOW_TICKS))
+}
+
+/// A bucket of `capacity` tokens refilling `capacity` per window.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowBucket {
     capacity: u64,
+    /// Ticks in the window: a token's units.
     window_ticks: u64,
+    tick_ms: u64,
+    window_ms: u64,
     /// In units: one token is `window_ticks` units. Negative while repaying a burndown debt.
     level: i128,
     updated_tick: u64,
 }
 
-/// The tick of `now_ms`.
-pub fn tick(now_ms: u64) -> u64 {
-    now_ms / WINDOW_TICK_MS
-}
-
 impl WindowBucket {
-    /// A full bucket.
-    pub fn new(capacity: u64, window_ticks: u64, now_ms: u64) -> Self {
+    /// A full bucket for a window of `window_ms` (a whole number of ticks).
+    pub fn new(capacity: u64, window_ms: u64, now_ms: u64) -> Self {
+        let tick_ms = tick_ms(window_ms);
+        let window_ticks = (window_ms / tick_ms).max(1);
         WindowBucket {
             capacity,
             window_ticks,
+            tick_ms,
+            window_ms,
             level: i128::from(capacity) * i128::from(window_ticks),
-            updated_tick: tick(now_ms),
+            updated_tick: now_ms / tick_ms,
         }
+    }
+
+    fn tick(&self, now_ms: u64) -> u64 {
+        now_ms / self.tick_ms
+    }
+
+    /// The window's length, as built.
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms
     }
 
     pub fn capacity(&self) -> u64 {
@@ -57,7 +75,7 @@ impl WindowBucket {
 
     /// Adds what refilled by `now_ms`'s tick; never above capacity, never backwards.
     pub fn refill(&mut self, now_ms: u64) {
-        let now = tick(now_ms);
+        let now = self.tick(now_ms);
         if now > self.updated_tick {
             let elapsed = i128::from(now - self.updated_tick);
             self.level = (self.level + elapsed * i128::from(self.capacity)).min(self.full());
@@ -118,7 +136,7 @@ impl WindowBucket {
     fn ticks_to(&self, units: i128, now_ms: u64) -> Duration {
         let cap = i128::from(self.capacity);
         let ticks = (units - self.level + cap - 1) / cap;
-        let at_ms = (i128::from(self.updated_tick) + ticks) * i128::from(WINDOW_TICK_MS);
+        let at_ms = (i128::from(self.updated_tick) + ticks) * i128::from(self.tick_ms);
         let wait = (at_ms - i128::from(now_ms)).max(0);
         Duration::from_millis(u64::try_from(wait).unwrap_or(u64::MAX))
     }
@@ -127,14 +145,12 @@ impl WindowBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::units::DAY_TICKS;
+    use crate::ledger::units::{DAY_MS, MAX_TOKENS_PER_WINDOW};
     use proptest::prelude::*;
-
-    const DAY_MS: u64 = 86_400_000;
 
     #[test]
     fn a_day_refills_its_capacity_a_tick_at_a_time() {
-        let mut b = WindowBucket::new(86_400, DAY_TICKS, 0);
+        let mut b = WindowBucket::new(86_400, DAY_MS, 0);
         b.take(86_400);
         assert_eq!(b.level(), 0);
         b.refill(999);
@@ -149,7 +165,7 @@ mod tests {
 
     #[test]
     fn waits_land_on_the_tick_that_makes_room() {
-        let mut b = WindowBucket::new(86_400, DAY_TICKS, 0);
+        let mut b = WindowBucket::new(86_400, DAY_MS, 0);
         b.take(86_400);
         b.refill(1_500);
         assert_eq!(b.level(), 1);
@@ -163,17 +179,33 @@ mod tests {
         assert_eq!(b.wait_for(1, 1_500), Some(Duration::from_millis(99_500)));
     }
 
+    #[test]
+    fn windows_past_a_day_tick_slower_and_stay_exact() {
+        assert_eq!(tick_ms(3_600_000), 1_000);
+        assert_eq!(tick_ms(DAY_MS), 1_000);
+        assert_eq!(tick_ms(30 * DAY_MS), 30_000);
+        let mut b = WindowBucket::new(MAX_TOKENS_PER_WINDOW, 30 * DAY_MS, 0);
+        b.take(MAX_TOKENS_PER_WINDOW);
+        b.refill(29_999);
+        assert_eq!(b.level(), 0);
+        // A tick of 30 s refills a 86,400th of the window's capacity.
+        b.refill(30_000);
+        assert_eq!(b.level(), (MAX_TOKENS_PER_WINDOW / MAX_WINDOW_TICKS) as i64);
+        assert!(i128::from(MAX_TOKENS_PER_WINDOW) * i128::from(b.window_ticks) < 1 << 53);
+    }
+
     proptest! {
         /// Refill over any split of an interval equals refill over the whole of it, the level
         /// stays within capacity, and a wait is exactly the first moment the tokens fit.
         #[test]
         fn refill_is_exact_and_waits_are_tight(
             capacity in 1u64..1_000_000_000,
+            window_ms in prop::sample::select(vec![3_600_000, DAY_MS, 30 * DAY_MS]),
             taken_pct in 0u64..=100,
             steps in proptest::collection::vec(0u64..20_000_000, 1..8),
             want_pct in 1u64..=100,
         ) {
-            let mut whole = WindowBucket::new(capacity, DAY_TICKS, 0);
+            let mut whole = WindowBucket::new(capacity, window_ms, 0);
             whole.take(capacity / 100 * taken_pct);
             let mut split = whole.clone();
             let mut now = 0;

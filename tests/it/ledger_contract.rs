@@ -1,4 +1,5 @@
 //! The `Ledger` contract: what every backend must do, run against every backend.
+//! (Over 500 lines: one case list instantiated per backend; the cases share its helpers.)
 //!
 //! Each case is an `async fn(Arc<dyn Ledger>)`; [`contract_suite!`] instantiates all of them for
 //! one backend, so adding a backend is one line at the bottom of this file. The suite proves:
@@ -18,6 +19,9 @@
 //! - **daily quotas**: a pool's `tokens_per_day` bucket is checked and taken with the rest (a
 //!   request it refuses takes no tokens, request or permit), reports a wait to the tick that
 //!   makes room, settles like the minute bucket, and follows its limit as it changes;
+//! - **budgets** (the account's daily quota, route budgets): every window of a scope taken or
+//!   none, the binding window named with its wait, settlement and give-back, windows that change
+//!   or go with the config;
 //! - **the transit hold**: after a reservation empties a full bucket, refill restarts 100 ms later
 //!   (a literal here, so changing `units::UPSTREAM_TRANSIT` or the Lua's `TRANSIT_MS` fails);
 //! - no reservation is ever dropped unsettled (the ledger's `stats().unsettled_drops() == 0`
@@ -42,8 +46,9 @@ use std::{
 };
 
 use tokengate::ledger::{
-    Clock, Ledger, Limit, Limits, MemoryLedger, PoolSnapshot, RedisLedger, RedisOptions, Rejection,
-    Reservation, ReserveRequest, RouteShare, ShareRequest, Verdict,
+    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Ledger, Limit, Limits, MemoryLedger,
+    PoolSnapshot, RedisLedger, RedisOptions, Rejection, Reservation, ReserveRequest, RouteShare,
+    ShareRequest, Verdict,
 };
 use tokio::sync::Barrier;
 
@@ -89,6 +94,9 @@ macro_rules! contract_suite {
             daily_quota_binds_in_the_same_step_and_takes_nothing_else,
             daily_quota_settles_refunds_and_debts,
             daily_quota_follows_its_limit,
+            budget_takes_every_window_or_none,
+            budget_settles_and_gives_back,
+            budget_windows_follow_their_config,
         );
     };
     (@cases $backend:ident => $factory:expr; $($(#[$attr:meta])* $case:ident),* $(,)?) => {
@@ -1017,5 +1025,150 @@ async fn daily_quota_follows_its_limit(ledger: Arc<dyn Ledger>) {
     assert_eq!(
         reject(&*ledger, &pool, daily(5_000), 1_001).await.limit,
         Limit::DailyQuota
+    );
+}
+
+// === budgets ===
+
+const HOUR_MS: u64 = 3_600_000;
+const DAY_MS: u64 = 86_400_000;
+
+fn window(name: &'static str, capacity: u64, window_ms: u64) -> BudgetWindow {
+    BudgetWindow {
+        name,
+        capacity,
+        window_ms,
+    }
+}
+
+async fn take_budget(
+    ledger: &dyn Ledger,
+    scope: &str,
+    windows: &[BudgetWindow],
+    tokens: u64,
+) -> BudgetVerdict {
+    let request = BudgetRequest {
+        scope,
+        windows,
+        tokens,
+    };
+    ledger
+        .take_budget(&request)
+        .await
+        .expect("ledger reachable")
+}
+
+async fn settle_budget(
+    ledger: &dyn Ledger,
+    scope: &str,
+    windows: &[BudgetWindow],
+    (tokens, charged): (u64, u64),
+    verdict: BudgetVerdict,
+) {
+    let BudgetVerdict::Taken(origin) = verdict else {
+        panic!("expected the budget taken, got {verdict:?}");
+    };
+    let request = BudgetRequest {
+        scope,
+        windows,
+        tokens,
+    };
+    ledger
+        .settle_budget(&request, origin, charged)
+        .await
+        .expect("settles");
+}
+
+async fn available(ledger: &dyn Ledger, scope: &str, windows: &[BudgetWindow]) -> Vec<i64> {
+    let snapshot = ledger
+        .budget_snapshot(scope, windows)
+        .await
+        .expect("snapshot");
+    snapshot.iter().map(|w| w.available).collect()
+}
+
+/// A take that one window cannot hold takes nothing from the others, and names that window with
+/// the wait to the tick that makes room.
+async fn budget_takes_every_window_or_none(ledger: Arc<dyn Ledger>) {
+    let scope = pool_name("budget-all");
+    let windows = [
+        window("tokens_per_hour", 3_600, HOUR_MS),
+        window("tokens_per_day", 500, DAY_MS),
+    ];
+    let start = Instant::now();
+    let first = take_budget(&*ledger, &scope, &windows, 300).await;
+    assert_eq!(available(&*ledger, &scope, &windows).await, [3_300, 200]);
+    let BudgetVerdict::Refused(r) = take_budget(&*ledger, &scope, &windows, 300).await else {
+        panic!("the day holds 200");
+    };
+    assert_eq!((r.window, r.deficit), ("tokens_per_day", 100));
+    assert_wait(r.wait, Duration::from_secs(17_280), start, "budget wait");
+    assert_eq!(
+        available(&*ledger, &scope, &windows).await[0],
+        3_300,
+        "the hour untouched (it refills a token a second: none within the case)"
+    );
+    // More than a window holds: that window binds, never by refill.
+    let BudgetVerdict::Refused(never) = take_budget(&*ledger, &scope, &windows, 3_601).await else {
+        panic!("more than the hour holds");
+    };
+    assert_eq!((never.window, never.wait), ("tokens_per_hour", None));
+    settle_budget(&*ledger, &scope, &windows, (300, 300), first).await;
+}
+
+/// Settlement credits back what was not used, debits more, and a give-back (charged 0) returns
+/// everything.
+async fn budget_settles_and_gives_back(ledger: Arc<dyn Ledger>) {
+    let scope = pool_name("budget-settle");
+    let windows = [window("tokens_per_day", 1_000, DAY_MS)];
+    let taken = take_budget(&*ledger, &scope, &windows, 400).await;
+    settle_budget(&*ledger, &scope, &windows, (400, 0), taken).await;
+    assert_eq!(available(&*ledger, &scope, &windows).await, [1_000]);
+    let taken = take_budget(&*ledger, &scope, &windows, 400).await;
+    settle_budget(&*ledger, &scope, &windows, (400, 100), taken).await;
+    assert_eq!(available(&*ledger, &scope, &windows).await, [900]);
+    let taken = take_budget(&*ledger, &scope, &windows, 100).await;
+    settle_budget(&*ledger, &scope, &windows, (100, 1_200), taken).await;
+    assert_eq!(
+        available(&*ledger, &scope, &windows).await,
+        [-300],
+        "a debt"
+    );
+    assert!(matches!(
+        take_budget(&*ledger, &scope, &windows, 1).await,
+        BudgetVerdict::Refused(_)
+    ));
+}
+
+/// A lowered capacity clamps, a window dropped from the config is forgotten (and starts full
+/// when it comes back), a window whose length changes starts full; scopes are independent.
+async fn budget_windows_follow_their_config(ledger: Arc<dyn Ledger>) {
+    let scope = pool_name("budget-config");
+    let day = [window("tokens_per_day", 2_000, DAY_MS)];
+    let taken = take_budget(&*ledger, &scope, &day, 500).await;
+    settle_budget(&*ledger, &scope, &day, (500, 500), taken).await;
+    assert_eq!(available(&*ledger, &scope, &day).await, [1_500]);
+    let lowered = [window("tokens_per_day", 1_000, DAY_MS)];
+    assert_eq!(available(&*ledger, &scope, &lowered).await, [1_000]);
+    let other = pool_name("budget-config-other");
+    assert_eq!(
+        available(&*ledger, &other, &day).await,
+        [2_000],
+        "another scope"
+    );
+    let hour = [window("tokens_per_hour", 100, HOUR_MS)];
+    assert_eq!(available(&*ledger, &scope, &hour).await, [100]);
+    assert_eq!(
+        available(&*ledger, &scope, &day).await,
+        [2_000],
+        "the day was dropped with the config that named only the hour"
+    );
+    let taken = take_budget(&*ledger, &scope, &day, 700).await;
+    settle_budget(&*ledger, &scope, &day, (700, 700), taken).await;
+    let longer = [window("tokens_per_day", 2_000, 2 * DAY_MS)];
+    assert_eq!(
+        available(&*ledger, &scope, &longer).await,
+        [2_000],
+        "a new window length"
     );
 }

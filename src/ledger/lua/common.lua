@@ -92,19 +92,17 @@ local function whole(b)
   return idiv(b.level, U)
 end
 
--- Long windows (src/ledger/window.rs): a bucket of `cap` tokens per window of `w` ticks (a tick
--- is TICK_MS), a token worth `w` units, refilling `cap` units per tick. A day's bucket of up to
--- MAX_TOKENS_PER_WINDOW tokens stays below 2^53 units. `ts` is the tick last refilled.
-local function tick(now)
-  return idiv(now, TICK_MS)
-end
-
-local function win_new(cap, w, now)
-  return { level = cap * w, cap = cap, w = w, ts = tick(now) }
+-- Long windows (src/ledger/window.rs): a bucket of `cap` tokens per window of `w` ticks of `tk`
+-- ms (TICK_MS, or window / MAX_WINDOW_TICKS past a day), a token worth `w` units, refilling `cap`
+-- units per tick: a full bucket stays below 2^53 units. `ts` is the tick last refilled.
+local function win_new(cap, window_ms, now)
+  local tk = math.max(TICK_MS, idiv(window_ms + MAX_WINDOW_TICKS - 1, MAX_WINDOW_TICKS))
+  local w = math.max(1, idiv(window_ms, tk))
+  return { level = cap * w, cap = cap, w = w, tk = tk, ts = idiv(now, tk) }
 end
 
 local function win_refill(b, now)
-  local t = tick(now)
+  local t = idiv(now, b.tk)
   if t > b.ts then
     local full = b.cap * b.w
     if b.cap > 0 and b.level < full then
@@ -124,7 +122,7 @@ end
 -- Milliseconds from now until the level reaches `units` (at a tick).
 local function win_ms_to(b, units, now)
   local ticks = idiv(units - b.level + b.cap - 1, b.cap)
-  return math.max(0, (b.ts + ticks) * TICK_MS - now)
+  return math.max(0, (b.ts + ticks) * b.tk - now)
 end
 
 -- Milliseconds until `tokens` fit by refill alone: 0 if they fit now, -1 if never.
@@ -162,7 +160,8 @@ local function load(now)
     s.requests = { level = tonumber(h[4]), cap = tonumber(h[5]), ts = tonumber(h[6]) }
   end
   if h[8] then
-    s.day = { level = tonumber(h[8]), cap = tonumber(h[9]), w = DAY_TICKS, ts = tonumber(h[10]) }
+    s.day = win_new(tonumber(h[9]), DAY_MS, now)
+    s.day.level, s.day.ts = tonumber(h[8]), tonumber(h[10])
   end
   return s
 end
@@ -177,7 +176,7 @@ local function sync_day(s, tpd, now)
     end
     win_refill(s.day, now)
   else
-    s.day = win_new(tpd, DAY_TICKS, now)
+    s.day = win_new(tpd, DAY_MS, now)
   end
 end
 
