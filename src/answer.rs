@@ -12,8 +12,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::{
     admission::{
-        Decision, Invalid, MissingMaxTokens, NeverFits, NotAllowed, QueueRefusal, Throttle,
-        ThrottleWhy, Unavailability, Unavailable, hint,
+        BudgetScope, Decision, Invalid, MissingMaxTokens, NeverFits, NotAllowed, QueueRefusal,
+        Throttle, ThrottleWhy, Unavailability, Unavailable, hint,
     },
     bedrock::{BedrockError, ErrorCode, Operation, TargetError},
     ledger::Limit,
@@ -64,6 +64,22 @@ fn throttle(t: &Throttle) -> BedrockError {
             Limit::DailyQuota => format!(
                 "Too many tokens per day: this request reserves {reserving} tokens and pool {name:?} has {available} left of its daily quota (tokens_per_day); retry after the hinted delay, when the day has refilled enough"
             ),
+            Limit::Budget => format!(
+                "Too many tokens for this route's budget: this request reserves {reserving} tokens and {available} are left; retry after the hinted delay"
+            ),
+        },
+        ThrottleWhy::Budget {
+            scope,
+            window,
+            reserving,
+            available,
+        } => match scope {
+            BudgetScope::Account => format!(
+                "Too many tokens per day across the account: this request reserves {reserving} tokens and {available} are left of admission.account_tokens_per_day; retry after the hinted delay, when the day has refilled enough"
+            ),
+            BudgetScope::Route(route) => format!(
+                "Too many tokens for route {route:?}: this request reserves {reserving} tokens and {available} are left of its budgets.{window}; retry after the hinted delay"
+            ),
         },
         ThrottleWhy::Queue(refusal) => {
             let why = match refusal {
@@ -93,6 +109,7 @@ fn limit_noun(limit: Limit) -> &'static str {
         Limit::Concurrency => "concurrent requests",
         Limit::Share => "tokens of its route's max_share",
         Limit::DailyQuota => "tokens of its daily quota",
+        Limit::Budget => "tokens of its route's budget",
     }
 }
 
@@ -161,6 +178,13 @@ pub fn upstream_throttled(headers: &mut HeaderMap, hint: Duration) {
         }
     }
     headers.insert(X_TOKENGATE_REASON, HeaderValue::from_static("upstream"));
+}
+
+/// Upstream refused an admitted request on its daily quota: pass its 429 on, with a hint if it
+/// gave none, and say which quota.
+pub fn upstream_daily_throttled(headers: &mut HeaderMap, hint: Duration) {
+    upstream_throttled(headers, hint);
+    headers.insert(X_TOKENGATE_REASON, HeaderValue::from_static("daily_quota"));
 }
 
 /// No answer from upstream: a retryable 503 (with a hint when the request was admitted in a

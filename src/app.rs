@@ -110,10 +110,12 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 async fn pools(State(state): State<Arc<AppState>>) -> Response {
     let admission = state.policy().admission.clone();
     let pools = admission.pool_views().await;
+    let budgets = admission.budget_views().await;
     Json(json!({
         "ledger": admission.ledger().backend(),
         "unsettled_reservations": admission.ledger().stats().unsettled_drops(),
         "pools": pools,
+        "budgets": budgets,
     }))
     .into_response()
 }

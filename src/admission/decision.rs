@@ -93,12 +93,13 @@ pub enum ShadowReason {
 }
 
 impl ShadowReason {
-    pub const ALL: [ShadowReason; 9] = [
+    pub const ALL: [ShadowReason; 10] = [
         ShadowReason::Limit(Limit::Tokens),
         ShadowReason::Limit(Limit::Requests),
         ShadowReason::Limit(Limit::Concurrency),
         ShadowReason::Limit(Limit::Share),
         ShadowReason::Limit(Limit::DailyQuota),
+        ShadowReason::Limit(Limit::Budget),
         ShadowReason::NeverFits,
         ShadowReason::NotAllowed,
         ShadowReason::MaxTokensCeiling,
@@ -150,6 +151,24 @@ pub enum ThrottleWhy {
     },
     /// The admission queue would not hold it, or could not admit it in time.
     Queue(QueueRefusal),
+    /// A budget outside the pool turned it away (taken before the pool's reservation).
+    Budget {
+        scope: BudgetScope,
+        /// The binding window (`tokens_per_day`, ...).
+        window: &'static str,
+        reserving: u64,
+        /// Tokens the window had left.
+        available: u64,
+    },
+}
+
+/// Whose budget refused a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BudgetScope {
+    /// `admission.account_tokens_per_day`, across every pool.
+    Account,
+    /// The named route's `budgets`.
+    Route(String),
 }
 
 /// Why the admission queue turned a request away.

@@ -40,7 +40,7 @@ pub fn projected_wait(rejection: &Rejection, history: PoolHistory, max_hint: Dur
         Limit::Requests | Limit::Share => refill,
         // The day refills a 1,440th of the quota a minute: only refill makes room (in-flight
         // refunds are small against a day).
-        Limit::DailyQuota => refill,
+        Limit::DailyQuota | Limit::Budget => refill,
         Limit::Concurrency => {
             // With n requests in flight finishing at random, the next one ends after about
             // typical / n.

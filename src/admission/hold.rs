@@ -22,7 +22,9 @@ use std::{sync::Arc, time::Duration};
 use futures_util::FutureExt;
 use tokio::time::Instant;
 
-use super::{advice::SlotIndex, pools::Pool, queue::AdmissionQueue, routes::RouteSlot};
+use super::{
+    advice::SlotIndex, budgets::TakenBudgets, pools::Pool, queue::AdmissionQueue, routes::RouteSlot,
+};
 use crate::{
     bedrock::Usage,
     ledger::{Ledger, Reservation},
@@ -109,6 +111,9 @@ pub struct Hold {
     route: Option<RouteSlot>,
     /// This request's part of its pool's pending burndown excess.
     excess_claimed: u64,
+    /// Budgets taken before the reservation, settled with it (boxed: most requests have none,
+    /// and every `Decision` carries a `Hold`'s size).
+    budgets: Option<Box<TakenBudgets>>,
 }
 
 impl Hold {
@@ -134,7 +139,14 @@ impl Hold {
             advice_slot,
             route,
             excess_claimed: 0,
+            budgets: None,
         }
+    }
+
+    /// Settles `budgets` with the reservation, to the same charge.
+    pub(crate) fn with_budgets(mut self, budgets: Option<TakenBudgets>) -> Hold {
+        self.budgets = budgets.map(Box::new);
+        self
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -263,6 +275,9 @@ impl Hold {
             reservation,
             charge,
         );
+        if let Some(budgets) = self.budgets.take() {
+            budgets.settle(charge);
+        }
         Some(Settled {
             rule,
             reserved,
@@ -303,7 +318,7 @@ fn settle_in_background(
 /// Settlement happens from `Drop` and `poll_frame`, which cannot wait. A settlement on its way
 /// counts in its ledger's `LedgerStats::settlements_in_flight` from its first poll (here) on,
 /// and shutdown waits for them.
-fn now_or_spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
+pub(super) fn now_or_spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
     let mut work = Box::pin(work);
     if (&mut work).now_or_never().is_some() {
         return;

@@ -17,6 +17,7 @@
 pub mod advice;
 mod allow;
 pub mod body;
+pub mod budgets;
 pub mod decision;
 pub mod estimate;
 pub mod hint;
@@ -40,8 +41,8 @@ use crate::{
     ledger::{Ledger, PoolSnapshot},
 };
 pub use decision::{
-    Admitted, Decision, Invalid, NeverFits, NotAllowed, Pass, Problem, QueueRefusal, ShadowReason,
-    Throttle, ThrottleWhy, Unavailability, Unavailable,
+    Admitted, BudgetScope, Decision, Invalid, NeverFits, NotAllowed, Pass, Problem, QueueRefusal,
+    ShadowReason, Throttle, ThrottleWhy, Unavailability, Unavailable,
 };
 pub use hold::{Estimate, Hold, Settled, SettlementRule};
 pub use output_cap::MissingMaxTokens;
@@ -67,6 +68,8 @@ pub struct Admission {
     ledger: Arc<dyn Ledger>,
     config: AdmissionConfig,
     counter: Option<Arc<dyn InputCounter>>,
+    /// `config.account_tokens_per_day`, as a budget.
+    account_budget: Option<Arc<budgets::Budget>>,
 }
 
 /// Counts input tokens exactly, for pools with `input_estimate = "count_tokens"` (upstream's
@@ -93,6 +96,9 @@ impl Admission {
             table: PoolTable::new(pools, routes, &config),
             routes: RouteTable::new(routes),
             ledger,
+            account_budget: config
+                .account_tokens_per_day
+                .map(|d| Arc::new(budgets::Budget::account(d))),
             config,
             counter: None,
         }
@@ -286,6 +292,7 @@ impl Admission {
                 usable_tokens_per_minute: pool.config.usable_tokens_per_minute(),
                 effective_tokens_per_minute: limits.tokens_per_minute,
                 requests_per_minute: limits.requests_per_minute,
+                tokens_per_day: limits.tokens_per_day,
                 max_concurrency: limits.max_concurrency,
                 output_burndown: pool.config.output_burndown,
                 max_output_tokens: pool.config.max_output_tokens,
@@ -352,6 +359,9 @@ pub struct PoolView {
     pub usable_tokens_per_minute: u64,
     pub effective_tokens_per_minute: u64,
     pub requests_per_minute: Option<u64>,
+    /// The daily quota; what is left of it and when it is full again are in `ledger`
+    /// (`day_tokens_available`, `day_full_in_ms`).
+    pub tokens_per_day: Option<u64>,
     pub max_concurrency: u32,
     pub output_burndown: u32,
     /// The model's maximum output in force (the catalogue's or the pool's).

@@ -93,6 +93,7 @@ pub struct PoolCounts {
     pub rejected_concurrency: AtomicU64,
     pub rejected_share: AtomicU64,
     pub rejected_daily: AtomicU64,
+    pub rejected_budget: AtomicU64,
     pub never_fits: AtomicU64,
     pub upstream_throttles: AtomicU64,
 }
@@ -105,11 +106,12 @@ impl PoolCounts {
             Limit::Concurrency => &self.rejected_concurrency,
             Limit::Share => &self.rejected_share,
             Limit::DailyQuota => &self.rejected_daily,
+            Limit::Budget => &self.rejected_budget,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn all(&self) -> [&AtomicU64; 8] {
+    fn all(&self) -> [&AtomicU64; 9] {
         [
             &self.admitted,
             &self.rejected_tokens,
@@ -117,6 +119,7 @@ impl PoolCounts {
             &self.rejected_concurrency,
             &self.rejected_share,
             &self.rejected_daily,
+            &self.rejected_budget,
             &self.never_fits,
             &self.upstream_throttles,
         ]

@@ -469,7 +469,11 @@ impl AdmissionQueue {
                     }
                     return match rejection.limit {
                         Limit::Concurrency => None,
-                        Limit::Tokens | Limit::Requests | Limit::Share | Limit::DailyQuota => Some(
+                        Limit::Tokens
+                        | Limit::Requests
+                        | Limit::Share
+                        | Limit::DailyQuota
+                        | Limit::Budget => Some(
                             Instant::now()
                                 + rejection
                                     .refill_wait

@@ -7,7 +7,7 @@ use rand::{SeedableRng, rngs::SmallRng};
 
 use super::{
     Admission, Admitted, Caller, Decision, Estimate, Hold, NeverFits, Pool, ShadowReason, Throttle,
-    ThrottleWhy, Unavailability, Unavailable, hint, output_cap,
+    ThrottleWhy, Unavailability, Unavailable, budgets::TakenBudgets, hint, output_cap,
 };
 use crate::ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict};
 
@@ -23,15 +23,19 @@ pub(super) struct Prepared<'a> {
     pub count_tokens_failed: Option<String>,
 }
 
-/// A reservation taken, and how long the request waited in the queue for it.
+/// A reservation taken, how long the request waited in the queue for it, and the budgets it
+/// took beforehand.
 #[derive(Debug)]
 pub(super) struct Granted {
     pub reservation: Reservation,
     pub queued_for: Option<Duration>,
+    pub budgets: Option<TakenBudgets>,
 }
 
 impl Admission {
-    /// Reserves `estimate` in `pool`: at once, or after waiting in the pool's queue.
+    /// Reserves `estimate`: the budgets it draws on (the account's day, its route's budgets),
+    /// then the pool, at once or after waiting in the pool's queue. The budgets go back if the
+    /// pool refuses.
     pub(super) async fn reserve(
         &self,
         pool: &Arc<Pool>,
@@ -42,6 +46,31 @@ impl Admission {
         if !pool.config.can_ever_hold(tokens) {
             return Err(self.never_fits(pool, &estimate));
         }
+        let outcome = match self.take_budgets(pool, tokens, caller).await {
+            Ok(budgets) => self
+                .reserve_in_pool(pool, tokens, caller)
+                .await
+                .map(|granted| Granted {
+                    budgets: Some(budgets),
+                    ..granted
+                }),
+            Err(refused) => Err(refused),
+        };
+        if outcome.is_err()
+            && let Some(slot) = pool.shares.slot(&caller.route.name)
+        {
+            pool.shares.counts(slot).rejected();
+        }
+        outcome
+    }
+
+    /// The pool's reservation, at once or through its queue.
+    async fn reserve_in_pool(
+        &self,
+        pool: &Arc<Pool>,
+        tokens: u64,
+        caller: &Caller,
+    ) -> Result<Granted, Decision> {
         // While requests wait in this pool, newcomers queue behind them instead of taking the
         // capacity freed for them.
         let queue_busy = pool.queue.enabled() && !pool.queue.is_empty();
@@ -53,25 +82,20 @@ impl Admission {
                     return Ok(Granted {
                         reservation,
                         queued_for: None,
+                        budgets: None,
                     });
                 }
                 Ok(Verdict::Refused(rejection)) => Some(rejection),
                 Err(e) => return Err(self.ledger_unavailable(pool, &e)),
             }
         };
-        let outcome = match (&rejection, pool.queue.enabled()) {
+        match (&rejection, pool.queue.enabled()) {
             (Some(rejection), false) => Err(self.throttle(pool, rejection, tokens)),
             _ => {
                 self.wait_in_queue(pool, tokens, rejection.as_ref(), caller)
                     .await
             }
-        };
-        if outcome.is_err()
-            && let Some(slot) = pool.shares.slot(&caller.route.name)
-        {
-            pool.shares.counts(slot).rejected();
         }
-        outcome
     }
 
     /// Shadow mode: decide at once (no queueing) and take the reservation when it fits, so the
@@ -95,6 +119,7 @@ impl Admission {
             Ok(Verdict::Granted(reservation)) => Ok(Granted {
                 reservation,
                 queued_for: None,
+                budgets: None,
             }),
             Ok(Verdict::Refused(rejection)) => Err(waived(ShadowReason::Limit(rejection.limit))),
             Err(_) => Err(waived(ShadowReason::LedgerError)),
@@ -131,6 +156,7 @@ impl Admission {
         let Granted {
             reservation,
             queued_for,
+            budgets,
         } = granted;
         let Prepared {
             estimate,
@@ -157,7 +183,8 @@ impl Admission {
             estimate,
             advice_slot,
             route,
-        );
+        )
+        .with_budgets(budgets);
         Admitted {
             hold,
             clamped: capped.clamped,
@@ -229,9 +256,24 @@ impl Admission {
         hint::jittered(wait, self.config.max_retry_hint, &mut rng)
     }
 
-    /// Upstream throttled a request this proxy admitted in `pool` (other traffic shares the
-    /// account quota): the pool's limit shrinks. Returns the hint to pass on: about half a
-    /// typical request, at least a second, jittered.
+    /// Upstream refused a request of `pool` reserving `reserved` tokens on its *daily* quota:
+    /// the per-minute limit is not the cause, so it does not shrink. Returns the hint to pass
+    /// on: how long the day takes to refill this request's tokens (a 1,440th of the quota a
+    /// minute) when the pool's `tokens_per_day` is known, else the longest hint; jittered and
+    /// capped by `max_retry_hint` as always.
+    pub fn upstream_daily_throttled(&self, pool: &Pool, reserved: u64) -> Duration {
+        let wait = match pool.config.tokens_per_day {
+            Some(per_day) => {
+                Duration::from_secs_f64(reserved.max(1) as f64 * 86_400.0 / per_day as f64)
+            }
+            None => self.config.max_retry_hint,
+        };
+        self.hint(wait.max(hint::UNAVAILABLE_WAIT))
+    }
+
+    /// Upstream throttled a request this proxy admitted in `pool` with its per-minute limits
+    /// (other traffic shares the account quota): the pool's limit shrinks. Returns the hint to
+    /// pass on: about half a typical request, at least a second, jittered.
     pub fn upstream_throttled(&self, pool: &Pool) -> Duration {
         pool.upstream_throttled();
         let wait = (pool.history().typical_duration / 2).max(hint::UNAVAILABLE_WAIT);

@@ -19,6 +19,8 @@ use crate::{
 pub struct Route {
     pub name: Arc<str>,
     pub config: RouteConfig,
+    /// Its `budgets`, if it has any ([`super::budgets`]).
+    pub budget: Option<Arc<super::budgets::Budget>>,
 }
 
 impl Route {
@@ -46,6 +48,8 @@ impl RouteTable {
                 Arc::new(Route {
                     name: Arc::from(r.name.as_str()),
                     config: r.clone(),
+                    budget: super::budgets::Budget::route(&r.name, r.budgets.windows())
+                        .map(Arc::new),
                 })
             })
             .collect();

@@ -53,6 +53,7 @@ impl Admission {
             Ok(reservation) => Ok(Granted {
                 reservation,
                 queued_for: Some(waited),
+                budgets: None,
             }),
             Err(WaitError::TimedOut) => {
                 let limit = queue.last_limit().unwrap_or(limit);

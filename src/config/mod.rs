@@ -30,7 +30,7 @@ pub use ledger::{LedgerConfig, OnLedgerError, RedisLedgerConfig};
 pub use log::{LogConfig, LogFormat};
 pub use pools::{InputEstimate, PoolConfig, PoolTier, Source, WhenMaxTokensMissing};
 use raw::RawConfig;
-pub use routes::{MaxTokensPolicy, RouteConfig, ShareConfig};
+pub use routes::{MaxTokensPolicy, RouteBudgets, RouteConfig, ShareConfig};
 pub use server::{ServerConfig, TlsFiles};
 pub use simulator::SimulatorConfig;
 pub use upstream::{Endpoint, UpstreamConfig};
@@ -198,6 +198,6 @@ fn positive(key: &str, v: u64) -> Result<u64, ConfigError> {
 }
 
 #[cfg(test)]
-mod model_facts_tests;
+mod quota_tests;
 #[cfg(test)]
 mod tests;

@@ -273,18 +273,22 @@ pub(super) fn validate(
         shadow: raw.shadow.unwrap_or(false),
     };
     reservations_fit(&pool, &key)?;
-    if let Some(day) = pool.tokens_per_day
-        && day < pool.usable_tokens_per_minute()
-    {
-        return Err(invalid(
+    day_holds_a_minute(&pool, &key)?;
+    Ok(pool)
+}
+
+/// A daily quota below a minute's would make the per-minute limit meaningless: a mistake.
+fn day_holds_a_minute(pool: &PoolConfig, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    match pool.tokens_per_day {
+        Some(day) if day < pool.usable_tokens_per_minute() => Err(invalid(
             key("tokens_per_day"),
             format!(
                 "{day} is less than a minute's quota ({} tokens per minute after headroom); Bedrock's daily quota is by default 1,440 minutes' worth",
                 pool.usable_tokens_per_minute()
             ),
-        ));
+        )),
+        _ => Ok(()),
     }
-    Ok(pool)
 }
 
 /// A limit of a long window (a day, a route's budget): positive and within the ledgers' exact

@@ -23,6 +23,46 @@ pub struct RawRoute {
     pub recovery_budget: Option<f64>,
     #[serde(default)]
     pub shares: BTreeMap<String, RawShare>,
+    pub budgets: Option<RawBudgets>,
+}
+
+/// `routes[].budgets`: tokens the route may use per hour, day and 30 days, across pools.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBudgets {
+    pub tokens_per_hour: Option<u64>,
+    pub tokens_per_day: Option<u64>,
+    pub tokens_per_30_days: Option<u64>,
+}
+
+/// A route's budgets, across every pool and replica (each a bucket refilling over its window).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteBudgets {
+    pub tokens_per_hour: Option<u64>,
+    pub tokens_per_day: Option<u64>,
+    pub tokens_per_30_days: Option<u64>,
+}
+
+impl RouteBudgets {
+    /// The ledger windows, shortest first.
+    pub fn windows(&self) -> Vec<crate::ledger::BudgetWindow> {
+        const HOUR_MS: u64 = 3_600_000;
+        const DAY_MS: u64 = 24 * HOUR_MS;
+        [
+            ("tokens_per_hour", self.tokens_per_hour, HOUR_MS),
+            ("tokens_per_day", self.tokens_per_day, DAY_MS),
+            ("tokens_per_30_days", self.tokens_per_30_days, 30 * DAY_MS),
+        ]
+        .into_iter()
+        .filter_map(|(name, capacity, window_ms)| {
+            capacity.map(|capacity| crate::ledger::BudgetWindow {
+                name,
+                capacity,
+                window_ms,
+            })
+        })
+        .collect()
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -69,6 +109,8 @@ pub struct RouteConfig {
     pub recovery_budget: Option<f64>,
     /// Per pool name.
     pub shares: BTreeMap<String, ShareConfig>,
+    /// Across pools and replicas.
+    pub budgets: RouteBudgets,
 }
 
 impl RouteConfig {
@@ -86,6 +128,7 @@ impl RouteConfig {
             shadow: false,
             recovery_budget: None,
             shares: BTreeMap::new(),
+            budgets: RouteBudgets::default(),
         }
     }
 }
@@ -204,6 +247,7 @@ fn validate_route(
         ));
     }
     let shares = shares(&raw.shares, pools, &key)?;
+    let budgets = budgets(raw.budgets.as_ref(), &key)?;
     Ok(RouteConfig {
         name: raw.name,
         priority: raw.priority.unwrap_or(0),
@@ -216,7 +260,47 @@ fn validate_route(
         shadow: raw.shadow.unwrap_or(false),
         recovery_budget: raw.recovery_budget,
         shares,
+        budgets,
     })
+}
+
+/// `budgets`: each window positive and within the ledgers' exact range, at least one set, and a
+/// longer window holding at least a shorter one's tokens.
+fn budgets(
+    raw: Option<&RawBudgets>,
+    key: &dyn Fn(&str) -> String,
+) -> Result<RouteBudgets, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(RouteBudgets::default());
+    };
+    let check = |field: &str, v: Option<u64>| {
+        v.map(|v| super::pools::window_limit(&key(&format!("budgets.{field}")), v))
+            .transpose()
+    };
+    let budgets = RouteBudgets {
+        tokens_per_hour: check("tokens_per_hour", raw.tokens_per_hour)?,
+        tokens_per_day: check("tokens_per_day", raw.tokens_per_day)?,
+        tokens_per_30_days: check("tokens_per_30_days", raw.tokens_per_30_days)?,
+    };
+    let windows = budgets.windows();
+    if windows.is_empty() {
+        return Err(invalid(
+            key("budgets"),
+            "names no limit: set tokens_per_hour, tokens_per_day or tokens_per_30_days (or remove the table)",
+        ));
+    }
+    for pair in windows.windows(2) {
+        if pair[1].capacity < pair[0].capacity {
+            return Err(invalid(
+                key(&format!("budgets.{}", pair[1].name)),
+                format!(
+                    "{} is less than {} = {}: the longer window would always bind first",
+                    pair[1].capacity, pair[0].name, pair[0].capacity
+                ),
+            ));
+        }
+    }
+    Ok(budgets)
 }
 
 /// The route's SigV4 secret and bearer key hash, as auth `mode` needs them.

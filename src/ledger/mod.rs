@@ -99,9 +99,12 @@ pub enum Limit {
     Concurrency,
     /// The calling route's `max_share` of the pool.
     Share,
-    /// The pool's daily quota (`tokens_per_day`).
+    /// A daily quota: the pool's (`tokens_per_day`) or the account's
+    /// (`admission.account_tokens_per_day`).
     #[serde(rename = "daily_quota")]
     DailyQuota,
+    /// The calling route's `budgets` (never answered by a pool's reservation).
+    Budget,
 }
 
 impl Limit {
@@ -113,6 +116,7 @@ impl Limit {
             Limit::Concurrency => "concurrency",
             Limit::Share => "share",
             Limit::DailyQuota => "daily_quota",
+            Limit::Budget => "budget",
         }
     }
 }

@@ -33,6 +33,7 @@ pub struct Metrics {
     pub configured_tokens_per_minute: GaugeVec,
     pub effective_tokens_per_minute: GaugeVec,
     pub upstream_throttles: IntCounterVec,
+    pub upstream_daily_throttles: IntCounterVec,
     pub upstream_responses: IntCounterVec,
     pub upstream_errors: IntCounterVec,
     /// Settlements by rule: usage, not_charged, no_usage, timeout, abandoned.
@@ -144,7 +145,8 @@ impl Metrics {
             tokens_available: r.gauge("tokengate_tokens_available", "Tokens in the pool's bucket at the last decision (negative while repaying burndown).", &["pool"])?,
             configured_tokens_per_minute: r.gauge("tokengate_configured_tokens_per_minute", "The pool's configured tokens per minute.", &["pool"])?,
             effective_tokens_per_minute: r.gauge("tokengate_effective_tokens_per_minute", "Tokens per minute admission applies now (after headroom and throttle feedback).", &["pool"])?,
-            upstream_throttles: r.counter("tokengate_upstream_throttles_total", "ThrottlingExceptions received from upstream.", &["pool"])?,
+            upstream_throttles: r.counter("tokengate_upstream_throttles_total", "ThrottlingExceptions received from upstream on its per-minute limits (the pool's limit shrinks).", &["pool"])?,
+            upstream_daily_throttles: r.counter("tokengate_upstream_daily_throttles_total", "ThrottlingExceptions received from upstream on its daily quota (Too many tokens per day): the per-minute limit is left alone.", &["pool"])?,
             upstream_responses: r.counter("tokengate_upstream_responses_total", "Upstream responses by status code.", &["pool", "status"])?,
             upstream_errors: r.counter("tokengate_upstream_errors_total", "Upstream failures without a response: connect, timeout, stream_cut, bad_frame, idle_timeout.", &["pool", "kind"])?,
             settlements: r.counter("tokengate_settlements_total", "Reservations settled, by the rule that priced them.", &["pool", "rule"])?,

@@ -376,7 +376,22 @@ impl Observer {
         tracing::warn!(pool, kind, %error, "upstream request failed");
     }
 
-    /// Upstream throttled a request admitted in `pool`; its limit shrank.
+    /// Upstream refused a call of `pool` on its daily quota; `hint` is passed on to the client.
+    pub fn upstream_daily_throttled(&self, pool: &Pool, hint: Duration) {
+        self.metrics
+            .upstream_daily_throttles
+            .with_label_values(&[&pool.name])
+            .inc();
+        if let Some(s) = self.series(pool) {
+            s.retry_hint.observe(hint.as_secs_f64());
+        }
+        tracing::warn!(
+            pool = %pool.name,
+            retry_after_ms = hint.as_millis() as u64,
+            "upstream refused a call on its daily quota (Too many tokens per day): callers get 429 daily_quota until the day refills; the per-minute limit is unchanged"
+        );
+    }
+
     /// Upstream throttled a call of `pool`; `hint` is the retry hint passed on to the client
     /// (none for a throttle reported in-band, where the client gets upstream's frame as is).
     pub fn upstream_throttled(&self, pool: &Pool, hint: Option<Duration>) {

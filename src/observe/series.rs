@@ -82,12 +82,13 @@ pub const UPSTREAM_ERROR_KINDS: [&str; 8] = [
     "count_tokens",
 ];
 /// The `reason` labels of `tokengate_rejections_total`.
-pub const REJECTION_REASONS: [&str; 7] = [
+pub const REJECTION_REASONS: [&str; 8] = [
     "tokens",
     "requests",
     "concurrency",
     "share",
     "daily_quota",
+    "budget",
     "never_fits",
     "queue_full",
 ];
@@ -162,6 +163,7 @@ fn init_fixed(m: &Metrics, pool: &str, ledger_backend: &str) {
     m.ledger_errors.with_label_values(&[ledger_backend]);
     m.queue_depth.with_label_values(&[pool]);
     m.upstream_throttles.with_label_values(&[pool]);
+    m.upstream_daily_throttles.with_label_values(&[pool]);
     for outcome in QUEUE_OUTCOMES {
         m.queue_outcomes.with_label_values(&[pool, outcome]);
     }

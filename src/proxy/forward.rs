@@ -56,9 +56,62 @@ pub async fn forward(
         .send(parts.method.clone(), path_and_query, &request.headers, body)
         .await;
     match sent {
+        Ok(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => match in_flight {
+            Some(in_flight) => throttled(state, policy, in_flight, response).await,
+            None => respond(state, policy, request.operation, None, response),
+        },
         Ok(response) => respond(state, policy, request.operation, in_flight, response),
         Err(e) => unreachable(policy, in_flight, &e),
     }
+}
+
+/// The most of a 429's body read to tell a daily quota from a per-minute one (Bedrock's are
+/// a short JSON message).
+const THROTTLE_BODY_LIMIT: usize = 16 * 1024;
+
+/// Upstream answered an admitted request 429: its body (a short JSON error) is read whole, to
+/// tell Bedrock's daily quota (`Too many tokens per day`) from the per-minute limits, and passed
+/// on as read. A body that cannot be read in time counts as a per-minute throttle and is passed
+/// on empty.
+async fn throttled(
+    state: &AppState,
+    policy: &Arc<Policy>,
+    mut in_flight: InFlight,
+    response: http::Response<Incoming>,
+) -> Response {
+    use http_body_util::{BodyExt, Limited};
+    let pool = in_flight.hold().pool().clone();
+    let status = response.status();
+    policy.observer.upstream_response(Some(&pool), status);
+    let (mut head, incoming) = response.into_parts();
+    strip_hop_by_hop(&mut head.headers);
+    let read = Limited::new(incoming, THROTTLE_BODY_LIMIT).collect();
+    let body = match tokio::time::timeout(state.upstream.idle_timeout, read).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        _ => bytes::Bytes::new(),
+    };
+    head.headers.remove(header::CONTENT_LENGTH);
+    let daily = crate::bedrock::error::is_daily_quota(&body);
+    if daily && is_throttling(&head.headers) {
+        let reserved = in_flight.hold().reserved();
+        let hint = policy.admission.upstream_daily_throttled(&pool, reserved);
+        policy.observer.upstream_daily_throttled(&pool, hint);
+        answer::upstream_daily_throttled(&mut head.headers, hint);
+        in_flight.answered(status, &head.headers);
+        in_flight.settle_not_charged();
+    } else {
+        refused(policy, &mut in_flight, &mut head.headers, status);
+    }
+    Response::from_parts(head, Body::from(body))
+}
+
+/// A `ThrottlingException`, by its error-type header.
+fn is_throttling(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(crate::bedrock::error::X_AMZN_ERROR_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(ErrorCode::from_name)
+        .is_some_and(|c| c == ErrorCode::Throttling)
 }
 
 /// Upstream's answer, on its way to the client: an error status settled and passed on, a
@@ -118,13 +171,7 @@ fn refused(
     headers: &mut http::HeaderMap,
     status: StatusCode,
 ) {
-    let throttled = status == StatusCode::TOO_MANY_REQUESTS
-        && headers
-            .get(crate::bedrock::error::X_AMZN_ERROR_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(ErrorCode::from_name)
-            .is_some_and(|c| c == ErrorCode::Throttling);
-    if throttled {
+    if status == StatusCode::TOO_MANY_REQUESTS && is_throttling(headers) {
         let pool = in_flight.hold().pool().clone();
         let hint = policy.admission.upstream_throttled(&pool);
         policy.observer.upstream_throttled(&pool, Some(hint));

@@ -303,6 +303,7 @@ impl Seen {
             Limit::Concurrency => &self.refused_concurrency,
             Limit::Share => &self.refused_share,
             Limit::DailyQuota => &self.refused_daily,
+            Limit::Budget => unreachable!("a pool's reservation is never refused on a budget"),
         });
         if r.held_for_others {
             count(&self.held_for_others);

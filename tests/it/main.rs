@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `proxy` | every operation through the proxy equals the same call direct to the simulator |
 //! | `admission` | rejections and their hints, never-fitting requests, settlement on every path |
+//! | `daily_quota` | daily quotas: upstream's daily 429, a pool's `tokens_per_day`, the account's day across pools |
 //! | `max_tokens_missing` | requests naming no maxTokens: the model maximum reserved, the default injected, or refused |
 //! | `queue`, `queue_fleet` | the admission queue (paused clock), and a closed-loop SDK fleet against it |
 //! | `routes` | application routes and caller identity: keys, allow-lists, shares, recovery |
@@ -28,6 +29,7 @@ mod bad_input;
 mod bidi;
 mod bidi_raw;
 mod client_faults;
+mod daily_quota;
 mod dashboards;
 mod iam_policy;
 mod ledger_contract;

@@ -45,22 +45,6 @@ impl Sums {
     }
 }
 
-async fn converse(
-    addr: std::net::SocketAddr,
-    model: &str,
-    text: &str,
-    max: Option<u64>,
-) -> RawResponse {
-    raw_request(
-        addr,
-        "POST",
-        &model_path(model, "converse"),
-        converse_body(text, max),
-        false,
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
     let stack = Stack::start(SIM, &pools(), "").await;

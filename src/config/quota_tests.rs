@@ -1,5 +1,6 @@
-//! The model facts in force per pool (catalogue or config), `when_max_tokens_missing` and
-//! `tokens_per_day`: values, and errors that name the key.
+//! The model facts in force per pool (catalogue or config), `when_max_tokens_missing`,
+//! `tokens_per_day`, `admission.account_tokens_per_day` and route budgets: values, and errors
+//! that name the key.
 
 use super::*;
 
@@ -122,4 +123,64 @@ fn values_that_make_no_sense_are_errors_naming_the_key() {
         e.contains("reserve_model_max") && e.contains("inject") && e.contains("reject"),
         "{e}"
     );
+}
+
+fn with_sonnet(extra: &str) -> String {
+    format!(
+        "{extra}\n{}",
+        pool("models = [\"us.anthropic.claude-sonnet-4-20250514-v1:0\"]")
+    )
+}
+
+#[test]
+fn account_days_and_route_budgets_parse_into_windows() {
+    let text = with_sonnet(
+        "[admission]\naccount_tokens_per_day = 1000000\n\
+         [[routes]]\nname = \"batch\"\nbudgets = { tokens_per_hour = 10000, tokens_per_30_days = 900000 }\n",
+    );
+    let config = Config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(
+        config.policy.admission.account_tokens_per_day,
+        Some(1_000_000)
+    );
+    let windows = config.policy.routes[0].budgets.windows();
+    let names: Vec<_> = windows.iter().map(|w| (w.name, w.capacity)).collect();
+    assert_eq!(
+        names,
+        [("tokens_per_hour", 10_000), ("tokens_per_30_days", 900_000)]
+    );
+}
+
+#[test]
+fn budgets_that_make_no_sense_are_errors_naming_the_key() {
+    let route = |budgets: &str| format!("[[routes]]\nname = \"batch\"\nbudgets = {budgets}\n");
+    let cases = [
+        (
+            "[admission]\naccount_tokens_per_day = 0\n".to_string(),
+            "admission.account_tokens_per_day: must be greater than zero",
+        ),
+        (
+            "[admission]\naccount_tokens_per_day = 200000000000\n".to_string(),
+            "admission.account_tokens_per_day: must be at most",
+        ),
+        (
+            route("{ tokens_per_day = 0 }"),
+            "routes[0] (batch).budgets.tokens_per_day: must be greater than zero",
+        ),
+        (route("{}"), "routes[0] (batch).budgets: names no limit"),
+        (
+            route("{ tokens_per_hour = 5000, tokens_per_day = 1000 }"),
+            "routes[0] (batch).budgets.tokens_per_day: 1000 is less than tokens_per_hour = 5000",
+        ),
+        (
+            route("{ tokens_per_week = 5 }"),
+            "unknown field `tokens_per_week`",
+        ),
+    ];
+    for (extra, says) in cases {
+        let e = Config::parse(&with_sonnet(&extra))
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains(says), "{extra:?}: {e:?} lacks {says:?}");
+    }
 }
