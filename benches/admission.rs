@@ -7,8 +7,13 @@
 //!   Each thread's own latency per pair is twice the figure.
 //! - `admission/admit_settle_converse`: `Admission::admit` for a ~1 KB Converse body (one-pass
 //!   read of `maxTokens` and the input estimate, calibration, metrics, ledger) then
-//!   `Admitted::settle_usage`.
+//!   `Admitted::settle_usage`, observed as the proxy observes it (tracing off: the quota report's
+//!   counts, metrics, the access-log line).
+//! - `admission/admit_settle_converse_traced`: the same with tracing on, every request sampled:
+//!   its spans built and queued for the exporter (whose task sends them on a worker of its own).
 //!
+//! - `observe/quota_report_record`: the quota report's share of the above, alone: a request's two
+//!   events counted in its pool's window.
 //! - `admission/reference_body_read`: the one-pass read of the body alone (`admission::body::read`,
 //!   the decision's share of parsing).
 //! - `admission/reference_json_parse`, `admission/reference_estimate_input`: what the decision did
@@ -31,13 +36,17 @@ use std::{
 use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures_util::FutureExt;
+use http::{HeaderMap, HeaderValue};
 use tokengate::{
-    admission::{Admission, Decision, Facts, body, estimate::estimate_input_tokens},
+    admission::{Admission, Caller, Decision, Facts, body, estimate::estimate_input_tokens},
     bedrock::{Operation, Usage},
     config::Config,
     ledger::{self, Clock, Ledger, Limits, MemoryLedger, ReserveRequest},
     metrics::Metrics,
-    observe::{Observation, Observer},
+    observe::{
+        Observation, Observer, Telemetry, Tracer, otlp,
+        report::{Event, QuotaReport},
+    },
 };
 
 const MODEL: &str = "us.anthropic.claude-sonnet-4-20250514-v1:0";
@@ -129,7 +138,11 @@ fn converse_body() -> Bytes {
 }
 
 fn config() -> Config {
-    let text = format!(
+    Config::parse(&config_text()).unwrap_or_else(|e| panic!("bench config: {e}"))
+}
+
+fn config_text() -> String {
+    format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -150,8 +163,70 @@ output_burndown = 5
 default_max_tokens = 4096
 "#,
         LIMITS.tokens_per_minute, LIMITS.max_concurrency
-    );
-    Config::parse(&text).unwrap_or_else(|e| panic!("bench config: {e}"))
+    )
+}
+
+/// One request's decision and settlement, observed as the proxy observes it (arrival with
+/// `headers`, the decision, the settlement and its access-log line).
+fn admit_settle(
+    admission: &Admission,
+    observer: &Observer,
+    caller: &Caller,
+    body: &Bytes,
+    headers: &HeaderMap,
+    usage: &Usage,
+) {
+    let mut obs = Observation::start();
+    observer.began(&mut obs, headers);
+    obs.target(Operation::Converse, Some(MODEL));
+    let facts = Facts {
+        operation: Operation::Converse,
+        model_id: Some(MODEL),
+        body: black_box(body),
+        read: None,
+        caller,
+    };
+    let decision = admission.decide(&facts).now_or_never();
+    let Some(decision) = decision else {
+        panic!("the memory ledger never waits")
+    };
+    observer.decided(&mut obs, &decision);
+    match decision {
+        Decision::Admit(mut admitted) => {
+            let settled = admitted.hold.settle_usage(usage);
+            if let Some(settled) = settled {
+                observer.settled(obs, &settled);
+            }
+        }
+        other => panic!("the bench pool must admit everything: {other:?}"),
+    }
+}
+
+/// The telemetry of the proxy: the quota report, and with `traced` an OTLP exporter (to a port
+/// nothing listens on: the bench measures building and queueing spans, not sending them).
+fn telemetry(metrics: &Metrics, traced: bool) -> Arc<Telemetry> {
+    let mut telemetry = Telemetry::new(QuotaReport::new(
+        Clock::tokio(),
+        Duration::from_secs(86_400),
+    ));
+    if traced {
+        let config = Config::parse(&format!(
+            "{}\n[tracing]\notlp_endpoint = \"http://127.0.0.1:9\"\n",
+            config_text()
+        ))
+        .unwrap_or_else(|e| panic!("bench config: {e}"));
+        let tracing = config
+            .process
+            .tracing
+            .unwrap_or_else(|| panic!("tracing on"));
+        let exporter =
+            otlp::Exporter::start(&tracing, metrics).unwrap_or_else(|e| panic!("exporter: {e}"));
+        telemetry.tracer = Some(Tracer {
+            exporter,
+            sample_ratio: 1.0,
+        });
+    }
+    Arc::new(telemetry)
 }
 
 fn admission(c: &mut Criterion) {
@@ -165,9 +240,29 @@ fn admission(c: &mut Criterion) {
         ledger,
     );
     // What the proxy does around a decision: count it, and record the settlement.
-    let observer = Observer::new(Arc::new(metrics), &admission);
+    let observer = Observer::new(
+        Arc::new(metrics.clone()),
+        &admission,
+        telemetry(&metrics, false),
+    );
     let caller = admission.first_route_caller();
     let body = converse_body();
+    // What boto3 sends, without a trace context.
+    let mut headers = HeaderMap::new();
+    for (name, value) in [
+        ("content-type", "application/json"),
+        (
+            "user-agent",
+            "Boto3/1.44.8 md/Botocore#1.44.8 cfg/retry-mode#standard",
+        ),
+        (
+            "amz-sdk-invocation-id",
+            "f2c6a4a0-6c1b-4a52-9d0b-3c0b0f3ad7a1",
+        ),
+        ("amz-sdk-request", "attempt=1; max=3"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
     // A prompt-cached call: every input token is reported (so calibration learns from it) but
     // only 4 + 2 x 5 = 14 are charged. A realistic uncached charge (about 700 tokens) at this rate
     // would drain even a billion-token bucket within seconds, and the bench would then measure
@@ -180,30 +275,25 @@ fn admission(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("admission");
     group.bench_function("admit_settle_converse", |b| {
-        b.iter(|| {
-            let mut obs = Observation::start();
-            obs.target(Operation::Converse, Some(MODEL));
-            let facts = Facts {
-                operation: Operation::Converse,
-                model_id: Some(MODEL),
-                body: black_box(&body),
-                caller: &caller,
-            };
-            let decision = admission.decide(&facts).now_or_never();
-            let Some(decision) = decision else {
-                panic!("the memory ledger never waits")
-            };
-            observer.decided(&mut obs, &decision);
-            match decision {
-                Decision::Admit(mut admitted) => {
-                    let settled = admitted.hold.settle_usage(&usage);
-                    if let Some(settled) = settled {
-                        observer.settled(obs, &settled);
-                    }
-                }
-                other => panic!("the bench pool must admit everything: {other:?}"),
-            }
-        });
+        b.iter(|| admit_settle(&admission, &observer, &caller, &body, &headers, &usage));
+    });
+    // The same with tracing on: every request sampled, its three spans built and queued.
+    // The exporter's task runs on a worker of its own, as in the proxy.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    let traced = {
+        let _entered = runtime.enter();
+        Observer::new(
+            Arc::new(metrics.clone()),
+            &admission,
+            telemetry(&metrics, true),
+        )
+    };
+    group.bench_function("admit_settle_converse_traced", |b| {
+        b.iter(|| admit_settle(&admission, &traced, &caller, &body, &headers, &usage));
     });
     // Reference points for reading the figure above: its one-pass read of the body alone, and the
     // parse into a `Value` and walk it replaced.
@@ -224,5 +314,32 @@ fn admission(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, memory_ledger, admission);
+/// What the quota report adds to a request, alone: its two events (admitted, settled with usage)
+/// counted in the pool's window.
+fn quota_report(c: &mut Criterion) {
+    let report = QuotaReport::new(Clock::tokio(), Duration::from_secs(86_400));
+    let window = report.pool("bench");
+    let admitted = Event::Admitted {
+        reserved: 1_300,
+        in_flight: 1,
+        queued_for: None,
+    };
+    let settled = Event::Settled {
+        charge: 14,
+        usage: Some(Usage {
+            input_tokens: 4,
+            output_tokens: 2,
+            cache_read_input_tokens: 250,
+            cache_write_input_tokens: 0,
+        }),
+    };
+    c.bench_function("observe/quota_report_record", |b| {
+        b.iter(|| {
+            window.record(report.minute(), black_box(&admitted));
+            window.record(report.minute(), black_box(&settled));
+        });
+    });
+}
+
+criterion_group!(benches, memory_ledger, admission, quota_report);
 criterion_main!(benches);

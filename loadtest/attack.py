@@ -3,8 +3,14 @@
 request bodies they never finish and open HTTP/2 connections that send only the preface, and the
 latency of a legitimate Converse call made throughout. Linux only; loopback only; bounded in time.
 
-    python3 loadtest/attack.py target/release/tokengate [--auth none|bearer] [--bodies 20]
+    python3 loadtest/attack.py target/release/tokengate [--auth none|bearer|sigv4] [--bodies 20]
         [--body-mb 25] [--h2-idle 10000] [--hold 20] [--set KEY=VALUE ...]
+
+With `--auth sigv4` the legitimate caller signs every call with its route's key pair, and the
+attacker's bodies carry that route's real access key id (public: it sits in every SDK config) with a
+forged signature and a current date: the worst case, since such a head passes identification and
+only the body can prove the signature wrong (`--forge unknown-key` sends an access key id the proxy
+never issued instead, which is refused from the head).
 
 `--set` adds a key to the proxy's [server] table (e.g. --set max_connections=1024). The proxy runs
 in front of an instant simulator (a separate process, so its memory is not counted), with the
@@ -14,7 +20,9 @@ memory ledger and one pool that never rejects. Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
+import hmac
 import http.client
 import json
 import os
@@ -32,6 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sizing import MODEL, rss_kib, start, start_instant_simulator  # noqa: E402
 
 LEGIT_KEY = "legitimate-caller-key"
+ACCESS_KEY_ID = "AKIAATTACKTEST000001"
+SECRET_ACCESS_KEY = "attack-test-secret-access-key"
+REGION = "us-east-1"
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 PATH = f"/model/{MODEL.replace(':', '%3A')}/converse"
 
@@ -45,6 +56,26 @@ def raise_fd_limit(needed: int) -> None:
         sys.exit(f"need {needed} file descriptors, the hard limit allows {soft}: raise it (ulimit -Hn)")
 
 
+def sigv4_headers(host: str, path: str, body: bytes, access_key_id: str, secret: str) -> dict[str, str]:
+    """SigV4 headers for a POST to bedrock-runtime, as an SDK signs it (host, x-amz-date,
+    content-type signed; the path double-encoded; the payload hashed)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+    canonical_path = path.replace("%", "%25")
+    signed = "content-type;host;x-amz-date"
+    canonical = "\n".join(["POST", canonical_path, "", "content-type:application/json", f"host:{host}",
+                           f"x-amz-date:{amz_date}", "", signed, hashlib.sha256(body).hexdigest()])
+    scope = f"{day}/{REGION}/bedrock/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    key = ("AWS4" + secret).encode()
+    for part in (day, REGION, "bedrock", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    return {"x-amz-date": amz_date,
+            "authorization": f"AWS4-HMAC-SHA256 Credential={access_key_id}/{scope}, "
+                             f"SignedHeaders={signed}, Signature={signature}"}
+
+
 def proxy_config(sim_addr: str, auth: str, server: list[str]) -> str:
     lines = ['[server]', 'listen = "127.0.0.1:0"', *server,
              '[upstream]', 'region = "us-east-1"', f'endpoint = "http://{sim_addr}"',
@@ -55,6 +86,10 @@ def proxy_config(sim_addr: str, auth: str, server: list[str]) -> str:
         digest = hashlib.sha256(LEGIT_KEY.encode()).hexdigest()
         lines += ['[auth]', 'mode = "bearer"', 'allow_plaintext_bearer = true',
                   '[[routes]]', 'name = "app"', f'bearer_token_sha256 = "{digest}"']
+    if auth == "sigv4":
+        lines += ['[auth]', 'mode = "sigv4"',
+                  '[[routes]]', 'name = "app"', f'access_key_id = "{ACCESS_KEY_ID}"',
+                  f'secret_access_key = "{SECRET_ACCESS_KEY}"']
     return "\n".join(lines) + "\n"
 
 
@@ -68,6 +103,7 @@ class Legit(threading.Thread):
         self.headers = {"content-type": "application/json"}
         if auth == "bearer":
             self.headers["authorization"] = f"Bearer {LEGIT_KEY}"
+        self.auth = auth
         self.body = json.dumps({"messages": [{"role": "user", "content": [{"text": "[sim:output=20] hi"}]}],
                                 "inferenceConfig": {"maxTokens": 100}})
         self.latencies: list[float] = []
@@ -80,7 +116,11 @@ class Legit(threading.Thread):
             started = time.monotonic()
             try:
                 conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
-                conn.request("POST", PATH, self.body, self.headers)
+                headers = dict(self.headers)
+                if self.auth == "sigv4":
+                    headers.update(sigv4_headers(f"{self.host}:{self.port}", PATH, self.body.encode(),
+                                                 ACCESS_KEY_ID, SECRET_ACCESS_KEY))
+                conn.request("POST", PATH, self.body, headers)
                 response = conn.getresponse()
                 response.read()
                 conn.close()
@@ -106,13 +146,23 @@ class Sampler(threading.Thread):
             self.stop.wait(0.05)
 
 
-def send_body(addr: str, auth: str, size: int, outcomes: list[str], held: list[socket.socket]) -> None:
+def attacker_auth_lines(addr: str, auth: str, forge: str) -> str:
+    """The credentials an attacker without a secret can put in a head."""
+    if auth == "bearer":
+        return "authorization: Bearer not-a-key\r\n"
+    if auth == "sigv4":
+        key_id = ACCESS_KEY_ID if forge == "known-key" else "AKIANEVERISSUED00000"
+        headers = sigv4_headers(addr, PATH, b"forged", key_id, "not-the-secret")
+        return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return ""
+
+
+def send_body(addr: str, auth_lines: str, size: int, outcomes: list[str], held: list[socket.socket]) -> None:
     """Declares `size` bytes, sends all but the last, and never finishes."""
     host, port = addr.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)))
-    auth_line = "authorization: Bearer not-a-key\r\n" if auth == "bearer" else ""
     head = (f"POST {PATH} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n"
-            f"{auth_line}content-length: {size}\r\n\r\n")
+            f"{auth_lines}content-length: {size}\r\n\r\n")
     sock.sendall(head.encode())
     chunk = b" " * 65536
     sent = 0
@@ -198,7 +248,9 @@ def percentile(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("binary")
-    parser.add_argument("--auth", choices=["none", "bearer"], default="none")
+    parser.add_argument("--auth", choices=["none", "bearer", "sigv4"], default="none")
+    parser.add_argument("--forge", choices=["known-key", "unknown-key"], default="known-key",
+                        help="sigv4: the access key id the attacker's heads carry")
     parser.add_argument("--bodies", type=int, default=20)
     parser.add_argument("--body-mb", type=float, default=25)
     parser.add_argument("--h2-idle", type=int, default=10000)
@@ -226,7 +278,8 @@ def main() -> None:
             outcomes: list[str] = []
             held: list[socket.socket] = []
             size = int(opts.body_mb * 1_000_000)
-            bodies = [threading.Thread(target=send_body, args=(addr, opts.auth, size, outcomes, held), daemon=True)
+            auth_lines = attacker_auth_lines(addr, opts.auth, opts.forge)
+            bodies = [threading.Thread(target=send_body, args=(addr, auth_lines, size, outcomes, held), daemon=True)
                       for _ in range(opts.bodies)]
             for t in bodies:
                 t.start()
@@ -245,6 +298,7 @@ def main() -> None:
             sampler.join()
             print(json.dumps({
                 "auth": opts.auth, "server": opts.set,
+                "forge": opts.forge if opts.auth == "sigv4" else None,
                 "idle_rss_mib": round(idle_kib / 1024, 1),
                 "peak_rss_mib": round(sampler.peak_kib / 1024, 1),
                 "rss_at_end_mib": round(rss_kib(proxy.pid) / 1024, 1),

@@ -1,7 +1,12 @@
-//! The one map from what was decided (and what upstream did) to the Bedrock-shaped answer the
-//! client gets: status, `x-amzn-ErrorType`, a message that says what to change, and for what
-//! retrying can cure, the retry hint headers (`x-amz-retry-after` in milliseconds, `Retry-After`
-//! in seconds) and tokengate's own `x-tokengate-reason` / `x-tokengate-pool`.
+//! The one map from what was decided (and what upstream did) to the answer the client gets:
+//! status, `x-amzn-ErrorType`, a message that says what to change, and for what retrying can
+//! cure, the retry hint headers and tokengate's own `x-tokengate-reason` / `x-tokengate-pool`.
+//!
+//! The body takes the shape the request's API speaks ([`Dialect`]): Bedrock's `{"message"}`, or
+//! the OpenAI and Anthropic APIs' own error objects, which their SDKs read. The retry hint goes in
+//! every header a client of any of them obeys: `x-amz-retry-after` (ms: the AWS SDKs),
+//! `retry-after-ms` (ms: the OpenAI and Anthropic SDKs read it first), `Retry-After` (s), and
+//! `x-should-retry: true` (which those two SDKs obey over their own rules).
 //!
 //! The `match` over [`Decision`] is exhaustive: a new decision cannot reach the wire unanswered.
 
@@ -12,33 +17,37 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::{
     admission::{
-        BudgetScope, Decision, Invalid, MissingMaxTokens, NeverFits, NotAllowed, QueueRefusal,
-        Throttle, ThrottleWhy, Unavailability, Unavailable, hint,
+        BudgetScope, Decision, Invalid, MissingMaxTokens, NeverFits, NotAllowed, Problem,
+        QueueRefusal, Throttle, ThrottleWhy, Unavailability, Unavailable, hint,
     },
-    bedrock::{BedrockError, ErrorCode, Operation, TargetError},
+    bedrock::{
+        BedrockError, Dialect, ErrorCode, Operation, TargetError, api, max_tokens::cap_field_name,
+    },
     ledger::Limit,
 };
 
 pub const X_TOKENGATE_REASON: HeaderName = HeaderName::from_static("x-tokengate-reason");
 pub const X_TOKENGATE_POOL: HeaderName = HeaderName::from_static("x-tokengate-pool");
 const X_AMZ_RETRY_AFTER: HeaderName = HeaderName::from_static("x-amz-retry-after");
+const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
+const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 
-/// The answer to a request admission did not admit; `None` for decisions that go upstream
-/// (admitted, passed).
-pub fn refusal(decision: &Decision) -> Option<Response> {
+/// The answer to a request of `operation` admission did not admit; `None` for decisions that go
+/// upstream (admitted, passed).
+pub fn refusal(decision: &Decision, operation: Operation) -> Option<Response> {
     let error = match decision {
         Decision::Admit(_) | Decision::Pass(_) => return None,
         Decision::Throttle(t) => throttle(t),
-        Decision::NeverFits(n) => never_fits(n),
+        Decision::NeverFits(n) => never_fits(n, operation),
         Decision::NotAllowed(n) => not_allowed(n),
-        Decision::Invalid(i) => invalid(i),
+        Decision::Invalid(i) => invalid(i, operation),
         Decision::UnknownModel { model } => BedrockError::validation(format!(
             "tokengate has no quota pool for model {model:?}: add it to the models list of a [[pools]] entry, \
              or set [admission] unknown_models = \"pass\" to forward unknown models uncounted"
         )),
         Decision::Unavailable(u) => unavailable(u),
     };
-    Some(error.into_response())
+    Some(error.into_response_in(operation.api().dialect()))
 }
 
 fn throttle(t: &Throttle) -> BedrockError {
@@ -113,26 +122,28 @@ fn limit_noun(limit: Limit) -> &'static str {
     }
 }
 
-fn never_fits(n: &NeverFits) -> BedrockError {
+fn never_fits(n: &NeverFits, operation: Operation) -> BedrockError {
     let name = &*n.pool.name;
     let fits = n.capacity.saturating_sub(n.input);
-    let cap = match n.max_tokens_missing {
+    let cap = cap_field_name(operation);
+    let advice = match n.max_tokens_missing {
         Some(MissingMaxTokens::ReserveModelMax) => format!(
-            "it names no maximum output, so it reserves the model's maximum ({} tokens) as Bedrock does; send maxTokens (or your model family's output-cap field) of at most {fits}",
+            "it names no maximum output, so it reserves the model's maximum ({} tokens) as Bedrock does: send {cap} of at most {fits}",
             n.max_tokens
         ),
         Some(_) => format!(
-            "it names no maximum output and tokengate set {}; send maxTokens of at most {fits}",
+            "it names no maximum output and tokengate set {}: send {cap} of at most {fits}",
             n.max_tokens
         ),
-        None => format!("set maxTokens to at most {fits}"),
+        None => format!("set {cap} to at most {fits}"),
     };
     BedrockError::validation(format!(
         "this request reserves {} tokens (about {} input + {} maxTokens) but pool {name:?} holds at most {} \
-         tokens per minute, so it can never be admitted: {cap}, or shorten the input",
+         tokens per minute, so it can never be admitted; {advice}, or shorten the input",
         n.reserving, n.input, n.max_tokens, n.capacity
     ))
     .with_header(X_TOKENGATE_POOL, name)
+    .with_header(X_SHOULD_RETRY, "false")
 }
 
 fn not_allowed(n: &NotAllowed) -> BedrockError {
@@ -145,8 +156,23 @@ fn not_allowed(n: &NotAllowed) -> BedrockError {
     )
 }
 
-fn invalid(i: &Invalid) -> BedrockError {
-    BedrockError::validation(i.problem.to_string())
+fn invalid(i: &Invalid, operation: Operation) -> BedrockError {
+    let message = match &i.problem {
+        // The ceiling in the field the caller's API names.
+        Problem::AboveCeiling {
+            max_tokens,
+            ceiling,
+            route,
+        } if operation.model_in_body() => {
+            let cap = cap_field_name(operation);
+            format!(
+                "{cap} {max_tokens} is above the ceiling of {ceiling} that tokengate route {route:?} allows; \
+                 set {cap} to at most {ceiling}"
+            )
+        }
+        problem => problem.to_string(),
+    };
+    BedrockError::validation(message)
 }
 
 fn unavailable(u: &Unavailable) -> BedrockError {
@@ -158,20 +184,39 @@ fn unavailable(u: &Unavailable) -> BedrockError {
         .with_header(X_TOKENGATE_POOL, &*u.pool.name)
 }
 
-/// A retryable error carrying `hint` as `x-amz-retry-after` (ms) and `Retry-After` (s).
+/// A retryable error carrying `hint` in every retry header (see the module doc).
 pub fn retryable(code: ErrorCode, message: String, hint: Duration) -> BedrockError {
+    retry_headers(hint)
+        .into_iter()
+        .fold(BedrockError::new(code, message), |e, (name, value)| {
+            e.with_header(name, value)
+        })
+}
+
+/// The retry headers of `hint`: `x-amz-retry-after`, `retry-after-ms`, `Retry-After`,
+/// `x-should-retry`.
+fn retry_headers(hint: Duration) -> [(HeaderName, String); 4] {
     let (ms, secs) = hint::header_values(hint);
-    BedrockError::new(code, message)
-        .with_header(X_AMZ_RETRY_AFTER, ms)
-        .with_header(http::header::RETRY_AFTER, secs)
+    [
+        (X_AMZ_RETRY_AFTER, ms.clone()),
+        (RETRY_AFTER_MS, ms),
+        (http::header::RETRY_AFTER, secs),
+        (X_SHOULD_RETRY, "true".to_string()),
+    ]
 }
 
 /// Upstream throttled a request this proxy admitted: pass its 429 on, with a hint if it gave
 /// none, and say it was upstream's.
 pub fn upstream_throttled(headers: &mut HeaderMap, hint: Duration) {
-    if !headers.contains_key(X_AMZ_RETRY_AFTER) {
-        let (ms, secs) = hint::header_values(hint);
-        for (name, value) in [(X_AMZ_RETRY_AFTER, ms), (http::header::RETRY_AFTER, secs)] {
+    let has_hint = [
+        &X_AMZ_RETRY_AFTER,
+        &RETRY_AFTER_MS,
+        &http::header::RETRY_AFTER,
+    ]
+    .iter()
+    .any(|h| headers.contains_key(*h));
+    if !has_hint {
+        for (name, value) in retry_headers(hint) {
             if let Ok(v) = HeaderValue::from_str(&value) {
                 headers.insert(name, v);
             }
@@ -193,6 +238,7 @@ pub fn upstream_unreachable(
     error: &dyn std::fmt::Display,
     pool: Option<&str>,
     hint: Duration,
+    dialect: Dialect,
 ) -> Response {
     let message = format!("tokengate could not get an answer from bedrock-runtime: {error}");
     match pool {
@@ -200,16 +246,18 @@ pub fn upstream_unreachable(
         Some(pool) => retryable(ErrorCode::ServiceUnavailable, message, hint)
             .with_header(X_TOKENGATE_POOL, pool),
     }
-    .into_response()
+    .into_response_in(dialect)
 }
 
-/// A path that is not a `bedrock-runtime` operation, or a bad modelId in it.
-pub fn target_error(e: TargetError) -> Response {
+/// A path that is not a `bedrock-runtime` operation, or a bad modelId in it, answered in the
+/// dialect of the path's clients.
+pub fn target_error(e: TargetError, dialect: Dialect) -> Response {
     match e {
         TargetError::UnknownOperation { .. } => BedrockError::new(
             ErrorCode::UnknownOperation,
             format!(
-                "{e}; tokengate serves the bedrock-runtime API (e.g. POST /model/{{modelId}}/converse)"
+                "{e}; tokengate serves the bedrock-runtime API here: {}",
+                api::served_paths(dialect)
             ),
         ),
         TargetError::EmptyModelId | TargetError::BadModelIdEncoding => {
@@ -219,7 +267,16 @@ pub fn target_error(e: TargetError) -> Response {
         }
         TargetError::UnsafePath { .. } => BedrockError::validation(e.to_string()),
     }
-    .into_response()
+    .into_response_in(dialect)
+}
+
+/// An OpenAI or Anthropic API request whose body is declared as something other than JSON.
+pub fn not_json(operation: Operation, content_type: &str) -> Response {
+    BedrockError::validation(format!(
+        "{operation} takes a JSON body, but the request's Content-Type is {content_type:?}; \
+         send Content-Type: application/json"
+    ))
+    .into_response_in(operation.api().dialect())
 }
 
 /// A streaming operation called over HTTP/1.1.
@@ -240,10 +297,10 @@ pub fn no_route() -> BedrockError {
 }
 
 /// The request body did not arrive within `server.body_read_timeout_secs`.
-pub fn body_timeout(after: Duration) -> Response {
+pub fn body_timeout(after: Duration, dialect: Dialect) -> Response {
     BedrockError::validation(format!(
         "the request body did not arrive within {} s, the limit set by [server] body_read_timeout_secs; send the whole body at once",
         after.as_secs()
     ))
-    .into_response()
+    .into_response_in(dialect)
 }

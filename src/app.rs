@@ -6,6 +6,7 @@
 //! | `GET /readyz` | readiness: started, credentials resolved, not draining, ledger reachable (or a local share serving) |
 //! | `GET /metrics` | Prometheus text exposition |
 //! | `GET /v1/pools` | live ledger state per pool, JSON |
+//! | `GET /v1/quota-report` | what each pool needed over the report's window ([`crate::observe::report`]), JSON or `?format=markdown` |
 //! | anything else | the `bedrock-runtime` API, proxied ([`crate::proxy::handle`]) |
 //!
 //! With `server.admin_listen`, a second listener serves the admin endpoints alone
@@ -23,7 +24,7 @@ use std::sync::{Arc, atomic::Ordering};
 
 use axum::{
     Json, Router,
-    extract::State,
+    extract::{Query, State},
     response::{IntoResponse, Response},
     routing::get,
 };
@@ -65,6 +66,7 @@ fn admin_routes() -> Router<Arc<AppState>> {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/v1/pools", get(pools))
+        .route("/v1/quota-report", get(quota_report))
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
@@ -118,4 +120,32 @@ async fn pools(State(state): State<Arc<AppState>>) -> Response {
         "budgets": budgets,
     }))
     .into_response()
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct ReportQuery {
+    format: Option<String>,
+}
+
+async fn quota_report(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<ReportQuery>,
+) -> Response {
+    let policy = state.policy();
+    let report = state.telemetry.report.report(policy.admission.pools());
+    match query.format.as_deref().unwrap_or("json") {
+        "json" => Json(report).into_response(),
+        "markdown" => (
+            [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
+            crate::observe::report::markdown::render(&report),
+        )
+            .into_response(),
+        other => (
+            StatusCode::BAD_REQUEST,
+            Json(json!({
+                "message": format!("format {other:?} is not known; use format=json or format=markdown"),
+            })),
+        )
+            .into_response(),
+    }
 }

@@ -28,7 +28,7 @@ use crate::{
     config::{Config, Endpoint, LedgerConfig, OnLedgerError, ProcessConfig, RedisLedgerConfig},
     ledger::{Clock, FallbackLedger, Ledger, MemoryLedger, RedisLedger, RedisOptions},
     metrics::Metrics,
-    observe::timed::TimedLedger,
+    observe::{Telemetry, timed::TimedLedger},
     proxy::count_tokens::UpstreamCounter,
     server,
     simulator::{self, SimulatorHandle},
@@ -51,6 +51,8 @@ pub enum StartError {
     Ledger(String),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("tracing: {0}")]
+    Tracing(String),
     #[error("listener: {0}")]
     Listener(#[from] io::Error),
     #[error("cannot listen on {addr} (server.admin_listen): {source}")]
@@ -95,7 +97,8 @@ pub enum ReloadError {
 }
 
 /// The sections a reload cannot change in a running process: listeners, the upstream client,
-/// the ledger backend, logging, the simulator. Changes there are logged and wait for a restart.
+/// the ledger backend, logging, the simulator, traces and the other telemetry outputs. Changes
+/// there are logged and wait for a restart.
 fn restart_only_changes(old: &ProcessConfig, new: &ProcessConfig) -> Vec<&'static str> {
     [
         ("[server]", old.server != new.server),
@@ -103,6 +106,8 @@ fn restart_only_changes(old: &ProcessConfig, new: &ProcessConfig) -> Vec<&'stati
         ("[ledger]", old.ledger != new.ledger),
         ("[log]", old.log != new.log),
         ("[simulator]", old.simulator != new.simulator),
+        ("[tracing]", old.tracing != new.tracing),
+        ("[metrics]", old.metrics != new.metrics),
     ]
     .into_iter()
     .filter_map(|(section, changed)| changed.then_some(section))
@@ -224,6 +229,7 @@ impl Gateway {
             old.admission.ledger().clone(),
             self.input_counter(),
             &metrics,
+            &self.state.telemetry,
         );
         for pool in policy.admission.pools() {
             if let Some(previous) = old.admission.pools().iter().find(|p| p.name == pool.name) {
@@ -273,8 +279,9 @@ impl Gateway {
     /// `server.accept_grace_secs`, so load balancers stop sending first); queued requests are
     /// answered with a retryable error; the listener closes; in-flight requests and streams
     /// finish, until `server.drain_secs`, after which what is left is ended and settled;
-    /// settlements still on their way to the ledger complete; then the admin listener (which
-    /// answered "not ready" throughout) and the in-process simulator stop.
+    /// settlements still on their way to the ledger complete; the telemetry outputs write what
+    /// they hold; then the admin listener (which answered "not ready" throughout) and the
+    /// in-process simulator stop.
     pub async fn shutdown(mut self) -> io::Result<ShutdownReport> {
         self.state.ready.store(false, Ordering::Release);
         if !self.accept_grace.is_zero() {
@@ -299,6 +306,8 @@ impl Gateway {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let report = ShutdownReport::of(&admission);
+        // Every request is answered and settled: the outputs' last figures are complete.
+        self.state.telemetry.shutdown().await;
         if let Some(admin) = self.admin.take() {
             admin.stop().await?;
         }
@@ -372,13 +381,16 @@ pub async fn assemble(config: &Config, options: GatewayOptions) -> Result<Assemb
     let registry = options.registry.unwrap_or_default();
     let metrics = Arc::new(Metrics::new(&registry)?);
     let clock = options.clock.unwrap_or_default();
+    let telemetry = Telemetry::for_config(&config.process, clock.clone(), &metrics)
+        .map_err(|e| StartError::Tracing(e.to_string()))?;
+    let telemetry = Arc::new(telemetry);
     let ledger: Arc<dyn Ledger> = match &config.process.ledger {
         LedgerConfig::Memory => Arc::new(MemoryLedger::new(clock)),
         LedgerConfig::Redis(redis) => redis_ledger(redis, clock).await?,
     };
     let ledger = Arc::new(TimedLedger::new(ledger, metrics.ledger_seconds.clone()));
     let counter = Arc::new(UpstreamCounter(upstream.clone()));
-    let policy = Policy::build(&config.policy, ledger, counter, &metrics);
+    let policy = Policy::build(&config.policy, ledger, counter, &metrics, &telemetry);
     let server = &config.process.server;
     let body_budget = crate::body_budget::BodyBudget::new(server.max_buffered_body_bytes, &metrics);
     let state = Arc::new(AppState {
@@ -386,6 +398,7 @@ pub async fn assemble(config: &Config, options: GatewayOptions) -> Result<Assemb
         upstream,
         metrics,
         registry,
+        telemetry,
         ledger_publications: Default::default(),
         max_body_bytes: server.max_body_bytes,
         body_budget,
@@ -393,6 +406,10 @@ pub async fn assemble(config: &Config, options: GatewayOptions) -> Result<Assemb
         ready: Arc::new(AtomicBool::new(false)),
         rejections: Default::default(),
     });
+    if let Some(emf) = &state.telemetry.emf {
+        let state = Arc::downgrade(&state);
+        emf.start(move || Some(state.upgrade()?.policy().admission.pools().to_vec()));
+    }
     Ok(Assembled {
         state,
         simulator,
@@ -443,13 +460,23 @@ async fn connect_upstream(
         None => default_chain(&up.region).await?,
     };
     let signer = Signer::new(provider, &up.region);
-    signer.credentials().await.map_err(|e| {
-        StartError::Credentials(format!(
+    if let Err(e) = signer.credentials().await {
+        let e = format!(
             "{e}. tokengate signs upstream requests with its own AWS credentials from the default chain \
              (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity, container or instance role)"
-        ))
-    })?;
-    let upstream = Upstream::new(
+        );
+        match &up.api_key {
+            None => return Err(StartError::Credentials(e)),
+            // Only InvokeModelWithBidirectionalStream needs them then.
+            Some(key) => tracing::warn!(
+                error = %e,
+                "no AWS credentials: every operation goes upstream with the API key of {} but \
+                 InvokeModelWithBidirectionalStream (SigV4 only), which will fail",
+                key.env
+            ),
+        }
+    }
+    let mut upstream = Upstream::new(
         base,
         signer,
         up.connect_timeout,
@@ -457,6 +484,11 @@ async fn connect_upstream(
         up.idle_timeout,
     )
     .map_err(|e| StartError::Upstream(e.to_string()))?;
+    if let Some(key) = &up.api_key {
+        upstream = upstream
+            .with_api_key(&key.key.0)
+            .map_err(|e| StartError::Upstream(e.to_string()))?;
+    }
     Ok((upstream, simulator))
 }
 

@@ -4,7 +4,8 @@
 //!
 //! It speaks HTTP/1.1 over a blocking `std` socket on purpose: no runtime to start, nothing to
 //! configure, a few milliseconds per probe. It does not speak TLS: with `server.tls_cert` set,
-//! probe from outside (Kubernetes `httpGet` with `scheme: HTTPS`).
+//! probe from outside (Kubernetes `httpGet` with `scheme: HTTPS`). The same GET ([`get`]) reads
+//! the admin endpoints for `tokengate report` and `tokengate top`.
 
 use std::{
     io::{self, Read, Write},
@@ -37,8 +38,33 @@ pub enum HealthError {
 }
 
 /// GETs `url` and returns its status if it is a `2xx`. The whole probe (resolving, connecting,
-/// writing, reading the status line) takes at most about `timeout`.
+/// writing, reading the answer) takes at most about `timeout`.
 pub fn check(url: &str, timeout: Duration) -> Result<u16, HealthError> {
+    let answer = get(url, timeout)?;
+    if (200..300).contains(&answer.status) {
+        Ok(answer.status)
+    } else {
+        Err(HealthError::Unhealthy {
+            authority: answer.authority,
+            status: answer.status,
+        })
+    }
+}
+
+/// An answer to [`get`].
+#[derive(Debug)]
+pub struct Answer {
+    pub authority: String,
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// The largest answer [`get`] reads (the admin endpoints answer a few KiB).
+const MAX_ANSWER: usize = 16 * 1024 * 1024;
+
+/// GETs `url` (plain HTTP) within about `timeout`, whatever the status: the probe, and the
+/// admin endpoints `tokengate report` and `tokengate top` read.
+pub fn get(url: &str, timeout: Duration) -> Result<Answer, HealthError> {
     let uri: http::Uri = url
         .parse()
         .map_err(|_| HealthError::BadUrl(url.to_string()))?;
@@ -82,30 +108,64 @@ pub fn check(url: &str, timeout: Duration) -> Result<u16, HealthError> {
         .set_write_timeout(Some(remaining()))
         .map_err(io_error)?;
     let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: tokengate-healthcheck\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: tokengate\r\nConnection: close\r\n\r\n"
     );
     stream.write_all(request.as_bytes()).map_err(io_error)?;
 
-    // Read up to the end of the status line; the rest of the answer does not matter.
-    let mut head = Vec::with_capacity(64);
-    let mut buf = [0u8; 256];
-    while !head.contains(&b'\n') && head.len() < 1024 {
+    // `Connection: close`: the answer ends when the server closes.
+    let mut raw = Vec::with_capacity(1024);
+    let mut buf = [0u8; 8192];
+    while raw.len() < MAX_ANSWER {
         stream
             .set_read_timeout(Some(remaining()))
             .map_err(io_error)?;
         match stream.read(&mut buf) {
             Ok(0) => break,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            // A status line is enough for the probe when the server keeps the connection.
+            Err(_) if status_code(&raw).is_some() && timed_out(deadline) => break,
             Err(e) => return Err(io_error(e)),
         }
     }
-    let status = status_code(&head).ok_or_else(|| HealthError::BadResponse {
+    let bad = || HealthError::BadResponse {
         authority: authority.clone(),
-    })?;
-    if (200..300).contains(&status) {
-        Ok(status)
-    } else {
-        Err(HealthError::Unhealthy { authority, status })
+    };
+    let status = status_code(&raw).ok_or_else(bad)?;
+    let body = body_of(&raw).ok_or_else(bad)?;
+    Ok(Answer {
+        authority,
+        status,
+        body,
+    })
+}
+
+fn timed_out(deadline: Instant) -> bool {
+    Instant::now() >= deadline
+}
+
+/// The body of a whole HTTP/1.1 answer: after the head, de-chunked when it is chunked. A
+/// truncated answer gives what arrived.
+fn body_of(raw: &[u8]) -> Option<Vec<u8>> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..split])
+        .ok()?
+        .to_ascii_lowercase();
+    let mut body = &raw[split + 4..];
+    if !head.contains("\r\ntransfer-encoding: chunked") {
+        return Some(body.to_vec());
+    }
+    let mut out = Vec::with_capacity(body.len());
+    loop {
+        let line_end = body.windows(2).position(|w| w == b"\r\n")?;
+        let size = std::str::from_utf8(&body[..line_end]).ok()?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        body = &body[line_end + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        let chunk = body.get(..size)?;
+        out.extend_from_slice(chunk);
+        body = body.get(size + 2..).unwrap_or_default();
     }
 }
 
@@ -212,6 +272,22 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn bodies_are_read_whole_and_dechunked() {
+        let (url, server) = serve_once(b"HTTP/1.1 200 OK\r\ncontent-length: 6\r\n\r\nready\n");
+        assert_eq!(get(&url, Duration::from_secs(5)).unwrap().body, b"ready\n");
+        server.join().unwrap();
+        let chunked = b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n7;x=y\r\n, world\r\n0\r\n\r\n";
+        let (url, server) = serve_once(chunked);
+        let answer = get(&url, Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            (answer.status, answer.body.as_slice()),
+            (404, &b"hello, world"[..])
+        );
+        server.join().unwrap();
+        assert_eq!(body_of(b"HTTP/1.1 200 OK\r\n"), None);
     }
 
     #[test]

@@ -22,12 +22,14 @@
 //! | [`app`] | the axum router and the layer stack, in one place |
 //! | [`proxy`] | the life of a proxied request: target, caller, decide, answer or forward, meter |
 //! | [`answer`] | the one map from a decision (or upstream's outcome) to the Bedrock-shaped answer |
-//! | [`observe`] | what happened, recorded: metrics and the access log |
+//! | [`observe`] | what happened, recorded: metrics, the access log, the quota report, CloudWatch EMF lines, OpenTelemetry spans |
 //! | [`state`] | what request handlers share: the reloadable policy and the process-wide parts |
+//! | [`calendar`] | UTC dates from day counts and back, for SigV4's dates and the quota report's minutes |
 //! | [`body_budget`] | the bytes of request bodies held in memory, bounded for all requests together |
 //! | [`gateway`] | assembling a running proxy from a config |
 //! | [`server`] | the listener: HTTP/1.1 and h2c on one port, optional TLS, the connection cap, timeouts and header limits, graceful shutdown |
-//! | [`healthcheck`] | `tokengate healthcheck`: the container image's probe (no shell, no curl) |
+//! | [`healthcheck`] | `tokengate healthcheck`: the container image's probe (no shell, no curl); the plain-HTTP GET `report` and `top` use |
+//! | [`top`] | `tokengate top`: the pools of a running proxy in a terminal |
 
 pub mod admission;
 pub mod answer;
@@ -35,6 +37,7 @@ pub mod app;
 pub mod auth;
 pub mod bedrock;
 pub mod body_budget;
+pub mod calendar;
 pub mod config;
 pub mod gateway;
 pub mod healthcheck;
@@ -45,4 +48,5 @@ pub mod proxy;
 pub mod server;
 pub mod simulator;
 pub mod state;
+pub mod top;
 pub mod upstream;

@@ -1,4 +1,5 @@
-//! The `tokengate` command: `serve`, `simulate`, `check-config`, `healthcheck`.
+//! The `tokengate` command: `serve`, `simulate`, `check-config`, `healthcheck`, and the operator
+//! tools `report` and `top`.
 
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
@@ -47,6 +48,31 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         timeout_secs: u64,
     },
+    /// Print a running proxy's quota report (GET /v1/quota-report): per pool, the steady and
+    /// peak tokens per minute, peak concurrency, tokens per call, throttles, and what quota to
+    /// request.
+    Report {
+        /// The proxy's admin address (its listener, or server.admin_listen), plain HTTP.
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+        #[arg(long, value_enum, default_value_t = ReportFormat::Markdown)]
+        format: ReportFormat,
+    },
+    /// Watch a running proxy's pools in the terminal (q, Esc or Ctrl-C quits).
+    Top {
+        /// The proxy's admin address (its listener, or server.admin_listen), plain HTTP.
+        #[arg(long, default_value = "http://127.0.0.1:8080")]
+        url: String,
+        /// How often to read /v1/pools, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ReportFormat {
+    Markdown,
+    Json,
 }
 
 fn main() -> ExitCode {
@@ -54,6 +80,9 @@ fn main() -> ExitCode {
     if let Command::CheckConfig { file } = &cli.command {
         return match Config::load(file) {
             Ok(config) => {
+                for note in config.notes() {
+                    eprintln!("{}: note: {note}", file.display());
+                }
                 println!(
                     "{}: ok ({} pools)",
                     file.display(),
@@ -82,6 +111,18 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Command::Report { url, format } = &cli.command {
+        return report(url, *format);
+    }
+    if let Command::Top { url, interval_ms } = &cli.command {
+        return match tokengate::top::run(url, Duration::from_millis((*interval_ms).max(100))) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tokengate top: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -105,7 +146,40 @@ async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve { config } => serve(config).await,
         Command::Simulate { listen, config } => simulate(listen, config).await,
-        Command::CheckConfig { .. } | Command::Healthcheck { .. } => Ok(()),
+        Command::CheckConfig { .. }
+        | Command::Healthcheck { .. }
+        | Command::Report { .. }
+        | Command::Top { .. } => Ok(()),
+    }
+}
+
+/// `tokengate report`: the quota report of the proxy at `url`, on stdout.
+fn report(url: &str, format: ReportFormat) -> ExitCode {
+    let format = match format {
+        ReportFormat::Markdown => "markdown",
+        ReportFormat::Json => "json",
+    };
+    let endpoint = format!(
+        "{}/v1/quota-report?format={format}",
+        url.trim_end_matches('/')
+    );
+    match healthcheck::get(&endpoint, Duration::from_secs(10)) {
+        Ok(answer) if answer.status == 200 => {
+            print!("{}", String::from_utf8_lossy(&answer.body));
+            ExitCode::SUCCESS
+        }
+        Ok(answer) => {
+            eprintln!(
+                "{endpoint}: {} {}",
+                answer.status,
+                String::from_utf8_lossy(&answer.body).trim()
+            );
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("{endpoint}: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use crate::{
     config::PolicyConfig,
     ledger::Ledger,
     metrics::Metrics,
-    observe::{Observer, publish::LedgerPublications},
+    observe::{Observer, Telemetry, publish::LedgerPublications},
     upstream::Upstream,
 };
 
@@ -28,13 +28,14 @@ pub struct Policy {
 
 impl Policy {
     /// The policy of `config`: admission over `ledger` (counting input exactly with `counter`
-    /// for pools that ask), who may call, and the observer of both. Used at start and by every
-    /// reload.
+    /// for pools that ask), who may call, and the observer of both (with their places in the
+    /// process-wide `telemetry`). Used at start and by every reload.
     pub fn build(
         config: &PolicyConfig,
         ledger: Arc<dyn Ledger>,
         counter: Arc<dyn InputCounter>,
         metrics: &Arc<Metrics>,
+        telemetry: &Arc<Telemetry>,
     ) -> Policy {
         let admission = Admission::new(
             &config.pools,
@@ -44,7 +45,7 @@ impl Policy {
         )
         .with_input_counter(counter);
         let auth = Authenticator::new(&config.auth, &config.routes, metrics.clone());
-        let observer = Observer::new(metrics.clone(), &admission);
+        let observer = Observer::new(metrics.clone(), &admission, telemetry.clone());
         Policy {
             admission: Arc::new(admission),
             auth: Arc::new(auth),
@@ -60,6 +61,8 @@ pub struct AppState {
     pub upstream: Arc<Upstream>,
     pub metrics: Arc<Metrics>,
     pub registry: Registry,
+    /// The quota report and the other outputs that outlive reloads.
+    pub telemetry: Arc<Telemetry>,
     /// Counts the ledger keeps, published at each scrape.
     pub ledger_publications: LedgerPublications,
     pub max_body_bytes: usize,

@@ -1,6 +1,7 @@
 //! The usage observer on every response kind: headers, then body chunks, then the end. Stream
 //! kinds get real event-stream frames with fuzzed event types and payloads (plus garbage), so the
-//! JSON inside frames is fuzzed too; plain kinds get the fuzzed bytes as the body.
+//! JSON inside frames is fuzzed too; the OpenAI and Anthropic APIs' streams get SSE events
+//! (`event:` names of theirs, fuzzed `data:`); plain kinds get the fuzzed bytes as the body.
 //!
 //! Properties: never panics; usage is reported at most once; output seen never decreases.
 
@@ -20,6 +21,19 @@ const EVENTS: [&str; 8] = [
     "metadata",
     "chunk",
     "somethingNew",
+];
+
+/// SSE event names of the OpenAI Responses and Anthropic Messages streams (Chat Completions
+/// names none).
+const SSE_EVENTS: [&str; 8] = [
+    "",
+    "message_start",
+    "content_block_delta",
+    "message_delta",
+    "message_stop",
+    "response.output_text.delta",
+    "response.completed",
+    "error",
 ];
 
 const HEADERS: [&str; 4] = [
@@ -45,11 +59,26 @@ fuzz_target!(|input: Input| {
         Operation::ConverseStream,
         Operation::InvokeModel,
         Operation::InvokeModelWithResponseStream,
+        Operation::OpenAIChatCompletions,
+        Operation::OpenAIResponses,
+        Operation::AnthropicMessages,
         Operation::InvokeModelWithBidirectionalStream,
-    ][usize::from(input.operation % 5)];
-    let Some(kind) = ResponseKind::for_operation(operation) else {
+    ][usize::from(input.operation % 8)];
+    // The OpenAI and Anthropic APIs stream when the response says SSE.
+    let mut response_headers = HeaderMap::new();
+    if input.operation & 0x80 != 0 {
+        response_headers.insert(
+            "content-type",
+            HeaderValue::from_static("text/event-stream"),
+        );
+    }
+    let Some(kind) = ResponseKind::for_response(operation, &response_headers) else {
         return;
     };
+    let sse = matches!(
+        kind,
+        ResponseKind::ChatStream | ResponseKind::ResponsesStream | ResponseKind::MessagesStream
+    );
     let stream = matches!(
         kind,
         ResponseKind::ConverseStream
@@ -63,6 +92,14 @@ fuzz_target!(|input: Input| {
                 EVENTS[usize::from(*event) % EVENTS.len()],
                 payload,
             ));
+        } else if sse {
+            let name = SSE_EVENTS[usize::from(*event) % SSE_EVENTS.len()];
+            if !name.is_empty() {
+                body.extend_from_slice(format!("event: {name}\n").as_bytes());
+            }
+            body.extend_from_slice(b"data: ");
+            body.extend_from_slice(payload);
+            body.extend_from_slice(b"\n\n");
         } else {
             body.extend_from_slice(payload);
         }
@@ -101,6 +138,8 @@ fuzz_target!(|input: Input| {
         observer.stream_exception(),
         observer.is_corrupt(),
         observer.usage(),
+        observer.stop_reason(),
+        observer.truncated(),
         observer.running_usage(),
     );
 });

@@ -80,16 +80,23 @@ fn upper_edge(i: usize) -> u64 {
     ((LINEAR + sub + 1) << (exp - SUB_BITS)) - 1
 }
 
-/// A fixed-bucket histogram of token counts, updated lock-free.
+/// A fixed-bucket histogram of token counts, updated lock-free; also the quota report's
+/// distributions ([`crate::observe::report`]).
 #[derive(Debug)]
-struct Lengths {
+pub struct Lengths {
     counts: Box<[AtomicU64]>,
     max: AtomicU64,
     sum: AtomicU64,
 }
 
+impl Default for Lengths {
+    fn default() -> Self {
+        Lengths::new()
+    }
+}
+
 impl Lengths {
-    fn new() -> Lengths {
+    pub fn new() -> Lengths {
         Lengths {
             counts: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             max: AtomicU64::new(0),
@@ -97,7 +104,7 @@ impl Lengths {
         }
     }
 
-    fn record(&self, v: u64) {
+    pub fn record(&self, v: u64) {
         if let Some(c) = self.counts.get(bucket(v)) {
             c.fetch_add(1, Ordering::Relaxed);
         }
@@ -105,9 +112,25 @@ impl Lengths {
         self.sum.fetch_add(v, Ordering::Relaxed);
     }
 
+    /// Adds every value `other` recorded.
+    pub fn absorb(&self, other: &Lengths) {
+        for (to, from) in self.counts.iter().zip(other.counts.iter()) {
+            to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        self.max
+            .fetch_max(other.max.load(Ordering::Relaxed), Ordering::Relaxed);
+        self.sum
+            .fetch_add(other.sum.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// The largest value recorded (0 when empty).
+    pub fn max(&self) -> u64 {
+        self.max.load(Ordering::Relaxed)
+    }
+
     /// The `q` quantile (0 < q <= 1): the upper edge of the bucket holding it, capped at the
     /// largest value seen. `None` when empty.
-    fn quantile(&self, q: f64) -> Option<u64> {
+    pub fn quantile(&self, q: f64) -> Option<u64> {
         let counts: Vec<u64> = self
             .counts
             .iter()

@@ -1,5 +1,8 @@
 //! What admission reads from a model call's body, in one pass: `maxTokens`
-//! ([`crate::bedrock::max_tokens`]) and the input estimate ([`super::estimate`]).
+//! ([`crate::bedrock::max_tokens`]) and the input estimate ([`super::estimate`]); for the OpenAI
+//! and Anthropic APIs also the `model`, `stream` and Chat Completions'
+//! `stream_options.include_usage` ([`ApiBody`]), each of which must appear once, with the right
+//! type (the proxy meters by them: `stream` decides how the response is read).
 //!
 //! The body is parsed by `serde_json` straight into those two, without building a `Value`: the
 //! tree's allocations were most of an admission decision's cost. Its UTF-8 is checked once, whole,
@@ -28,12 +31,25 @@ use crate::bedrock::{
 };
 
 /// What admission needs from a body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BodyFacts {
     /// The `maxTokens` the body asks for, `None` if it does not say.
     pub max_tokens: Option<u64>,
     /// The conservative input estimate, before calibration.
     pub input_tokens: u64,
+    /// The OpenAI and Anthropic APIs' model and streaming; `None` for the other operations.
+    pub api: Option<ApiBody>,
+}
+
+/// What an OpenAI or Anthropic API body says besides its cap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiBody {
+    /// `model`: a model id, inference profile id or ARN, as sent (no percent-decoding).
+    pub model: String,
+    /// `stream` (absent: false).
+    pub stream: bool,
+    /// Chat Completions' `stream_options.include_usage` (`None` when absent).
+    pub include_usage: Option<bool>,
 }
 
 /// A body admission cannot read.
@@ -45,6 +61,12 @@ pub enum BodyError {
     NotObject,
     #[error(transparent)]
     MaxTokens(#[from] MaxTokensError),
+    /// A field of an OpenAI or Anthropic API body that is missing, repeated or mistyped.
+    #[error("{field} {problem}")]
+    Field {
+        field: &'static str,
+        problem: &'static str,
+    },
 }
 
 /// Reads `maxTokens` and the input estimate from a request body for `operation`;
@@ -57,7 +79,10 @@ pub fn read(
     if operation == Operation::CountTokens {
         return read_count_tokens(body);
     }
-    let mut top = TopLevel::default();
+    let mut top = TopLevel {
+        api: operation.model_in_body().then(ApiMembers::default),
+        ..TopLevel::default()
+    };
     // One UTF-8 check of the whole body costs a fraction of the parser's check of each string.
     // A body that fails it is not JSON; parsing its bytes reports where, as the parser would.
     let is_object = match std::str::from_utf8(body) {
@@ -68,9 +93,15 @@ pub fn read(
     if !is_object {
         return Err(BodyError::NotObject);
     }
+    let api = top
+        .api
+        .as_ref()
+        .map(|api| api.resolve(operation))
+        .transpose()?;
     Ok(BodyFacts {
         max_tokens: top.fields.resolve(operation, provider)?,
         input_tokens: top.tally.tokens(),
+        api,
     })
 }
 
@@ -99,6 +130,7 @@ fn read_count_tokens(body: &[u8]) -> Result<BodyFacts, BodyError> {
     Ok(BodyFacts {
         max_tokens: None,
         input_tokens: tally.tokens(),
+        api: None,
     })
 }
 
@@ -108,6 +140,8 @@ fn read_count_tokens(body: &[u8]) -> Result<BodyFacts, BodyError> {
 struct TopLevel {
     tally: Tally,
     fields: MaxTokensFields,
+    /// For the OpenAI and Anthropic APIs.
+    api: Option<ApiMembers>,
 }
 
 impl TopLevel {
@@ -143,23 +177,30 @@ impl<'de> Handler<'de> for &mut TopLevel {
     }
 
     fn map<A: MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
-        let mut capture = Capture(&mut self.fields);
+        let mut capture = Capture {
+            fields: &mut self.fields,
+            api: self.api.as_mut(),
+        };
         walk::object(&mut self.tally, 1, map, &mut capture).map(|()| true)
     }
 }
 
-/// Gathers the top-level members `maxTokens` can come from.
-struct Capture<'a>(&'a mut MaxTokensFields);
+/// Gathers the top-level members `maxTokens` can come from (and an API body's own).
+struct Capture<'a> {
+    fields: &'a mut MaxTokensFields,
+    api: Option<&'a mut ApiMembers>,
+}
 
 impl<'de> Members<'de> for Capture<'_> {
     fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<Taken, A::Error> {
-        self.0.saw_member(key);
+        if self.api.is_some() && ApiMembers::wants(key) {
+            return Ok(Taken::Value(map.next_value()?));
+        }
+        let fields = &mut *self.fields;
+        fields.saw_member(key);
         if MaxTokensFields::is_config(key) {
             // `inferenceConfig` / `textGenerationConfig`: not model input, so the tally skips it.
-            let config = Config {
-                fields: &mut *self.0,
-                outer: key,
-            };
+            let config = Config { fields, outer: key };
             map.next_value_seed(Seed(config))?;
             return Ok(Taken::Consumed);
         }
@@ -170,7 +211,95 @@ impl<'de> Members<'de> for Capture<'_> {
     }
 
     fn keep(&mut self, key: &str, value: Value) {
-        self.0.set(None, key, value);
+        match &mut self.api {
+            Some(api) if ApiMembers::wants(key) => api.set(key, value),
+            _ => self.fields.set(None, key, value),
+        }
+    }
+}
+
+/// The top-level `model`, `stream` and `stream_options` of an OpenAI or Anthropic API body.
+#[derive(Debug, Default)]
+struct ApiMembers {
+    model: Option<Value>,
+    stream: Option<Value>,
+    stream_options: Option<Value>,
+    /// The first of them seen twice.
+    duplicate: Option<&'static str>,
+}
+
+impl ApiMembers {
+    const NAMES: [&'static str; 3] = ["model", "stream", "stream_options"];
+
+    fn wants(key: &str) -> bool {
+        Self::NAMES.contains(&key)
+    }
+
+    fn set(&mut self, key: &str, value: Value) {
+        let (slot, name) = match key {
+            "model" => (&mut self.model, Self::NAMES[0]),
+            "stream" => (&mut self.stream, Self::NAMES[1]),
+            "stream_options" => (&mut self.stream_options, Self::NAMES[2]),
+            _ => return,
+        };
+        if slot.replace(value).is_some() {
+            self.duplicate.get_or_insert(name);
+        }
+    }
+
+    fn resolve(&self, operation: Operation) -> Result<ApiBody, BodyError> {
+        let problem = |field, problem| BodyError::Field { field, problem };
+        if let Some(field) = self.duplicate {
+            return Err(problem(
+                field,
+                "appears more than once in the body; send it once",
+            ));
+        }
+        let model = match &self.model {
+            Some(Value::String(m)) if !m.is_empty() => m.clone(),
+            None | Some(Value::Null) => {
+                return Err(problem(
+                    "model",
+                    "is required: name a Bedrock model id, inference profile id or ARN \
+                     (e.g. \"openai.gpt-oss-120b-1:0\" or \"us.anthropic.claude-sonnet-4-20250514-v1:0\")",
+                ));
+            }
+            Some(_) => {
+                return Err(problem(
+                    "model",
+                    "must be a non-empty string naming a Bedrock model id, inference profile id or ARN",
+                ));
+            }
+        };
+        let stream = match &self.stream {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(problem("stream", "must be true or false")),
+        };
+        let include_usage = match (operation, &self.stream_options) {
+            (Operation::OpenAIChatCompletions, Some(Value::Object(options))) => {
+                match options.get("include_usage") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::Bool(b)) => Some(*b),
+                    Some(_) => {
+                        return Err(problem(
+                            "stream_options.include_usage",
+                            "must be true or false",
+                        ));
+                    }
+                }
+            }
+            (Operation::OpenAIChatCompletions, Some(Value::Null) | None) => None,
+            (Operation::OpenAIChatCompletions, Some(_)) => {
+                return Err(problem("stream_options", "must be an object"));
+            }
+            _ => None,
+        };
+        Ok(ApiBody {
+            model,
+            stream,
+            include_usage,
+        })
     }
 }
 

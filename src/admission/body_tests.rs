@@ -62,6 +62,7 @@ fn check_agrees(text: &str) {
                 requested_max_tokens(operation, provider, &parsed).map(|max_tokens| BodyFacts {
                     max_tokens,
                     input_tokens,
+                    api: None,
                 });
             let oracle = max_tokens_reference::max_tokens(operation, provider, &parsed);
             match (&expected, &oracle) {
@@ -105,6 +106,7 @@ fn members_in_the_order_clients_write_them() {
         Some(BodyFacts {
             max_tokens: Some(100),
             input_tokens: 16 + 4 + IMAGE_TOKENS + 4,
+            api: None,
         })
     );
     for source in [
@@ -227,6 +229,7 @@ fn escaped_member_names_are_read_as_unescaped() {
         Some(BodyFacts {
             max_tokens: Some(9),
             input_tokens: 16 + 4 + 1,
+            api: None,
         })
     );
 }
@@ -323,6 +326,7 @@ fn count_tokens_bodies_are_estimated_on_their_document() {
         Some(BodyFacts {
             max_tokens: None,
             input_tokens: 16 + 4 + 30,
+            api: None,
         })
     );
     check_agrees(r#"{"input": {"invokeModel": {"body": "bm90IGpzb24="}}}"#);
@@ -710,6 +714,140 @@ mod reference {
 
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
+        }
+    }
+}
+
+#[test]
+fn the_openai_and_anthropic_apis_name_their_model_and_stream_in_the_body() {
+    let chat =
+        br#"{"model": "openai.gpt-oss-120b-1:0", "messages": [{"role": "user", "content": "hi"}],
+        "max_completion_tokens": 64, "stream": true, "stream_options": {"include_usage": false}}"#;
+    let facts = read(Operation::OpenAIChatCompletions, None, chat).unwrap();
+    assert_eq!(facts.max_tokens, Some(64));
+    assert_eq!(
+        facts.api,
+        Some(ApiBody {
+            model: "openai.gpt-oss-120b-1:0".into(),
+            stream: true,
+            include_usage: Some(false),
+        })
+    );
+    // The model is not input; the message is.
+    let parsed: Value = serde_json::from_slice(chat).unwrap();
+    assert_eq!(
+        facts.input_tokens,
+        reference::estimate_input_tokens(Operation::OpenAIChatCompletions, &parsed)
+    );
+    let arn = "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-sonnet-4-20250514-v1:0";
+    let messages = json!({"model": arn, "max_tokens": 100, "messages": []}).to_string();
+    let facts = read(Operation::AnthropicMessages, None, messages.as_bytes()).unwrap();
+    let api = facts.api.unwrap();
+    assert_eq!((api.model.as_str(), api.stream), (arn, false));
+    assert_eq!(facts.max_tokens, Some(100));
+    let responses = br#"{"model": "m%3A0", "input": "x", "max_output_tokens": 9}"#;
+    let facts = read(Operation::OpenAIResponses, None, responses).unwrap();
+    assert_eq!(facts.api.unwrap().model, "m%3A0", "no percent-decoding");
+    assert_eq!(facts.max_tokens, Some(9));
+    // Other operations read no model.
+    let facts = read(Operation::Converse, None, chat).unwrap();
+    assert_eq!(facts.api, None);
+}
+
+#[test]
+fn api_fields_missing_repeated_or_mistyped_are_refused() {
+    let field = |op, body: &str| match read(op, None, body.as_bytes()) {
+        Err(BodyError::Field { field, problem }) => format!("{field} {problem}"),
+        Err(BodyError::MaxTokens(e)) => e.to_string(),
+        other => panic!("{other:?} for {body}"),
+    };
+    let chat = Operation::OpenAIChatCompletions;
+    assert!(field(chat, r#"{"messages": []}"#).starts_with("model is required"));
+    assert!(field(chat, r#"{"model": ""}"#).starts_with("model must be a non-empty string"));
+    assert!(field(chat, r#"{"model": 3}"#).starts_with("model must be"));
+    assert_eq!(
+        field(chat, r#"{"model": "a", "model": "b"}"#),
+        "model appears more than once in the body; send it once"
+    );
+    assert_eq!(
+        field(chat, r#"{"model": "a", "stream": "yes"}"#),
+        "stream must be true or false"
+    );
+    assert_eq!(
+        field(chat, r#"{"model": "a", "stream": true, "stream": false}"#),
+        "stream appears more than once in the body; send it once"
+    );
+    assert_eq!(
+        field(chat, r#"{"model": "a", "stream_options": []}"#),
+        "stream_options must be an object"
+    );
+    assert_eq!(
+        field(
+            chat,
+            r#"{"model": "a", "stream_options": {"include_usage": 1}}"#
+        ),
+        "stream_options.include_usage must be true or false"
+    );
+    assert_eq!(
+        field(
+            Operation::OpenAIResponses,
+            r#"{"model": "a", "max_output_tokens": 5, "max_output_tokens": 500}"#
+        ),
+        "max_output_tokens appears more than once in the body; send it once"
+    );
+    assert_eq!(
+        field(
+            Operation::AnthropicMessages,
+            r#"{"model": "a", "max_tokens": 0}"#
+        ),
+        "max_tokens must be a positive integer, got 0"
+    );
+    // The Responses and Messages APIs do not read stream_options.
+    assert!(
+        read(
+            Operation::AnthropicMessages,
+            None,
+            br#"{"model": "a", "stream_options": 1}"#
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn api_caps_agree_with_the_reference() {
+    let caps = [
+        json!({}),
+        json!({"max_completion_tokens": 80}),
+        json!({"max_tokens": 70}),
+        json!({"max_completion_tokens": 80, "max_tokens": 900}),
+        json!({"max_completion_tokens": null, "max_tokens": 12}),
+        json!({"max_completion_tokens": 8, "max_tokens": -1}),
+        json!({"max_completion_tokens": "8", "max_tokens": 5}),
+        json!({"max_output_tokens": 64.0}),
+        json!({"max_output_tokens": 0}),
+        json!({"max_tokens": 2147483648u64}),
+    ];
+    for op in [
+        Operation::OpenAIChatCompletions,
+        Operation::OpenAIResponses,
+        Operation::AnthropicMessages,
+    ] {
+        for cap in &caps {
+            let mut body = cap.clone();
+            body["model"] = json!("m");
+            body["messages"] = json!([{"role": "user", "content": "hi"}]);
+            let oracle = max_tokens_reference::max_tokens(op, None, &body);
+            let read = read(op, None, body.to_string().as_bytes());
+            match (read, &oracle) {
+                (Ok(facts), Expected::Absent) => assert_eq!(facts.max_tokens, None, "{op} {body}"),
+                (Ok(facts), Expected::Value(n)) => {
+                    assert_eq!(facts.max_tokens, Some(*n), "{op} {body}")
+                }
+                (Err(BodyError::MaxTokens(e)), Expected::Unusable(field)) => {
+                    assert_eq!(&e.field, field, "{op} {body}")
+                }
+                (read, oracle) => panic!("{op} {body}: {read:?}, the reference says {oracle:?}"),
+            }
         }
     }
 }

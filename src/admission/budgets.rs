@@ -137,6 +137,7 @@ impl Admission {
                     return Err(Decision::Throttle(Throttle {
                         pool: pool.clone(),
                         limit,
+                        reserving: tokens,
                         why: ThrottleWhy::Budget {
                             scope: budget.scope.clone(),
                             window: refusal.window,

@@ -54,10 +54,14 @@ impl Decision {
 pub struct Admitted {
     /// The reservation, until settled.
     pub hold: Hold,
-    /// The body to forward instead of the caller's (maxTokens rewritten to the route's ceiling).
+    /// The body to forward instead of the caller's (maxTokens rewritten to the route's ceiling,
+    /// streamed usage asked for: [`super::rewrite`]).
     pub body: Option<Bytes>,
     /// Lowered to the route's `max_tokens_ceiling`.
     pub clamped: bool,
+    /// The forwarded body asks for a streamed usage chunk the caller did not ask for: take it
+    /// out of the response ([`crate::bedrock::sse::UsageChunkFilter`]).
+    pub strip_usage_chunk: bool,
     /// How long it waited in the pool's queue, if it did.
     pub queued_for: Option<Duration>,
     /// An SDK retry admitted into the pool's retry reserve (its route's recovery budget).
@@ -123,6 +127,8 @@ pub struct Throttle {
     pub pool: Arc<Pool>,
     /// The limit that bound.
     pub limit: Limit,
+    /// The reservation it asked for (`input + maxTokens`).
+    pub reserving: u64,
     pub why: ThrottleWhy,
     /// When to come back: projected from the ledger, jittered, within `max_retry_hint`.
     pub hint: Duration,
@@ -243,6 +249,14 @@ pub enum Problem {
         field: &'static str,
         pool: String,
         model_max: u64,
+    },
+    #[error("the streamed usage cannot be asked for on the caller's behalf: {reason}")]
+    CannotAskUsage { reason: String },
+    /// A field of an OpenAI or Anthropic API body that is missing, repeated or mistyped.
+    #[error("{field} {problem}")]
+    Field {
+        field: &'static str,
+        problem: &'static str,
     },
 }
 

@@ -77,10 +77,12 @@ pub fn jittered(base: Duration, max_hint: Duration, rng: &mut impl Rng) -> Durat
     (low + Duration::from_micros(rng.random_range(0..=width))).clamp(MIN_HINT, max_hint)
 }
 
-/// `x-amz-retry-after` (milliseconds) and `Retry-After` (whole seconds, at least 1) values.
+/// `x-amz-retry-after` (milliseconds) and `Retry-After` (whole seconds, at least 1) values, the
+/// seconds rounded up from the same whole milliseconds (so the two never disagree by a second:
+/// 1000.4 ms is 1000 ms and 1 s).
 pub fn header_values(hint: Duration) -> (String, String) {
     let ms = hint.as_millis().max(1);
-    let secs = hint.as_secs_f64().ceil().max(1.0) as u64;
+    let secs = ms.div_ceil(1000);
     (ms.to_string(), secs.to_string())
 }
 
@@ -166,6 +168,11 @@ mod tests {
         assert_eq!(
             header_values(Duration::from_millis(80)),
             ("80".into(), "1".into())
+        );
+        // A fraction of a millisecond past a whole second does not add a second.
+        assert_eq!(
+            header_values(Duration::from_micros(1_000_400)),
+            ("1000".into(), "1".into())
         );
     }
 }

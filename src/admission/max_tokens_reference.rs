@@ -1,4 +1,5 @@
-//! The `maxTokens` rules of `bedrock/max_tokens.rs` written a second time, from its module doc,
+//! The `maxTokens` rules of `bedrock/max_tokens.rs` written a second time, from its module doc
+//! (the native families and the OpenAI and Anthropic APIs),
 //! for the tests of `body.rs`: the oracle that both the one-pass read and the parsed-`Value`
 //! path are checked against. It shares no code with them (they share `MaxTokensFields::resolve`,
 //! so comparing them with each other cannot catch a mistake in it).
@@ -32,6 +33,14 @@ const ANY_FAMILY: [&str; 8] = [
 
 /// The fields a request's family reads, in order; `None` for operations without `maxTokens`.
 fn fields(operation: Operation, provider: Option<&str>, body: &Value) -> Option<Vec<&'static str>> {
+    match operation {
+        Operation::OpenAIChatCompletions => {
+            return Some(vec!["max_completion_tokens", "max_tokens"]);
+        }
+        Operation::OpenAIResponses => return Some(vec!["max_output_tokens"]),
+        Operation::AnthropicMessages => return Some(vec!["max_tokens"]),
+        _ => {}
+    }
     let converse = matches!(operation, Operation::Converse | Operation::ConverseStream);
     let invoke = matches!(
         operation,
@@ -76,11 +85,33 @@ fn usable(value: &Value) -> Option<u64> {
     (f.fract() == 0.0 && (1.0..=LIMIT as f64).contains(&f)).then_some(f as u64)
 }
 
-/// The first field of the family present and not `null` decides.
+/// The first field of the family present and not `null` decides; for Chat Completions, the
+/// larger of the two (each must be usable).
 pub fn max_tokens(operation: Operation, provider: Option<&str>, body: &Value) -> Expected {
     let Some(fields) = fields(operation, provider, body) else {
         return Expected::Absent;
     };
+    if operation == Operation::OpenAIChatCompletions {
+        let mut largest = Expected::Absent;
+        for field in fields {
+            match (body.get(field), &largest) {
+                (None | Some(Value::Null), _) => {}
+                (Some(v), Expected::Absent | Expected::Value(_)) => match usable(v) {
+                    None => return Expected::Unusable(field.to_string()),
+                    Some(n) => {
+                        let before = if let Expected::Value(m) = largest {
+                            m
+                        } else {
+                            0
+                        };
+                        largest = Expected::Value(n.max(before));
+                    }
+                },
+                (Some(_), Expected::Unusable(_)) => {}
+            }
+        }
+        return largest;
+    }
     for field in fields {
         let mut value = Some(body);
         for key in field.split('.') {

@@ -1,13 +1,16 @@
 //! Admission control: from a request's facts to a [`Decision`].
 //!
-//! For every operation that names a model (in its path, or in its body for StartAsyncInvoke):
-//! the caller's route may call it ([`allow`]), before anything is passed through. Then, for a
-//! model call: resolve the pool from the modelId; read `maxTokens` and estimate input tokens
-//! (conservative, calibrated online from reported usage); apply the route's `max_tokens_ceiling`,
-//! or, for a request that names none, the pool's `when_max_tokens_missing` ([`output_cap`]);
-//! reserve `input + maxTokens` in the ledger, every limit at once, waiting in the pool's queue
-//! when the wait is worth it ([`queue`]). An InvokeModelWithBidirectionalStream session, decided
-//! from its head before any event arrives, reserves the pool's `bidirectional_reservation`.
+//! For every operation that names a model (in its path, or in its body for StartAsyncInvoke and
+//! the OpenAI and Anthropic APIs): the caller's route may call it ([`allow`]), before anything is
+//! passed through. Then, for a model call: resolve the pool from the modelId; read `maxTokens`
+//! and estimate input tokens (conservative, calibrated online from reported usage), in one pass
+//! over the body ([`body`]); apply the route's `max_tokens_ceiling`, or, for a request that names
+//! no `maxTokens`, the pool's `when_max_tokens_missing` ([`output_cap`]); write what the
+//! forwarded body must say ([`rewrite`]); take the budgets the request draws on besides its pool
+//! ([`budgets`]); reserve `input + maxTokens` in the ledger, every limit at once, waiting in the
+//! pool's queue when the wait is worth it ([`queue`]). Each pool counts what it admitted and
+//! throttled by API family. An InvokeModelWithBidirectionalStream session, decided from its head
+//! before any event arrives, reserves the pool's `bidirectional_reservation`.
 //!
 //! [`Admission::decide`] returns pure data ([`decision`]): an admitted request carries a [`Hold`]
 //! that settles it ([`hold`] has the rules); a refusal says why and, when retrying can help, when
@@ -18,6 +21,7 @@ pub mod advice;
 mod allow;
 pub mod body;
 pub mod budgets;
+mod ceiling;
 pub mod decision;
 pub mod estimate;
 pub mod hint;
@@ -27,6 +31,7 @@ pub mod pools;
 pub mod queue;
 mod reserve;
 pub mod retries;
+mod rewrite;
 pub mod routes;
 mod waiting;
 
@@ -36,7 +41,7 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use crate::{
-    bedrock::{ModelRef, Operation},
+    bedrock::{Api, ModelRef, Operation},
     config::{AdmissionConfig, InputEstimate, PoolConfig, RouteConfig, UnknownModels},
     ledger::{Ledger, PoolSnapshot},
 };
@@ -53,11 +58,23 @@ pub use routes::{Caller, Route, RouteTable};
 #[derive(Debug, Clone, Copy)]
 pub struct Facts<'a> {
     pub operation: Operation,
-    /// The modelId, decoded; `None` for operations that name no model.
+    /// The modelId of the path, decoded; `None` for operations that name none there.
     pub model_id: Option<&'a str>,
     /// The whole request body.
     pub body: &'a Bytes,
+    /// The body as [`body::read`] read it, when the pipeline read it first (the OpenAI and
+    /// Anthropic APIs, whose model it names); `None`: read here, when needed.
+    pub read: Option<&'a BodyRead>,
     pub caller: &'a Caller,
+}
+
+/// A body read in one pass ([`body::read`]), or why it could not be.
+pub type BodyRead = Result<body::BodyFacts, body::BodyError>;
+
+/// Reads a request body for admission, in its one pass: for the OpenAI and Anthropic APIs, the
+/// model they name with the rest ([`Facts::read`]).
+pub fn read_body(operation: Operation, body: &[u8]) -> BodyRead {
+    body::read(operation, None, body)
 }
 
 /// The admission controller: pools, routes and the ledger they reserve in.
@@ -137,7 +154,16 @@ impl Admission {
 
     /// Decides a request: admitted (holding a reservation), passed, or refused with the reason.
     pub async fn decide(&self, facts: &Facts<'_>) -> Decision {
-        let in_body = match model_in_body(facts) {
+        let read_here;
+        let read = match facts.read {
+            Some(read) => Some(read),
+            None if facts.operation.model_in_body() => {
+                read_here = read_body(facts.operation, facts.body);
+                Some(&read_here)
+            }
+            None => None,
+        };
+        let in_body = match model_in_body(facts, read) {
             Ok(model) => model,
             Err(invalid) => return Decision::Invalid(invalid),
         };
@@ -179,40 +205,32 @@ impl Admission {
                 problem,
             })
         };
-        let Estimated {
-            mut estimate,
-            requested,
-            count_failed,
-        } = match self.estimate(pool, facts, &model).await {
+        let estimated = match self.estimate(pool, facts, &model, read).await {
             Ok(estimated) => estimated,
             Err(problem) => return invalid(problem),
         };
-        let asked = output_cap::Asked {
-            operation: facts.operation,
-            model: &model,
-            body: facts.body,
-            max_tokens: requested,
-        };
-        let capped = match output_cap::apply(route, &pool.config, &asked, &mut estimate) {
-            Ok(capped) => capped,
-            Err(problem @ Problem::MaxTokensMissing { .. }) => return invalid(problem),
-            Err(problem) => return refuse(invalid(problem), ShadowReason::MaxTokensCeiling),
+        let prepared = match prepare(route, &pool.config, facts, &model, configured, estimated) {
+            Ok(prepared) => prepared,
+            Err(problem @ (Problem::AboveCeiling { .. } | Problem::CannotClamp { .. })) => {
+                return refuse(invalid(problem), ShadowReason::MaxTokensCeiling);
+            }
+            Err(problem) => return invalid(problem),
         };
         let granted = if shadow {
-            self.reserve_shadow(pool, estimate, facts.caller).await
+            self.reserve_shadow(pool, prepared.estimate, facts.caller)
+                .await
         } else {
-            self.reserve(pool, estimate, facts.caller).await
+            self.reserve(pool, prepared.estimate, facts.caller).await
         };
-        let prepared = reserve::Prepared {
-            estimate,
-            configured_model: configured,
-            capped,
-            count_tokens_failed: count_failed,
-        };
-        match granted {
+        let decision = match granted {
             Ok(granted) => Decision::Admit(self.admitted(pool, granted, prepared, facts.caller)),
             Err(refusal) => refusal,
+        };
+        if let Decision::Admit(_) | Decision::Throttle(_) = decision {
+            let admitted = matches!(decision, Decision::Admit(_));
+            pool.counts.api_decided(facts.operation.api(), admitted);
         }
+        decision
     }
 
     /// The reservation's estimate: `maxTokens` from the body (or the model's maximum) and the
@@ -223,6 +241,7 @@ impl Admission {
         pool: &Pool,
         facts: &Facts<'_>,
         model: &ModelRef<'_>,
+        read: Option<&BodyRead>,
     ) -> Result<Estimated, Problem> {
         let operation = facts.operation;
         if operation == Operation::InvokeModelWithBidirectionalStream {
@@ -237,19 +256,19 @@ impl Admission {
             return Ok(Estimated {
                 estimate,
                 requested: None,
+                api: None,
                 count_failed: None,
             });
         }
-        let read = body::read(operation, model.provider(), facts.body).map_err(|e| match e {
-            body::BodyError::NotJson(e) => Problem::NotJson {
-                operation: operation.name(),
-                error: e.to_string(),
-            },
-            body::BodyError::NotObject => Problem::NotObject {
-                operation: operation.name(),
-            },
-            body::BodyError::MaxTokens(e) => Problem::MaxTokens(e),
-        })?;
+        let read_here;
+        let read = match read {
+            Some(read) => read,
+            None => {
+                read_here = body::read(operation, model.provider(), facts.body);
+                &read_here
+            }
+        };
+        let read = read.as_ref().map_err(|e| problem(operation, e))?;
         let mut estimate = Estimate {
             raw_input: read.input_tokens,
             input: pool.calibrated_input(read.input_tokens),
@@ -257,9 +276,13 @@ impl Admission {
             max_tokens_missing: None,
         };
         let mut count_failed = None;
-        if let (InputEstimate::CountTokens, Some(counter), Some(model_id)) =
-            (pool.config.input_estimate, &self.counter, facts.model_id)
-        {
+        // CountTokens takes Converse and InvokeModel bodies only.
+        if let (InputEstimate::CountTokens, Some(counter), Some(model_id), false) = (
+            pool.config.input_estimate,
+            &self.counter,
+            facts.model_id,
+            operation.model_in_body(),
+        ) {
             match counter
                 .count_input_tokens(model_id, operation, facts.body)
                 .await
@@ -271,6 +294,7 @@ impl Admission {
         Ok(Estimated {
             estimate,
             requested: read.max_tokens,
+            api: read.api.clone(),
             count_failed,
         })
     }
@@ -308,6 +332,17 @@ impl Admission {
                     never_fits: load(&c.never_fits),
                 },
                 upstream_throttles: load(&c.upstream_throttles),
+                apis: Api::ALL
+                    .iter()
+                    .zip(&c.apis)
+                    .map(|(api, counts)| {
+                        let counts = ApiCountsView {
+                            admitted: load(&counts.admitted),
+                            rejected: load(&counts.rejected),
+                        };
+                        (api.label(), counts)
+                    })
+                    .collect(),
                 pending_burndown_excess: pool.pending_excess(),
                 learned: pool.learned_view(),
                 queue: pool.queue.view(),
@@ -326,17 +361,76 @@ impl Admission {
     }
 }
 
-/// The model StartAsyncInvoke names in its body (other operations name theirs in the path).
-fn model_in_body(facts: &Facts<'_>) -> Result<Option<String>, Invalid> {
+/// The model StartAsyncInvoke and the OpenAI and Anthropic APIs name in their body (other
+/// operations name theirs in the path).
+fn model_in_body(facts: &Facts<'_>, read: Option<&BodyRead>) -> Result<Option<String>, Invalid> {
+    let invalid = |problem| Invalid {
+        pool: None,
+        problem,
+    };
+    match read {
+        Some(Ok(read)) => return Ok(read.api.as_ref().map(|api| api.model.clone())),
+        Some(Err(e)) => return Err(invalid(problem(facts.operation, e))),
+        None => {}
+    }
     if facts.operation != Operation::StartAsyncInvoke {
         return Ok(None);
     }
-    body::async_invoke_model_id(facts.body).map_err(|e| Invalid {
-        pool: None,
-        problem: Problem::NotJson {
-            operation: facts.operation.name(),
+    body::async_invoke_model_id(facts.body).map_err(|e| invalid(problem(facts.operation, &e)))
+}
+
+/// What is wrong with a body admission could not read.
+fn problem(operation: Operation, e: &body::BodyError) -> Problem {
+    match e {
+        body::BodyError::NotJson(e) => Problem::NotJson {
+            operation: operation.name(),
             error: e.to_string(),
         },
+        body::BodyError::NotObject => Problem::NotObject {
+            operation: operation.name(),
+        },
+        body::BodyError::MaxTokens(e) => Problem::MaxTokens(e.clone()),
+        body::BodyError::Field { field, problem } => Problem::Field { field, problem },
+    }
+}
+
+/// The route's ceiling applied, and the body to forward: rewritten for the ceiling, or to ask
+/// for a streamed Chat Completions usage the caller did not ask for ([`rewrite`]).
+fn prepare<'p>(
+    route: &Route,
+    pool: &PoolConfig,
+    facts: &Facts<'_>,
+    model: &ModelRef<'_>,
+    configured_model: &'p str,
+    estimated: Estimated,
+) -> Result<reserve::Prepared<'p>, Problem> {
+    let Estimated {
+        mut estimate,
+        requested,
+        api,
+        count_failed,
+    } = estimated;
+    let asked = output_cap::Asked {
+        operation: facts.operation,
+        model,
+        body: facts.body,
+        max_tokens: requested,
+    };
+    let cap = output_cap::apply(route, pool, &asked, &mut estimate)?;
+    let ask_usage = facts.operation == Operation::OpenAIChatCompletions
+        && api.is_some_and(|api| api.stream && api.include_usage != Some(true));
+    let edits = rewrite::Edits {
+        ceiling: cap.write,
+        ask_usage,
+    };
+    let body = rewrite::apply(facts.operation, model, facts.body, edits)?;
+    Ok(reserve::Prepared {
+        estimate,
+        configured_model,
+        body,
+        clamped: cap.clamped,
+        strip_usage_chunk: ask_usage,
+        count_tokens_failed: count_failed,
     })
 }
 
@@ -345,6 +439,8 @@ struct Estimated {
     estimate: Estimate,
     /// The `maxTokens` the body itself asks for, `None` if it does not say.
     requested: Option<u64>,
+    /// An OpenAI or Anthropic API body's model and streaming.
+    api: Option<body::ApiBody>,
     /// Exact counting failed, and why.
     count_failed: Option<String>,
 }
@@ -374,6 +470,9 @@ pub struct PoolView {
     pub admitted: u64,
     pub rejected: RejectedCounts,
     pub upstream_throttles: u64,
+    /// Admitted and throttled requests by API family (`bedrock`, `openai_chat`,
+    /// `openai_responses`, `anthropic_messages`): every API draws on the same pool.
+    pub apis: std::collections::BTreeMap<&'static str, ApiCountsView>,
     /// What streams in flight will be charged beyond their reservations, from the output seen
     /// so far (burndown); kept free in the bucket until they settle.
     pub pending_burndown_excess: u64,
@@ -383,6 +482,14 @@ pub struct PoolView {
     pub max_tokens_advice: Vec<advice::MaxTokensAdvice>,
     /// Each route's share of this pool and what it used, in slot order.
     pub routes: Vec<routes::RouteView>,
+}
+
+/// One API family's requests in a pool, in `GET /v1/pools`.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ApiCountsView {
+    pub admitted: u64,
+    /// Turned away with a 429 (it did not fit now).
+    pub rejected: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::{advice::PoolAdvice, hint::PoolHistory, queue::AdmissionQueue, routes::PoolShares};
 use crate::{
-    bedrock::{ModelRef, model_id::application_profile_id},
+    bedrock::{Api, ModelRef, model_id::application_profile_id},
     config::{AdmissionConfig, PoolConfig, RouteConfig},
     ledger::{Limit, Limits},
 };
@@ -96,6 +96,15 @@ pub struct PoolCounts {
     pub rejected_budget: AtomicU64,
     pub never_fits: AtomicU64,
     pub upstream_throttles: AtomicU64,
+    /// Admitted and throttled requests by API family, in the order of [`Api::ALL`].
+    pub apis: [ApiCounts; Api::ALL.len()],
+}
+
+/// One API family's requests in a pool.
+#[derive(Debug, Default)]
+pub struct ApiCounts {
+    pub admitted: AtomicU64,
+    pub rejected: AtomicU64,
 }
 
 impl PoolCounts {
@@ -111,8 +120,19 @@ impl PoolCounts {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn all(&self) -> [&AtomicU64; 9] {
-        [
+    /// Counts an admitted (or throttled) request of `api`.
+    pub fn api_decided(&self, api: Api, admitted: bool) {
+        let counts = &self.apis[api.index()];
+        let c = if admitted {
+            &counts.admitted
+        } else {
+            &counts.rejected
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn all(&self) -> Vec<&AtomicU64> {
+        let mut all = vec![
             &self.admitted,
             &self.rejected_tokens,
             &self.rejected_requests,
@@ -122,7 +142,11 @@ impl PoolCounts {
             &self.rejected_budget,
             &self.never_fits,
             &self.upstream_throttles,
-        ]
+        ];
+        for api in &self.apis {
+            all.extend([&api.admitted, &api.rejected]);
+        }
+        all
     }
 }
 

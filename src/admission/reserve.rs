@@ -3,11 +3,12 @@
 
 use std::{sync::Arc, time::Duration};
 
+use bytes::Bytes;
 use rand::{SeedableRng, rngs::SmallRng};
 
 use super::{
     Admission, Admitted, Caller, Decision, Estimate, Hold, NeverFits, Pool, ShadowReason, Throttle,
-    ThrottleWhy, Unavailability, Unavailable, budgets::TakenBudgets, hint, output_cap,
+    ThrottleWhy, Unavailability, Unavailable, budgets::TakenBudgets, hint,
 };
 use crate::ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict};
 
@@ -17,8 +18,12 @@ pub(super) struct Prepared<'a> {
     pub estimate: Estimate,
     /// The model id as the pool's config lists it (the maxTokens-advice slot).
     pub configured_model: &'a str,
-    /// The body rewritten with an output cap, if it was.
-    pub capped: output_cap::Capped,
+    /// The body to forward instead of the caller's, if it was rewritten ([`super::rewrite`]).
+    pub body: Option<Bytes>,
+    /// Lowered to the route's ceiling.
+    pub clamped: bool,
+    /// The response's usage chunk is taken out ([`super::Admitted::strip_usage_chunk`]).
+    pub strip_usage_chunk: bool,
     /// Why exact input counting failed, if it did.
     pub count_tokens_failed: Option<String>,
 }
@@ -161,7 +166,9 @@ impl Admission {
         let Prepared {
             estimate,
             configured_model,
-            capped,
+            body,
+            clamped,
+            strip_usage_chunk,
             count_tokens_failed,
         } = prepared;
         pool.counts
@@ -187,8 +194,9 @@ impl Admission {
         .with_budgets(budgets);
         Admitted {
             hold,
-            clamped: capped.clamped,
-            body: capped.body,
+            clamped,
+            strip_usage_chunk,
+            body,
             queued_for,
             recovered,
             count_tokens_failed,
@@ -222,6 +230,7 @@ impl Admission {
         Decision::Throttle(Throttle {
             pool: pool.clone(),
             limit: rejection.limit,
+            reserving: tokens,
             why: ThrottleWhy::NoRoom {
                 reserving: tokens,
                 available: tokens.saturating_sub(rejection.token_deficit),

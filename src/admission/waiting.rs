@@ -32,7 +32,13 @@ impl Admission {
         let limit = queue.last_limit().unwrap_or(Limit::Tokens);
         let projected = self.projected_queue_wait(pool, tokens, rejection);
         if projected > queue.max_wait {
-            return Err(self.turned_away(pool, limit, projected, QueueRefusal::ProjectedTooLong));
+            return Err(self.turned_away(
+                pool,
+                limit,
+                tokens,
+                projected,
+                QueueRefusal::ProjectedTooLong,
+            ));
         }
         let class = WaiterClass {
             priority: caller.route.config.priority,
@@ -43,7 +49,7 @@ impl Admission {
             if queue.is_closed() {
                 return Err(self.unavailable(pool, Unavailability::ShuttingDown { waited: None }));
             }
-            return Err(self.turned_away(pool, limit, projected, QueueRefusal::Full));
+            return Err(self.turned_away(pool, limit, tokens, projected, QueueRefusal::Full));
         };
         self.start_dispatcher(pool);
         let started = Instant::now();
@@ -60,7 +66,7 @@ impl Admission {
                 let wait = self
                     .projected_queue_wait(pool, tokens, None)
                     .max(MIN_QUEUE_HINT);
-                Err(self.turned_away(pool, limit, wait, QueueRefusal::TimedOut { waited }))
+                Err(self.turned_away(pool, limit, tokens, wait, QueueRefusal::TimedOut { waited }))
             }
             Err(WaitError::Shutdown) => Err(self.unavailable(
                 pool,
@@ -76,6 +82,7 @@ impl Admission {
         &self,
         pool: &Arc<Pool>,
         limit: Limit,
+        tokens: u64,
         wait: Duration,
         refusal: QueueRefusal,
     ) -> Decision {
@@ -83,6 +90,7 @@ impl Admission {
         Decision::Throttle(Throttle {
             pool: pool.clone(),
             limit,
+            reserving: tokens,
             why: ThrottleWhy::Queue(refusal),
             hint: self.hint(wait),
         })

@@ -3,6 +3,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::calendar::{civil_from_days, days_from_civil};
+
 /// `YYYYMMDDTHHMMSSZ` to a time.
 pub fn parse_amz_date(s: &str) -> Option<SystemTime> {
     let b = s.as_bytes();
@@ -27,17 +29,6 @@ pub fn parse_amz_date(s: &str) -> Option<SystemTime> {
         .map(|s| UNIX_EPOCH + Duration::from_secs(s))
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 /// A time as `YYYYMMDDTHHMMSSZ`, and its day `YYYYMMDD` (whole seconds; before 1970 reads as 1970).
 pub fn format_amz_date(at: SystemTime) -> (String, String) {
     let secs = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -52,19 +43,6 @@ pub fn format_amz_date(at: SystemTime) -> (String, String) {
         rest % 60
     );
     (date_time, day)
-}
-
-/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 #[cfg(test)]

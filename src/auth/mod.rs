@@ -1,12 +1,16 @@
 //! Caller identity: which application route a request belongs to (`[auth] mode`).
 //!
 //! - `none`: every request is the default route (a sidecar on loopback).
-//! - `bearer`: `Authorization: Bearer <key>`, as SDKs send `AWS_BEARER_TOKEN_BEDROCK`. The config
-//!   holds each route's key as a SHA-256; the presented key is hashed and compared with every
-//!   route's hash in constant time.
+//! - `bearer`: `Authorization: Bearer <key>`, as SDKs send `AWS_BEARER_TOKEN_BEDROCK` (and the
+//!   OpenAI SDK its `api_key`), or `x-api-key: <key>`, as the Anthropic SDK sends its `api_key`:
+//!   the same proxy-issued key either way (both headers with different keys are refused). The
+//!   config holds each route's key as a SHA-256; the presented key is hashed and compared with
+//!   every route's hash in constant time.
 //! - `sigv4`: the SDK signs with a key pair the proxy issued to the route; [`sigv4`] verifies the
 //!   signature exactly as AWS would (double-encoded path, `host` or HTTP/2 `:authority`, ±5
-//!   minutes, payload hash), comparing in constant time.
+//!   minutes, payload hash), comparing in constant time. The OpenAI and Anthropic APIs also take
+//!   a route's bearer key there (their SDKs cannot sign): a request to them that is not SigV4
+//!   signed is identified as in `bearer` mode. The native operations take signatures only.
 //!
 //! Every mode identifies the caller from the request head, before any body byte is read
 //! ([`Authenticator::identify`]): in `sigv4` mode the `Authorization` header must parse and sign
@@ -35,7 +39,7 @@ use http::request::Parts;
 use sha2::{Digest, Sha256};
 
 use crate::{
-    bedrock::{BedrockError, ErrorCode, operation::raw_path_and_query},
+    bedrock::{BedrockError, ErrorCode, Operation, operation::raw_path_and_query},
     config::{AuthConfig, AuthMode, RouteConfig, Secret},
     metrics::Metrics,
 };
@@ -101,6 +105,52 @@ impl AuthFailure {
             ),
         }
     }
+}
+
+/// The key a request presents: `Authorization: Bearer KEY` or `x-api-key: KEY` (the Anthropic
+/// SDK's header). Both with different keys, an `Authorization` of another scheme, or an empty
+/// key is malformed.
+fn presented_key(headers: &http::HeaderMap) -> Result<&str, AuthFailure> {
+    let text = |name| {
+        headers
+            .get(name)
+            .map(|v| {
+                v.to_str()
+                    .map(str::trim)
+                    .map_err(|_| AuthFailure::Malformed)
+            })
+            .transpose()
+    };
+    let bearer = text(http::header::AUTHORIZATION.as_str())?
+        .map(|v| {
+            v.split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, token)| token.trim())
+                .ok_or(AuthFailure::Malformed)
+        })
+        .transpose()?;
+    let api_key = text(X_API_KEY)?;
+    let key = match (bearer, api_key) {
+        (Some(b), Some(k)) if b != k => return Err(AuthFailure::Malformed),
+        (Some(key), _) | (None, Some(key)) => key,
+        (None, None) => return Err(AuthFailure::Missing),
+    };
+    if key.is_empty() {
+        return Err(AuthFailure::Malformed);
+    }
+    Ok(key)
+}
+
+/// The Anthropic SDK's credential header.
+pub const X_API_KEY: &str = "x-api-key";
+
+/// Whether the request carries a SigV4 `Authorization` header.
+fn is_signed(parts: &Parts) -> bool {
+    parts
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with(sigv4::ALGORITHM))
 }
 
 impl From<&SigV4Error> for AuthFailure {
@@ -189,19 +239,24 @@ impl Authenticator {
         self.mode
     }
 
-    /// Identifies the caller from the request head alone, before any body byte is read. In mode
-    /// `sigv4` the signature itself is checked later, by [`Authenticator::verify_body`].
-    pub fn identify(&self, parts: &Parts) -> Result<Identity, BedrockError> {
+    /// Identifies the caller of `operation` from the request head alone, before any body byte is
+    /// read. In mode `sigv4` the signature itself is checked later, by
+    /// [`Authenticator::verify_body`].
+    pub fn identify(&self, parts: &Parts, operation: Operation) -> Result<Identity, BedrockError> {
         let known = |route: Arc<str>| Identity {
             route,
             pending: None,
         };
+        let by_key = || {
+            self.bearer_route(parts)
+                .map(known)
+                .map_err(|f| self.fail(f))
+        };
         match self.mode {
             AuthMode::None => Ok(known(self.default_route.clone())),
-            AuthMode::Bearer => self
-                .bearer_route(parts)
-                .map(known)
-                .map_err(|f| self.fail(f)),
+            AuthMode::Bearer => by_key(),
+            // The OpenAI and Anthropic SDKs send keys, not signatures.
+            AuthMode::SigV4 if operation.model_in_body() && !is_signed(parts) => by_key(),
             AuthMode::SigV4 => self.signed_head(parts, SystemTime::now(), Payload::Body),
         }
     }
@@ -231,7 +286,9 @@ impl Authenticator {
         parts: &Parts,
     ) -> Result<(Identity, Option<ChainVerifier>), BedrockError> {
         if self.mode != AuthMode::SigV4 {
-            return self.identify(parts).map(|identity| (identity, None));
+            return self
+                .identify(parts, Operation::InvokeModelWithBidirectionalStream)
+                .map(|identity| (identity, None));
         }
         let now = SystemTime::now();
         let identity = self.signed_head(parts, now, Payload::EventStream)?;
@@ -322,19 +379,7 @@ impl Authenticator {
     }
 
     fn bearer_route(&self, parts: &Parts) -> Result<Arc<str>, AuthFailure> {
-        let value = parts
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .ok_or(AuthFailure::Missing)?;
-        let token = value
-            .to_str()
-            .ok()
-            .and_then(|v| {
-                let (scheme, token) = v.split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-            })
-            .filter(|t| !t.is_empty())
-            .ok_or(AuthFailure::Malformed)?;
+        let token = presented_key(&parts.headers)?;
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         // Compare with every route's hash, without stopping at a match.
         let mut found = None;

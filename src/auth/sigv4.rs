@@ -33,7 +33,7 @@ use http::{HeaderMap, Method};
 use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
 use sha2::{Digest, Sha256};
 
-const ALGORITHM: &str = "AWS4-HMAC-SHA256";
+pub const ALGORITHM: &str = "AWS4-HMAC-SHA256";
 /// Largest accepted difference between the request's `X-Amz-Date` and our clock.
 pub const MAX_SKEW: Duration = Duration::from_secs(5 * 60);
 /// The payload marker of an event stream whose events are signed one by one.

@@ -1,9 +1,17 @@
 //! Bedrock's restJson1 error shape: status code, `x-amzn-ErrorType`, `{"message": ...}` and an
 //! `x-amzn-RequestId`. Used for the proxy's own errors and by the simulator.
+//!
+//! The OpenAI and Anthropic APIs on `bedrock-runtime` answer the same errors (the same status and
+//! `x-amzn-ErrorType`) in their own body shape, which their SDKs read
+//! ([`BedrockError::into_response_in`]): OpenAI `{"error": {"message", "type", "param",
+//! "code"}}`, Anthropic `{"type": "error", "error": {"type", "message"}}`.
 
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode, header};
+use serde_json::json;
+
+use super::api::Dialect;
 
 /// The errors `bedrock-runtime` answers with (and the SDK error codes they map to).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -139,19 +147,29 @@ impl BedrockError {
 
     /// The JSON body, `{"message": "..."}`.
     pub fn body(&self) -> Bytes {
-        Bytes::from(serde_json::json!({ "message": self.message }).to_string())
+        Bytes::from(json!({ "message": self.message }).to_string())
     }
-}
 
-impl std::fmt::Display for BedrockError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.code.name(), self.message)
+    /// The JSON body in `dialect`'s shape.
+    pub fn body_in(&self, dialect: Dialect) -> Bytes {
+        let body = match dialect {
+            Dialect::Bedrock => return self.body(),
+            Dialect::OpenAI => {
+                let (kind, code) = openai_kind(self.code);
+                json!({"error": {"message": self.message, "type": kind, "param": null, "code": code}})
+            }
+            Dialect::Anthropic => json!({
+                "type": "error",
+                "error": {"type": anthropic_kind(self.code.status()), "message": self.message},
+            }),
+        };
+        Bytes::from(body.to_string())
     }
-}
 
-impl IntoResponse for BedrockError {
-    fn into_response(self) -> Response {
-        let body = self.body();
+    /// The response in `dialect`'s body shape, with Bedrock's status, `x-amzn-ErrorType`, a
+    /// request id and the extra headers (which may replace the error type).
+    pub fn into_response_in(self, dialect: Dialect) -> Response {
+        let body = self.body_in(dialect);
         let mut response = (self.code.status(), body).into_response();
         let headers = response.headers_mut();
         headers.insert(
@@ -169,6 +187,48 @@ impl IntoResponse for BedrockError {
             headers.insert(name, value);
         }
         response
+    }
+}
+
+/// OpenAI's error `type` and `code` for a Bedrock error (OpenAI's own: `tokens` /
+/// `rate_limit_exceeded` for a token rate limit, `invalid_request_error` for the caller's
+/// mistakes).
+fn openai_kind(code: ErrorCode) -> (&'static str, Option<&'static str>) {
+    match code {
+        ErrorCode::Throttling => ("tokens", Some("rate_limit_exceeded")),
+        ErrorCode::ResourceNotFound => ("invalid_request_error", Some("model_not_found")),
+        ErrorCode::UnknownOperation => ("invalid_request_error", Some("unknown_url")),
+        ErrorCode::AccessDenied | ErrorCode::UnrecognizedClient => {
+            ("invalid_request_error", Some("invalid_api_key"))
+        }
+        ErrorCode::ServiceUnavailable | ErrorCode::InternalServer => ("server_error", None),
+        _ => ("invalid_request_error", None),
+    }
+}
+
+/// Anthropic's error `type` for a status.
+fn anthropic_kind(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 => "overloaded_error",
+        s if s >= 500 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+impl std::fmt::Display for BedrockError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.name(), self.message)
+    }
+}
+
+impl IntoResponse for BedrockError {
+    fn into_response(self) -> Response {
+        self.into_response_in(Dialect::Bedrock)
     }
 }
 
@@ -235,5 +295,43 @@ mod tests {
         assert_eq!(r.headers()[X_AMZN_ERROR_TYPE], "ThrottlingException");
         assert_eq!(r.headers()["x-amz-retry-after"], "1500");
         assert!(r.headers().contains_key(X_AMZN_REQUEST_ID));
+    }
+
+    fn json(bytes: &Bytes) -> serde_json::Value {
+        serde_json::from_slice(bytes).unwrap()
+    }
+
+    #[test]
+    fn each_dialect_has_its_own_body_shape() {
+        let e = BedrockError::new(ErrorCode::Throttling, "slow down");
+        assert_eq!(
+            json(&e.body_in(Dialect::Bedrock)),
+            json!({"message": "slow down"})
+        );
+        assert_eq!(
+            json(&e.body_in(Dialect::OpenAI)),
+            json!({"error": {"message": "slow down", "type": "tokens", "param": null, "code": "rate_limit_exceeded"}})
+        );
+        assert_eq!(
+            json(&e.body_in(Dialect::Anthropic)),
+            json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}})
+        );
+        let bad = BedrockError::validation("no model");
+        assert_eq!(
+            json(&bad.body_in(Dialect::Anthropic))["error"]["type"],
+            "invalid_request_error"
+        );
+        assert_eq!(
+            json(&bad.body_in(Dialect::OpenAI))["error"]["type"],
+            "invalid_request_error"
+        );
+        let r = BedrockError::new(ErrorCode::AccessDenied, "no")
+            .with_header(X_AMZN_ERROR_TYPE, "MissingAuthenticationTokenException")
+            .into_response_in(Dialect::Anthropic);
+        assert_eq!(r.status(), 403);
+        assert_eq!(
+            r.headers()[X_AMZN_ERROR_TYPE],
+            "MissingAuthenticationTokenException"
+        );
     }
 }

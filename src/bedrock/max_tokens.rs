@@ -10,6 +10,9 @@
 //!   `max_gen_len`; `ai21` Jurassic `maxTokens`, Jamba `max_tokens`; `mistral`, `cohere`,
 //!   `deepseek`, `openai`, `qwen`, `writer` `max_tokens` then `max_completion_tokens`. Any other
 //!   or unknown provider: every name above in a fixed order ([`UNKNOWN_FIELDS`]).
+//! - OpenAI Chat Completions: `max_completion_tokens` and the older `max_tokens`; when both are
+//!   present the larger counts (which one upstream obeys is not documented: reserving the larger
+//!   errs high). OpenAI Responses: `max_output_tokens`. Anthropic Messages: `max_tokens`.
 //! - Other operations (CountTokens, guardrails, async jobs, bidirectional streams): `Ok(None)`.
 //!
 //! The first listed field present decides; `null` counts as absent. A present value must be a
@@ -37,8 +40,11 @@ const NOVA_FIELDS: &[&str] = &[
 const LLAMA_FIELDS: &[&str] = &["max_gen_len"];
 const AI21_FIELDS: &[&str] = &["maxTokens", "max_tokens"];
 const OPENAI_STYLE_FIELDS: &[&str] = &["max_tokens", "max_completion_tokens"];
-/// The order tried when the provider is unknown.
-pub const UNKNOWN_FIELDS: &[&str] = &[
+const CHAT_FIELDS: &[&str] = &["max_completion_tokens", "max_tokens"];
+const RESPONSES_FIELDS: &[&str] = &["max_output_tokens"];
+const MESSAGES_FIELDS: &[&str] = &["max_tokens"];
+/// Every field any body is read for: [`UNKNOWN_FIELDS`], then the Responses API's.
+const FIELDS: [&str; 9] = [
     "max_tokens",
     "max_completion_tokens",
     "inferenceConfig.maxTokens",
@@ -47,7 +53,10 @@ pub const UNKNOWN_FIELDS: &[&str] = &[
     "max_gen_len",
     "maxTokens",
     "max_tokens_to_sample",
+    "max_output_tokens",
 ];
+/// The order tried when the provider is unknown: every field a native family reads.
+pub const UNKNOWN_FIELDS: &[&str] = FIELDS.as_slice().split_at(8).0;
 /// The names of the fields inside config objects (after the dot in the paths above).
 #[cfg(test)]
 const CONFIG_MEMBERS: [&str; 3] = ["maxTokens", "max_new_tokens", "maxTokenCount"];
@@ -82,8 +91,8 @@ pub fn requested_max_tokens(
 /// tell.)
 #[derive(Debug, Default)]
 pub struct MaxTokensFields {
-    /// Each field of [`UNKNOWN_FIELDS`] (which names every field any family reads), in its order.
-    values: [Option<Value>; UNKNOWN_FIELDS.len()],
+    /// Each field of [`FIELDS`] (which names every field any operation reads), in its order.
+    values: [Option<Value>; FIELDS.len()],
     /// The body has `inputText` or `textGenerationConfig`: an Amazon body is Titan, not Nova.
     titan: bool,
     /// `inferenceConfig`, `textGenerationConfig` seen.
@@ -99,7 +108,7 @@ impl MaxTokensFields {
             titan: titan_shaped(body),
             ..MaxTokensFields::default()
         };
-        for (slot, path) in fields.values.iter_mut().zip(UNKNOWN_FIELDS) {
+        for (slot, path) in fields.values.iter_mut().zip(FIELDS) {
             *slot = lookup(body, path).cloned();
         }
         fields
@@ -146,11 +155,11 @@ impl MaxTokensFields {
         if let Some(at) = Self::slot(outer, key)
             && self.values[at].replace(value).is_some()
         {
-            self.duplicate.get_or_insert(UNKNOWN_FIELDS[at]);
+            self.duplicate.get_or_insert(FIELDS[at]);
         }
     }
 
-    /// The position of a field in [`UNKNOWN_FIELDS`], spelled out because this runs for every
+    /// The position of a field in [`FIELDS`], spelled out because this runs for every
     /// top-level member of every body (a test keeps the two in step).
     fn slot(outer: Option<&str>, key: &str) -> Option<usize> {
         Some(match (outer, key) {
@@ -162,12 +171,13 @@ impl MaxTokensFields {
             (None, "max_gen_len") => 5,
             (None, "maxTokens") => 6,
             (None, "max_tokens_to_sample") => 7,
+            (None, "max_output_tokens") => 8,
             _ => return None,
         })
     }
 
     fn get(&self, path: &str) -> Option<&Value> {
-        let at = UNKNOWN_FIELDS.iter().position(|p| *p == path)?;
+        let at = FIELDS.iter().position(|p| *p == path)?;
         self.values[at].as_ref()
     }
 
@@ -177,12 +187,8 @@ impl MaxTokensFields {
         operation: Operation,
         provider: Option<&str>,
     ) -> Result<Option<u64>, MaxTokensError> {
-        let fields = match operation {
-            Operation::Converse | Operation::ConverseStream => CONVERSE_FIELDS,
-            Operation::InvokeModel | Operation::InvokeModelWithResponseStream => {
-                native_fields(provider, self.titan)
-            }
-            _ => return Ok(None),
+        let Some(fields) = fields_of(operation, provider, self.titan) else {
+            return Ok(None);
         };
         if let Some(field) = self.duplicate {
             return Err(MaxTokensError {
@@ -190,13 +196,16 @@ impl MaxTokensFields {
                 problem: "appears more than once in the body; send it once".to_string(),
             });
         }
-        for field in fields {
-            match self.get(field) {
-                None | Some(Value::Null) => continue,
-                Some(value) => return validate(field, value).map(Some),
-            }
+        let mut present = fields.iter().filter_map(|f| match self.get(f) {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(validate(f, value)),
+        });
+        if operation != Operation::OpenAIChatCompletions {
+            return present.next().transpose();
         }
-        Ok(None)
+        present.try_fold(None, |most: Option<u64>, n| {
+            Ok(Some(most.unwrap_or(0).max(n?)))
+        })
     }
 }
 
@@ -210,13 +219,12 @@ pub fn clamp_max_tokens(
     body: &mut Value,
     ceiling: u64,
 ) -> Result<bool, MaxTokensError> {
-    let fields = match operation {
-        Operation::Converse | Operation::ConverseStream => CONVERSE_FIELDS,
-        Operation::InvokeModel | Operation::InvokeModelWithResponseStream => {
-            native_fields(provider, titan_shaped(body))
-        }
-        _ => return Ok(false),
+    let Some(fields) = fields_of(operation, provider, titan_shaped(body)) else {
+        return Ok(false);
     };
+    if operation == Operation::OpenAIChatCompletions {
+        return clamp_every_field(fields, body, ceiling);
+    }
     let present = fields
         .iter()
         .find(|f| !matches!(lookup(body, f), None | Some(Value::Null)));
@@ -239,6 +247,36 @@ pub fn clamp_max_tokens(
         }
         None => fields[0],
     };
+    set_field(body, field, ceiling)
+}
+
+/// Chat Completions: lowers each present field above `ceiling`, or sets the first when none is
+/// present (so upstream obeys the ceiling whichever field it reads).
+fn clamp_every_field(
+    fields: &[&'static str],
+    body: &mut Value,
+    ceiling: u64,
+) -> Result<bool, MaxTokensError> {
+    let mut changed = false;
+    let mut any = false;
+    for field in fields {
+        let current = match lookup(body, field) {
+            None | Some(Value::Null) => continue,
+            Some(value) => validate(field, value)?,
+        };
+        any = true;
+        if current > ceiling {
+            changed |= set_field(body, field, ceiling)?;
+        }
+    }
+    match (any, fields.first()) {
+        (false, Some(first)) => set_field(body, first, ceiling),
+        _ => Ok(changed),
+    }
+}
+
+/// Sets the field at the dotted path `field` to `value`, creating its parent object if absent.
+fn set_field(body: &mut Value, field: &str, value: u64) -> Result<bool, MaxTokensError> {
     let mut target = body;
     let mut parts = field.split('.').peekable();
     while let Some(key) = parts.next() {
@@ -249,7 +287,7 @@ pub fn clamp_max_tokens(
             });
         };
         if parts.peek().is_none() {
-            map.insert(key.to_string(), Value::from(ceiling));
+            map.insert(key.to_string(), Value::from(value));
             return Ok(true);
         }
         let next = map
@@ -263,6 +301,35 @@ pub fn clamp_max_tokens(
     Ok(false)
 }
 
+/// The name of `operation`'s output cap, for messages that say what to change (`maxTokens` for
+/// the native operations, whose field depends on the family).
+pub fn cap_field_name(operation: Operation) -> &'static str {
+    match operation {
+        Operation::OpenAIChatCompletions => "max_completion_tokens",
+        Operation::OpenAIResponses => "max_output_tokens",
+        Operation::AnthropicMessages => "max_tokens",
+        _ => "maxTokens",
+    }
+}
+
+/// The fields `operation` reads its maximum output from; `None` for operations without one.
+fn fields_of(
+    operation: Operation,
+    provider: Option<&str>,
+    titan: bool,
+) -> Option<&'static [&'static str]> {
+    Some(match operation {
+        Operation::Converse | Operation::ConverseStream => CONVERSE_FIELDS,
+        Operation::InvokeModel | Operation::InvokeModelWithResponseStream => {
+            native_fields(provider, titan)
+        }
+        Operation::OpenAIChatCompletions => CHAT_FIELDS,
+        Operation::OpenAIResponses => RESPONSES_FIELDS,
+        Operation::AnthropicMessages => MESSAGES_FIELDS,
+        _ => return None,
+    })
+}
+
 /// The field a request of `operation` should name its maximum output tokens in (the first of its
 /// family's), for a message telling the caller what to send; `None` for an unknown family or an
 /// operation with no such field. `body`, when parsed, tells Titan from Nova.
@@ -271,13 +338,7 @@ pub fn field_to_set(
     provider: Option<&str>,
     body: Option<&Value>,
 ) -> Option<&'static str> {
-    let fields = match operation {
-        Operation::Converse | Operation::ConverseStream => CONVERSE_FIELDS,
-        Operation::InvokeModel | Operation::InvokeModelWithResponseStream => {
-            native_fields(provider, body.is_some_and(titan_shaped))
-        }
-        _ => return None,
-    };
+    let fields = fields_of(operation, provider, body.is_some_and(titan_shaped))?;
     (!std::ptr::eq(fields, UNKNOWN_FIELDS)).then(|| fields[0])
 }
 
@@ -362,358 +423,5 @@ fn clip(value: &Value) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    fn invoke(provider: &str, body: Value) -> Result<Option<u64>, MaxTokensError> {
-        requested_max_tokens(Operation::InvokeModel, Some(provider), &body)
-    }
-
-    fn message(result: Result<Option<u64>, MaxTokensError>) -> String {
-        match result {
-            Err(e) => e.to_string(),
-            Ok(v) => panic!("expected an error, got {v:?}"),
-        }
-    }
-
-    #[test]
-    fn converse_reads_inference_config() {
-        let body =
-            json!({"messages": [], "inferenceConfig": {"maxTokens": 512, "temperature": 0.2}});
-        for op in [Operation::Converse, Operation::ConverseStream] {
-            assert_eq!(
-                requested_max_tokens(op, Some("anthropic"), &body),
-                Ok(Some(512))
-            );
-        }
-        let absent = json!({"messages": [], "inferenceConfig": {"temperature": 0.2}});
-        assert_eq!(
-            requested_max_tokens(Operation::Converse, None, &absent),
-            Ok(None)
-        );
-        // Converse ignores model-native names.
-        let native = json!({"max_tokens": 100});
-        assert_eq!(
-            requested_max_tokens(Operation::Converse, None, &native),
-            Ok(None)
-        );
-    }
-
-    #[test]
-    fn each_family_reads_its_own_field() {
-        let cases = [
-            (
-                "anthropic",
-                json!({"anthropic_version": "bedrock-2023-05-31", "max_tokens": 1024, "messages": []}),
-                Some(1024),
-            ),
-            (
-                "anthropic",
-                json!({"prompt": "\n\nHuman: hi\n\nAssistant:", "max_tokens_to_sample": 300}),
-                Some(300),
-            ),
-            (
-                "amazon",
-                json!({"inputText": "hi", "textGenerationConfig": {"maxTokenCount": 256}}),
-                Some(256),
-            ),
-            ("amazon", json!({"inputText": "embed me"}), None),
-            (
-                "amazon",
-                json!({"schemaVersion": "messages-v1", "messages": [], "inferenceConfig": {"maxTokens": 300}}),
-                Some(300),
-            ),
-            (
-                "amazon",
-                json!({"messages": [], "inferenceConfig": {"max_new_tokens": 200}}),
-                Some(200),
-            ),
-            (
-                "meta",
-                json!({"prompt": "hi", "max_gen_len": 128}),
-                Some(128),
-            ),
-            (
-                "mistral",
-                json!({"prompt": "<s>[INST] hi [/INST]", "max_tokens": 64}),
-                Some(64),
-            ),
-            (
-                "cohere",
-                json!({"message": "hi", "max_tokens": 99}),
-                Some(99),
-            ),
-            (
-                "deepseek",
-                json!({"prompt": "hi", "max_tokens": 4000}),
-                Some(4000),
-            ),
-            (
-                "openai",
-                json!({"messages": [], "max_completion_tokens": 800}),
-                Some(800),
-            ),
-            ("qwen", json!({"messages": [], "max_tokens": 77}), Some(77)),
-            (
-                "writer",
-                json!({"messages": [], "max_tokens": 55}),
-                Some(55),
-            ),
-            ("ai21", json!({"prompt": "hi", "maxTokens": 200}), Some(200)),
-            (
-                "ai21",
-                json!({"messages": [], "max_tokens": 210}),
-                Some(210),
-            ),
-            ("meta", json!({"prompt": "hi", "max_tokens": 128}), None),
-        ];
-        for (provider, body, expected) in cases {
-            assert_eq!(
-                invoke(provider, body.clone()),
-                Ok(expected),
-                "{provider}: {body}"
-            );
-        }
-        let stream = requested_max_tokens(
-            Operation::InvokeModelWithResponseStream,
-            Some("meta"),
-            &json!({"max_gen_len": 5}),
-        );
-        assert_eq!(stream, Ok(Some(5)));
-    }
-
-    #[test]
-    fn unknown_providers_try_the_common_names_in_order() {
-        let body = json!({"maxTokens": 7, "max_gen_len": 9});
-        assert_eq!(
-            requested_max_tokens(Operation::InvokeModel, None, &body),
-            Ok(Some(9))
-        );
-        assert_eq!(
-            invoke("acme", json!({"inferenceConfig": {"maxTokens": 11}})),
-            Ok(Some(11))
-        );
-        assert_eq!(invoke("acme", json!({"prompt": "x"})), Ok(None));
-    }
-
-    #[test]
-    fn operations_without_max_tokens_say_none() {
-        let body = json!({"input": {"converse": {"inferenceConfig": {"maxTokens": 5}}}});
-        for op in [
-            Operation::CountTokens,
-            Operation::ApplyGuardrail,
-            Operation::StartAsyncInvoke,
-        ] {
-            assert_eq!(requested_max_tokens(op, Some("anthropic"), &body), Ok(None));
-        }
-    }
-
-    #[test]
-    fn null_is_absent_and_whole_floats_are_integers() {
-        assert_eq!(invoke("anthropic", json!({"max_tokens": null})), Ok(None));
-        assert_eq!(
-            invoke("anthropic", json!({"max_tokens": 1024.0})),
-            Ok(Some(1024))
-        );
-        assert_eq!(
-            invoke("anthropic", json!({"max_tokens": 2147483647})),
-            Ok(Some(2147483647))
-        );
-    }
-
-    #[test]
-    fn unusable_values_are_errors_that_say_what_to_write() {
-        let converse = |v: Value| {
-            requested_max_tokens(
-                Operation::Converse,
-                None,
-                &json!({"inferenceConfig": {"maxTokens": v}}),
-            )
-        };
-        let cases = [
-            (
-                json!(-3),
-                "inferenceConfig.maxTokens must be a positive integer, got -3",
-            ),
-            (
-                json!(0),
-                "inferenceConfig.maxTokens must be a positive integer, got 0",
-            ),
-            (
-                json!(10.5),
-                "inferenceConfig.maxTokens must be a positive integer, got 10.5",
-            ),
-            (
-                json!(0.0),
-                "inferenceConfig.maxTokens must be a positive integer, got 0.0",
-            ),
-            (
-                json!(-2.0),
-                "inferenceConfig.maxTokens must be a positive integer, got -2.0",
-            ),
-            (
-                json!(2147483648u64),
-                "inferenceConfig.maxTokens must be a positive integer no larger than 2147483647, got 2147483648",
-            ),
-            (
-                json!(1e300),
-                "inferenceConfig.maxTokens must be a positive integer no larger than 2147483647, got 1e+300",
-            ),
-            (
-                json!("100"),
-                "inferenceConfig.maxTokens must be a positive integer, got the string \"100\" (write the number without quotes)",
-            ),
-            (
-                json!("lots"),
-                "inferenceConfig.maxTokens must be a positive integer, got the string \"lots\"",
-            ),
-            (
-                json!(true),
-                "inferenceConfig.maxTokens must be a positive integer, got true",
-            ),
-            (
-                json!([1]),
-                "inferenceConfig.maxTokens must be a positive integer, got an array",
-            ),
-            (
-                json!({"n": 1}),
-                "inferenceConfig.maxTokens must be a positive integer, got an object",
-            ),
-        ];
-        for (value, expected) in cases {
-            assert_eq!(message(converse(value)), expected);
-        }
-    }
-
-    #[test]
-    fn errors_name_the_family_field() {
-        let e = invoke(
-            "amazon",
-            json!({"inputText": "x", "textGenerationConfig": {"maxTokenCount": -1}}),
-        );
-        assert_eq!(
-            e,
-            Err(MaxTokensError {
-                field: "textGenerationConfig.maxTokenCount".into(),
-                problem: "must be a positive integer, got -1".into(),
-            })
-        );
-        assert!(message(invoke("meta", json!({"max_gen_len": "64"}))).starts_with("max_gen_len "));
-        let long = "x".repeat(100);
-        assert!(message(invoke("mistral", json!({"max_tokens": long}))).ends_with("xxx..."));
-    }
-
-    #[test]
-    fn clamp_lowers_or_inserts_the_deciding_field() {
-        let mut converse =
-            serde_json::json!({"messages": [], "inferenceConfig": {"maxTokens": 4000}});
-        assert_eq!(
-            clamp_max_tokens(Operation::Converse, None, &mut converse, 1000),
-            Ok(true)
-        );
-        assert_eq!(converse["inferenceConfig"]["maxTokens"], 1000);
-        let mut small = serde_json::json!({"inferenceConfig": {"maxTokens": 10}});
-        assert_eq!(
-            clamp_max_tokens(Operation::Converse, None, &mut small, 1000),
-            Ok(false)
-        );
-        let mut absent = serde_json::json!({"messages": []});
-        assert_eq!(
-            clamp_max_tokens(Operation::ConverseStream, None, &mut absent, 500),
-            Ok(true)
-        );
-        assert_eq!(absent["inferenceConfig"]["maxTokens"], 500);
-        let mut claude = serde_json::json!({"anthropic_version": "bedrock-2023-05-31"});
-        assert_eq!(
-            clamp_max_tokens(Operation::InvokeModel, Some("anthropic"), &mut claude, 300),
-            Ok(true)
-        );
-        assert_eq!(claude["max_tokens"], 300);
-        let mut titan = serde_json::json!({"inputText": "hi", "textGenerationConfig": null});
-        assert_eq!(
-            clamp_max_tokens(Operation::InvokeModel, Some("amazon"), &mut titan, 300),
-            Ok(true)
-        );
-        assert_eq!(titan["textGenerationConfig"]["maxTokenCount"], 300);
-        let mut unknown = serde_json::json!({"prompt": "hi"});
-        assert!(clamp_max_tokens(Operation::InvokeModel, Some("acme"), &mut unknown, 300).is_err());
-        let mut bad = serde_json::json!({"inferenceConfig": 3});
-        assert!(clamp_max_tokens(Operation::Converse, None, &mut bad, 300).is_err());
-    }
-
-    #[test]
-    fn the_field_to_set_is_the_familys_first() {
-        let titan = json!({"inputText": "hi"});
-        let cases = [
-            (
-                Operation::Converse,
-                Some("meta"),
-                None,
-                Some("inferenceConfig.maxTokens"),
-            ),
-            (
-                Operation::InvokeModel,
-                Some("anthropic"),
-                None,
-                Some("max_tokens"),
-            ),
-            (
-                Operation::InvokeModel,
-                Some("amazon"),
-                Some(&titan),
-                Some("textGenerationConfig.maxTokenCount"),
-            ),
-            (
-                Operation::InvokeModel,
-                Some("amazon"),
-                None,
-                Some("inferenceConfig.maxTokens"),
-            ),
-            (
-                Operation::InvokeModelWithResponseStream,
-                Some("meta"),
-                None,
-                Some("max_gen_len"),
-            ),
-            (Operation::InvokeModel, Some("acme"), None, None),
-            (Operation::CountTokens, Some("anthropic"), None, None),
-        ];
-        for (op, provider, body, expected) in cases {
-            assert_eq!(
-                field_to_set(op, provider, body),
-                expected,
-                "{op:?} {provider:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn slots_follow_the_unknown_fields_order() {
-        for (at, path) in UNKNOWN_FIELDS.iter().enumerate() {
-            let (outer, key) = match path.split_once('.') {
-                Some((outer, key)) => (Some(outer), key),
-                None => (None, *path),
-            };
-            assert_eq!(MaxTokensFields::slot(outer, key), Some(at), "{path}");
-            assert_eq!(MaxTokensFields::is_field(path), outer.is_none(), "{path}");
-            if let Some(outer) = outer {
-                assert!(MaxTokensFields::is_config(outer), "{path}");
-                assert!(CONFIG_MEMBERS.contains(&key), "{path}");
-            }
-        }
-        let families = [
-            CONVERSE_FIELDS,
-            ANTHROPIC_FIELDS,
-            TITAN_FIELDS,
-            NOVA_FIELDS,
-            LLAMA_FIELDS,
-            AI21_FIELDS,
-            OPENAI_STYLE_FIELDS,
-        ];
-        for path in families.concat() {
-            assert!(UNKNOWN_FIELDS.contains(&path), "{path} is read by a family");
-        }
-    }
-}
+#[path = "max_tokens_tests.rs"]
+mod tests;

@@ -13,6 +13,8 @@
 use http::Method;
 use percent_encoding::percent_decode_str;
 
+use super::api::{self, Api};
+
 /// A `bedrock-runtime` operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
@@ -27,10 +29,16 @@ pub enum Operation {
     StartAsyncInvoke,
     GetAsyncInvoke,
     ListAsyncInvokes,
+    /// OpenAI Chat Completions (`/openai/v1/chat/completions`, `/v1/chat/completions`).
+    OpenAIChatCompletions,
+    /// OpenAI Responses (`/openai/v1/responses`).
+    OpenAIResponses,
+    /// Anthropic Messages (`/anthropic/v1/messages`).
+    AnthropicMessages,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 11] = [
+    pub const ALL: [Operation; 14] = [
         Operation::Converse,
         Operation::ConverseStream,
         Operation::InvokeModel,
@@ -42,6 +50,9 @@ impl Operation {
         Operation::StartAsyncInvoke,
         Operation::GetAsyncInvoke,
         Operation::ListAsyncInvokes,
+        Operation::OpenAIChatCompletions,
+        Operation::OpenAIResponses,
+        Operation::AnthropicMessages,
     ];
 
     /// The position of this operation in [`Operation::ALL`].
@@ -63,7 +74,26 @@ impl Operation {
             Operation::StartAsyncInvoke => "StartAsyncInvoke",
             Operation::GetAsyncInvoke => "GetAsyncInvoke",
             Operation::ListAsyncInvokes => "ListAsyncInvokes",
+            Operation::OpenAIChatCompletions => "OpenAIChatCompletions",
+            Operation::OpenAIResponses => "OpenAIResponses",
+            Operation::AnthropicMessages => "AnthropicMessages",
         }
+    }
+
+    /// The API family the operation belongs to.
+    pub fn api(self) -> Api {
+        match self {
+            Operation::OpenAIChatCompletions => Api::OpenAIChat,
+            Operation::OpenAIResponses => Api::OpenAIResponses,
+            Operation::AnthropicMessages => Api::AnthropicMessages,
+            _ => Api::Bedrock,
+        }
+    }
+
+    /// Whether the body's `model` names the model (the OpenAI and Anthropic APIs): whether it
+    /// streams is the body's `stream` too.
+    pub fn model_in_body(self) -> bool {
+        self.api() != Api::Bedrock
     }
 
     /// The trailing path segment of a `/model/{modelId}/{segment}` operation.
@@ -91,10 +121,13 @@ impl Operation {
                 | Operation::InvokeModel
                 | Operation::InvokeModelWithResponseStream
                 | Operation::InvokeModelWithBidirectionalStream
+                | Operation::OpenAIChatCompletions
+                | Operation::OpenAIResponses
+                | Operation::AnthropicMessages
         )
     }
 
-    /// Whether the response is an `application/vnd.amazon.eventstream`.
+    /// Whether the response is always an `application/vnd.amazon.eventstream`.
     pub fn is_streaming(self) -> bool {
         matches!(
             self,
@@ -104,6 +137,12 @@ impl Operation {
         )
     }
 
+    /// Whether bedrock-runtime accepts a Bedrock API key (`Authorization: Bearer`) for it: every
+    /// operation but the bidirectional stream, which takes SigV4 only (V, BEDROCK-APIS.md).
+    pub fn accepts_api_key(self) -> bool {
+        self != Operation::InvokeModelWithBidirectionalStream
+    }
+
     /// The IAM action that authorizes the call, as AWS documents it: the API reference says
     /// which action Converse, ConverseStream, StartAsyncInvoke and
     /// InvokeModelWithBidirectionalStream need (`bedrock:InvokeModel` or
@@ -111,12 +150,19 @@ impl Operation {
     /// Bedrock lists the others under their own names. `None` where AWS documents no action
     /// (InvokeGuardrailChecks, as of the 2026-06 launch). The README's IAM policy is checked
     /// against this table (`tests/it/iam_policy.rs`).
+    ///
+    /// The OpenAI and Anthropic APIs run model inference: AWS's pages for them name no action of
+    /// their own, so this reads them as `bedrock:InvokeModel` (and their streamed calls as
+    /// `bedrock:InvokeModelWithResponseStream`, which the README's policy grants too) (U).
     pub fn iam_action(self) -> Option<&'static str> {
         match self {
             Operation::Converse
             | Operation::InvokeModel
             | Operation::StartAsyncInvoke
-            | Operation::InvokeModelWithBidirectionalStream => Some("bedrock:InvokeModel"),
+            | Operation::InvokeModelWithBidirectionalStream
+            | Operation::OpenAIChatCompletions
+            | Operation::OpenAIResponses
+            | Operation::AnthropicMessages => Some("bedrock:InvokeModel"),
             Operation::ConverseStream | Operation::InvokeModelWithResponseStream => {
                 Some("bedrock:InvokeModelWithResponseStream")
             }
@@ -141,7 +187,8 @@ impl std::fmt::Display for Operation {
     }
 }
 
-/// What a request addresses: the operation and, for model operations, the decoded modelId.
+/// What a request addresses: the operation and, for model operations, the decoded modelId (the
+/// OpenAI and Anthropic APIs name theirs in the body: `None` here).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub operation: Operation,
@@ -189,6 +236,12 @@ impl Target {
             return Ok(Target {
                 operation,
                 model_id: Some(model_id),
+            });
+        }
+        if let (&Method::POST, Some(operation)) = (method, api::body_model_operation(raw_path)) {
+            return Ok(Target {
+                operation,
+                model_id: None,
             });
         }
         let operation = match (method, raw_path) {
@@ -278,150 +331,5 @@ fn decode_once(encoded: &str) -> Result<String, TargetError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn post(path: &str) -> Result<Target, TargetError> {
-        Target::parse(&Method::POST, path)
-    }
-
-    #[test]
-    fn model_operations_decode_the_model_id_once() {
-        let t =
-            post("/model/us.anthropic.claude-sonnet-4-20250514-v1%3A0/converse-stream").unwrap();
-        assert_eq!(t.operation, Operation::ConverseStream);
-        assert_eq!(
-            t.model_id.as_deref(),
-            Some("us.anthropic.claude-sonnet-4-20250514-v1:0")
-        );
-
-        let arn = "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A123456789012%3Ainference-profile%2Fus.anthropic.claude-3-haiku-20240307-v1%3A0/invoke";
-        let t = post(arn).unwrap();
-        assert_eq!(t.operation, Operation::InvokeModel);
-        assert_eq!(
-            t.model_id.as_deref(),
-            Some(
-                "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-3-haiku-20240307-v1:0"
-            )
-        );
-        // A doubly-encoded sequence would name another model to a server that decodes again.
-        assert!(matches!(
-            post("/model/a%253Ab/count-tokens"),
-            Err(TargetError::UnsafePath { .. })
-        ));
-    }
-
-    #[test]
-    fn every_model_operation_routes() {
-        for (seg, op) in [
-            ("converse", Operation::Converse),
-            ("converse-stream", Operation::ConverseStream),
-            ("invoke", Operation::InvokeModel),
-            (
-                "invoke-with-response-stream",
-                Operation::InvokeModelWithResponseStream,
-            ),
-            (
-                "invoke-with-bidirectional-stream",
-                Operation::InvokeModelWithBidirectionalStream,
-            ),
-            ("count-tokens", Operation::CountTokens),
-        ] {
-            assert_eq!(post(&format!("/model/m/{seg}")).unwrap().operation, op);
-        }
-    }
-
-    #[test]
-    fn other_operations_route() {
-        assert_eq!(
-            post("/guardrail/gr1/version/3/apply").unwrap().operation,
-            Operation::ApplyGuardrail
-        );
-        assert_eq!(
-            post("/guardrail-checks/invoke").unwrap().operation,
-            Operation::InvokeGuardrailChecks
-        );
-        assert_eq!(
-            post("/async-invoke").unwrap().operation,
-            Operation::StartAsyncInvoke
-        );
-        let get = |p| Target::parse(&Method::GET, p);
-        assert_eq!(
-            get("/async-invoke").unwrap().operation,
-            Operation::ListAsyncInvokes
-        );
-        assert_eq!(
-            get("/async-invoke/arn%3Aaws%3Ax").unwrap().operation,
-            Operation::GetAsyncInvoke
-        );
-    }
-
-    #[test]
-    fn every_operation_but_guardrail_checks_has_an_iam_action() {
-        for op in Operation::ALL {
-            let expected = op != Operation::InvokeGuardrailChecks;
-            assert_eq!(op.iam_action().is_some(), expected, "{op}");
-        }
-        // The Converse API is authorized by the InvokeModel actions, not by actions of its own.
-        assert_eq!(
-            Operation::Converse.iam_action(),
-            Operation::InvokeModel.iam_action()
-        );
-        assert_eq!(
-            Operation::ConverseStream.iam_action(),
-            Operation::InvokeModelWithResponseStream.iam_action()
-        );
-    }
-
-    #[test]
-    fn bad_paths_are_refused() {
-        assert!(matches!(
-            post("/model/m/chat"),
-            Err(TargetError::UnknownOperation { .. })
-        ));
-        assert!(matches!(
-            post("/model//converse"),
-            Err(TargetError::UnsafePath { .. })
-        ));
-        for path in [
-            "/model/a/../b/converse",
-            "/model/./m/converse",
-            "/model/m/./converse",
-            "/model/m/%2E%2E/converse",
-            "/model/a%2F..%2Fb/converse",
-            "/model/arn%3Aaws%3Abedrock%3Aus-east-1%3A1%3Ainference-profile%2F%2Fm/converse",
-            "//model/m/converse",
-            "/model/m/converse/",
-            "/model/%2525/converse",
-        ] {
-            assert!(
-                matches!(post(path), Err(TargetError::UnsafePath { .. })),
-                "{path}"
-            );
-        }
-        let get = |p| Target::parse(&Method::GET, p);
-        assert!(matches!(
-            get("/async-invoke/x/../../model/m/converse"),
-            Err(TargetError::UnsafePath { .. })
-        ));
-        assert!(matches!(
-            get("/async-invoke/"),
-            Err(TargetError::UnsafePath { .. })
-        ));
-        assert!(matches!(
-            post("/model/a%G1/converse"),
-            Err(TargetError::BadModelIdEncoding)
-        ));
-        assert!(matches!(
-            post("/model/a%/converse"),
-            Err(TargetError::BadModelIdEncoding)
-        ));
-        assert!(matches!(
-            post("/model/%FF%FE/converse"),
-            Err(TargetError::BadModelIdEncoding)
-        ));
-        assert!(Target::parse(&Method::GET, "/model/m/converse").is_err());
-        assert!(post("/guardrail/x/version//apply").is_err());
-        assert!(post("/").is_err());
-    }
-}
+#[path = "operation_tests.rs"]
+mod tests;

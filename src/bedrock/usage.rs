@@ -15,6 +15,10 @@
 //!   `inputTextTokenCount` plus `results[].tokenCount`.
 //! - **InvokeModelWithResponseStream**: the `chunk` whose decoded JSON carries
 //!   `amazon-bedrock-invocationMetrics`.
+//! - **OpenAI Chat Completions, OpenAI Responses, Anthropic Messages**: their JSON body's `usage`
+//!   at `on_end`, or their SSE stream's usage event (see `usage_api.rs`). These also report the
+//!   stop reason ([`UsageObserver::stop_reason`]; [`UsageObserver::truncated`] when the output
+//!   hit its cap: `length`, `max_output_tokens`, `max_tokens`).
 //! - **InvokeModelWithBidirectionalStream**: `chunk` events whose decoded JSON is a Nova Sonic
 //!   event; each `usageEvent` carries the session's running totals (`totalInputTokens`,
 //!   `totalOutputTokens`). They are kept as they come ([`UsageObserver::running_usage`]) and the
@@ -45,6 +49,11 @@ use serde_json::Value;
 
 use super::Operation;
 use super::eventstream::{Frame, FrameReader};
+use super::sse::{self, SseReader};
+
+#[path = "usage_api.rs"]
+mod api;
+use api::{ApiKind, MessagesStream};
 
 /// The most body bytes kept to read usage from at the end (Converse, InvokeModel without headers).
 pub const BODY_CAP: usize = 8 * 1024 * 1024;
@@ -76,6 +85,19 @@ impl Usage {
     }
 }
 
+#[cfg(test)]
+impl Usage {
+    /// The four counts, in the order the tests write them.
+    pub(crate) fn counts(input: u64, output: u64, cache_read: u64, cache_write: u64) -> Usage {
+        Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cache_read_input_tokens: cache_read,
+            cache_write_input_tokens: cache_write,
+        }
+    }
+}
+
 /// How a response carries its usage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResponseKind {
@@ -88,12 +110,26 @@ pub enum ResponseKind {
     /// InvokeModelWithResponseStream: `chunk` events; the last carries
     /// `amazon-bedrock-invocationMetrics`.
     InvokeModelStream,
+    /// OpenAI Chat Completions: a JSON body with `usage`.
+    ChatJson,
+    /// Chat Completions streamed (SSE `data:` chunks): the usage chunk.
+    ChatStream,
+    /// OpenAI Responses: a JSON `response` with `usage`.
+    ResponsesJson,
+    /// Responses streamed (SSE events): `response.completed` and its kin.
+    ResponsesStream,
+    /// Anthropic Messages: a JSON `message` with `usage`.
+    MessagesJson,
+    /// Messages streamed (SSE events): `message_start`, `message_delta`, `message_stop`.
+    MessagesStream,
     /// InvokeModelWithBidirectionalStream: `chunk` events of Nova Sonic; `usageEvent`s carry
     /// running totals, the last of which is the usage.
     BidirectionalStream,
 }
 
 impl ResponseKind {
+    /// The kind of an operation's successful responses (the OpenAI and Anthropic APIs: their
+    /// JSON body; [`ResponseKind::for_response`] tells a stream).
     pub fn for_operation(op: Operation) -> Option<ResponseKind> {
         match op {
             Operation::Converse => Some(ResponseKind::ConverseJson),
@@ -103,11 +139,34 @@ impl ResponseKind {
             Operation::InvokeModelWithBidirectionalStream => {
                 Some(ResponseKind::BidirectionalStream)
             }
+            Operation::OpenAIChatCompletions => Some(ResponseKind::ChatJson),
+            Operation::OpenAIResponses => Some(ResponseKind::ResponsesJson),
+            Operation::AnthropicMessages => Some(ResponseKind::MessagesJson),
             _ => None,
         }
     }
 
+    /// The kind of a successful response to `op` with these headers: the OpenAI and Anthropic
+    /// APIs stream (SSE) when the client asked, which the `content-type` says.
+    pub fn for_response(op: Operation, headers: &HeaderMap) -> Option<ResponseKind> {
+        let sse = headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(sse::CONTENT_TYPE.as_bytes()));
+        let kind = Self::for_operation(op)?;
+        Some(match (kind, sse) {
+            (ResponseKind::ChatJson, true) => ResponseKind::ChatStream,
+            (ResponseKind::ResponsesJson, true) => ResponseKind::ResponsesStream,
+            (ResponseKind::MessagesJson, true) => ResponseKind::MessagesStream,
+            (kind, _) => kind,
+        })
+    }
+
+    /// Output is counted from the deltas of a stream (else from the body's size).
     fn is_stream(self) -> bool {
+        self.is_event_stream() || self.is_sse()
+    }
+
+    fn is_event_stream(self) -> bool {
         matches!(
             self,
             ResponseKind::ConverseStream
@@ -115,13 +174,37 @@ impl ResponseKind {
                 | ResponseKind::BidirectionalStream
         )
     }
+
+    fn is_sse(self) -> bool {
+        matches!(
+            self,
+            ResponseKind::ChatStream | ResponseKind::ResponsesStream | ResponseKind::MessagesStream
+        )
+    }
+
+    /// The OpenAI or Anthropic API a response belongs to.
+    fn api(self) -> Option<ApiKind> {
+        match self {
+            ResponseKind::ChatJson | ResponseKind::ChatStream => Some(ApiKind::Chat),
+            ResponseKind::ResponsesJson | ResponseKind::ResponsesStream => Some(ApiKind::Responses),
+            ResponseKind::MessagesJson | ResponseKind::MessagesStream => Some(ApiKind::Messages),
+            _ => None,
+        }
+    }
 }
+
+/// The stop reasons that say the output hit its cap: Chat Completions `length`, Responses
+/// `max_output_tokens`, Messages (and Anthropic InvokeModel bodies) `max_tokens`.
+pub const TRUNCATED_STOP_REASONS: [&str; 3] = ["length", "max_output_tokens", "max_tokens"];
 
 /// Watches one successful (2xx) response go by and reports its usage the moment it is known.
 #[derive(Debug)]
 pub struct UsageObserver {
     kind: ResponseKind,
     frames: FrameReader,
+    events: SseReader,
+    messages: MessagesStream,
+    stop_reason: Option<String>,
     body: BoundedBody,
     usage: Option<Usage>,
     /// A bidirectional stream's latest running totals.
@@ -137,6 +220,9 @@ impl UsageObserver {
         UsageObserver {
             kind,
             frames: FrameReader::new(),
+            events: SseReader::new(),
+            messages: MessagesStream::default(),
+            stop_reason: None,
             body: BoundedBody::default(),
             usage: None,
             running: None,
@@ -162,7 +248,10 @@ impl UsageObserver {
     /// Feeds one body chunk. Returns `Some` exactly once: when usage first becomes known.
     pub fn on_data(&mut self, chunk: &[u8]) -> Option<Usage> {
         self.body_bytes = self.body_bytes.saturating_add(chunk.len() as u64);
-        if self.kind.is_stream() {
+        if self.kind.is_sse() {
+            return self.on_sse_data(chunk);
+        }
+        if self.kind.is_event_stream() {
             return self.on_stream_data(chunk);
         }
         if self.usage.is_none() {
@@ -177,14 +266,25 @@ impl UsageObserver {
         if self.kind == ResponseKind::BidirectionalStream && !self.corrupt {
             return self.running.and_then(|u| self.report(u));
         }
-        if self.kind.is_stream() || self.usage.is_some() || self.corrupt {
+        if self.usage.is_some() || self.corrupt {
+            return None;
+        }
+        if self.kind == ResponseKind::MessagesStream {
+            // A stream that gave its output but no `message_stop`.
+            return self.messages.finished().and_then(|u| self.report(u));
+        }
+        if self.kind.is_stream() {
             return None;
         }
         let body = self.body.take()?;
-        let found = match self.kind {
-            ResponseKind::ConverseJson => serde_json::from_slice::<ConverseBody>(&body)
+        let found = match (self.kind, self.kind.api()) {
+            (_, Some(api)) => api::body(api, &body).map(|reading| {
+                self.stop_reason = reading.stop_reason;
+                reading.usage
+            }),
+            (ResponseKind::ConverseJson, None) => serde_json::from_slice::<ConverseBody>(&body)
                 .map(|b| b.usage.as_ref().and_then(|u| usage_in(u, &CONVERSE_KEYS))),
-            _ => serde_json::from_slice::<NativeBody>(&body).map(|b| b.usage()),
+            (_, None) => serde_json::from_slice::<NativeBody>(&body).map(|b| b.usage()),
         };
         match found {
             Ok(usage) => usage.and_then(|u| self.report(u)),
@@ -219,6 +319,18 @@ impl UsageObserver {
     /// The usage, once known (whether or not it has been returned already).
     pub fn usage(&self) -> Option<Usage> {
         self.usage
+    }
+
+    /// Why the output stopped, as the OpenAI and Anthropic APIs say it (`stop`, `length`,
+    /// `end_turn`, `max_tokens`, `completed`, `max_output_tokens`, ...), once seen.
+    pub fn stop_reason(&self) -> Option<&str> {
+        self.stop_reason.as_deref()
+    }
+
+    /// Whether the output hit its cap ([`TRUNCATED_STOP_REASONS`]).
+    pub fn truncated(&self) -> bool {
+        self.stop_reason()
+            .is_some_and(|r| TRUNCATED_STOP_REASONS.contains(&r))
     }
 
     /// A bidirectional stream's running totals so far (the last `usageEvent`), kept even if the
@@ -347,6 +459,7 @@ impl UsageObserver {
     fn mark_corrupt(&mut self) {
         self.corrupt = true;
         self.frames = FrameReader::new();
+        self.events = SseReader::new();
         self.body = BoundedBody::default();
     }
 }
@@ -526,7 +639,7 @@ pub(super) fn decode_chunk(payload: &[u8]) -> Option<Vec<u8>> {
 // === Output text ===
 
 /// Text bytes in a Converse `delta` (or an Anthropic / Nova model-native delta).
-fn delta_text_len(delta: Option<&Value>) -> u64 {
+pub(super) fn delta_text_len(delta: Option<&Value>) -> u64 {
     let Some(delta) = delta else { return 0 };
     text_len_at(
         delta,
@@ -590,7 +703,7 @@ fn native_delta_len(event: &Value) -> u64 {
 }
 
 /// OpenAI-style `choices[]`: streamed `delta.content` (and reasoning), or whole `text`/`message`.
-fn choice_text_len(choice: &Value) -> u64 {
+pub(super) fn choice_text_len(choice: &Value) -> u64 {
     text_len_at(
         choice,
         &[

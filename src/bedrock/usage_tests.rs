@@ -12,12 +12,7 @@ use crate::bedrock::ErrorCode;
 use crate::bedrock::eventstream::{event_frame, exception_frame};
 
 fn usage(input: u64, output: u64, cache_read: u64, cache_write: u64) -> Usage {
-    Usage {
-        input_tokens: input,
-        output_tokens: output,
-        cache_read_input_tokens: cache_read,
-        cache_write_input_tokens: cache_write,
-    }
+    Usage::counts(input, output, cache_read, cache_write)
 }
 
 /// Feeds `parts` in order and returns (index of the call that returned usage, that usage).

@@ -1,7 +1,8 @@
 //! Configuration: the TOML file validated into typed settings ([`Config`]).
 //!
 //! A config has two halves. [`ProcessConfig`] is what the process is built from (listeners,
-//! the upstream client, the ledger backend, logging, the built-in simulator): a reload logs a
+//! the upstream client, the ledger backend, logging, the built-in simulator, traces and the
+//! other telemetry outputs): a reload logs a
 //! change there and leaves it for the next restart. [`PolicyConfig`] is what requests are decided
 //! by (pools, routes, who may call, admission settings): a reload swaps it atomically.
 //!
@@ -20,6 +21,7 @@ pub mod raw;
 pub mod routes;
 pub mod server;
 pub mod simulator;
+pub mod telemetry;
 pub mod upstream;
 
 use std::path::Path;
@@ -33,7 +35,8 @@ use raw::RawConfig;
 pub use routes::{MaxTokensPolicy, RouteBudgets, RouteConfig, ShareConfig};
 pub use server::{ServerConfig, TlsFiles};
 pub use simulator::SimulatorConfig;
-pub use upstream::{Endpoint, UpstreamConfig};
+pub use telemetry::{EmfConfig, EmfTarget, MetricsConfig, OtlpProtocol, TracingConfig};
+pub use upstream::{Endpoint, UpstreamApiKey, UpstreamConfig};
 
 /// A configuration error: the key at fault and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,6 +71,10 @@ pub struct ProcessConfig {
     pub ledger: LedgerConfig,
     pub log: LogConfig,
     pub simulator: SimulatorConfig,
+    /// `[tracing]`: OpenTelemetry spans, when an OTLP endpoint is set.
+    pub tracing: Option<TracingConfig>,
+    /// `[metrics]`: CloudWatch EMF output and the quota report's window.
+    pub metrics: MetricsConfig,
 }
 
 /// What requests are decided by; a reload swaps it.
@@ -121,10 +128,12 @@ impl Config {
     pub fn from_raw_with_env(raw: RawConfig, env: &Env) -> Result<Config, ConfigError> {
         let process = ProcessConfig {
             server: server::validate(raw.server)?,
-            upstream: upstream::validate(raw.upstream)?,
+            upstream: upstream::validate(raw.upstream, env)?,
             ledger: ledger::validate(raw.ledger, env)?,
             log: raw.log.into(),
             simulator: raw.simulator.unwrap_or_default(),
+            tracing: telemetry::validate_tracing(raw.tracing)?,
+            metrics: telemetry::validate_metrics(raw.metrics)?,
         };
         let policy = raw::RawPolicy {
             admission: raw.admission,
@@ -134,6 +143,14 @@ impl Config {
         };
         let policy = PolicyConfig::validate(policy, &process, env)?;
         Ok(Config { process, policy })
+    }
+}
+
+impl Config {
+    /// Remarks on a valid config for `tokengate check-config` to print: settings that work but
+    /// depend on something outside the file.
+    pub fn notes(&self) -> Vec<String> {
+        upstream::notes(&self.process.upstream, &self.policy.pools)
     }
 }
 

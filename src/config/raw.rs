@@ -12,6 +12,7 @@ pub use super::pools::RawPool;
 pub use super::routes::{RawRoute, RawShare};
 pub use super::server::RawServer;
 use super::simulator::SimulatorConfig;
+pub use super::telemetry::{RawMetrics, RawTracing};
 pub use super::upstream::RawUpstream;
 
 #[derive(Debug, Deserialize)]
@@ -25,6 +26,10 @@ pub struct RawConfig {
     pub log: RawLog,
     #[serde(default)]
     pub simulator: Option<SimulatorConfig>,
+    #[serde(default)]
+    pub tracing: RawTracing,
+    #[serde(default)]
+    pub metrics: RawMetrics,
     #[serde(default)]
     pub admission: RawAdmission,
     #[serde(default)]

@@ -1,12 +1,19 @@
-//! `[upstream]`: where requests go (AWS, the built-in simulator, or a base URL) and how long to
-//! wait for it.
+//! `[upstream]`: where requests go (AWS, the built-in simulator, or a base URL), how long to
+//! wait for it, and the proxy's own upstream credential.
+//!
+//! The proxy signs upstream requests with SigV4 (service `bedrock`), with the AWS credentials of
+//! the default chain. With `api_key_env`, it sends the Bedrock API key held in that environment
+//! variable as `Authorization: Bearer` instead, on every operation that accepts one: all but
+//! InvokeModelWithBidirectionalStream, which takes SigV4 only (V, BEDROCK-APIS.md), and stays
+//! signed with the default chain's credentials ([`notes`] says so when a pool serves such a
+//! model).
 
 use std::time::Duration;
 
 use http::Uri;
 use serde::Deserialize;
 
-use super::{ConfigError, invalid, positive};
+use super::{ConfigError, Env, PoolConfig, Secret, invalid, positive};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -16,6 +23,8 @@ pub struct RawUpstream {
     pub connect_timeout_secs: Option<u64>,
     pub response_timeout_secs: Option<u64>,
     pub idle_timeout_secs: Option<u64>,
+    /// The name of an environment variable holding a Bedrock API key for upstream requests.
+    pub api_key_env: Option<String>,
 }
 
 /// Where requests go.
@@ -38,9 +47,20 @@ pub struct UpstreamConfig {
     pub response_timeout: Duration,
     /// Longest silence between two body chunks of a response.
     pub idle_timeout: Duration,
+    /// A Bedrock API key (`upstream.api_key_env`), sent as `Authorization: Bearer` by every
+    /// operation that accepts one; `None`: SigV4 everywhere.
+    pub api_key: Option<UpstreamApiKey>,
 }
 
-pub(super) fn validate(raw: RawUpstream) -> Result<UpstreamConfig, ConfigError> {
+/// The upstream Bedrock API key and the variable it came from (for messages; the key itself is
+/// never printed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamApiKey {
+    pub env: String,
+    pub key: Secret,
+}
+
+pub(super) fn validate(raw: RawUpstream, env: &Env) -> Result<UpstreamConfig, ConfigError> {
     if raw.region.is_empty()
         || !raw
             .region
@@ -86,6 +106,7 @@ pub(super) fn validate(raw: RawUpstream) -> Result<UpstreamConfig, ConfigError> 
         }
     };
     Ok(UpstreamConfig {
+        api_key: api_key(raw.api_key_env.as_deref(), env)?,
         region: raw.region,
         endpoint,
         connect_timeout: Duration::from_secs(positive(
@@ -101,6 +122,61 @@ pub(super) fn validate(raw: RawUpstream) -> Result<UpstreamConfig, ConfigError> 
             raw.idle_timeout_secs.unwrap_or(300),
         )?),
     })
+}
+
+/// The API key in the environment variable `name`, if one is named.
+fn api_key(name: Option<&str>, env: &Env) -> Result<Option<UpstreamApiKey>, ConfigError> {
+    let Some(name) = name else { return Ok(None) };
+    if name.is_empty() {
+        return Err(invalid(
+            "upstream.api_key_env",
+            "name the environment variable that holds the Bedrock API key (e.g. \"AWS_BEARER_TOKEN_BEDROCK\")",
+        ));
+    }
+    let key = env(name)
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty());
+    let key = key.ok_or_else(|| {
+        invalid(
+            "upstream.api_key_env",
+            format!(
+                "the environment variable {name} is not set (or is empty); set it to a Bedrock API key, \
+                 or remove upstream.api_key_env to sign with SigV4"
+            ),
+        )
+    })?;
+    if key.chars().any(|c| c.is_ascii_control()) {
+        return Err(invalid(
+            "upstream.api_key_env",
+            format!("the value of {name} holds control characters; it cannot be sent as a header"),
+        ));
+    }
+    Ok(Some(UpstreamApiKey {
+        env: name.to_string(),
+        key: Secret(key),
+    }))
+}
+
+/// What `check-config` says about a valid config's upstream credentials: with an API key,
+/// InvokeModelWithBidirectionalStream (SigV4 only) still needs the default chain's credentials
+/// for every pool whose models serve it (Nova Sonic: an id naming `sonic`).
+pub fn notes(upstream: &UpstreamConfig, pools: &[PoolConfig]) -> Vec<String> {
+    let Some(key) = &upstream.api_key else {
+        return Vec::new();
+    };
+    pools
+        .iter()
+        .flat_map(|pool| pool.models.iter().map(move |m| (pool, m)))
+        .filter(|(_, model)| model.contains("sonic"))
+        .map(|(pool, model)| {
+            format!(
+                "upstream.api_key_env ({}): pool {:?} lists {model:?}, whose InvokeModelWithBidirectionalStream \
+                 accepts only SigV4: those calls are signed with the AWS credentials of the default chain, and \
+                 fail without them",
+                key.env, pool.name
+            )
+        })
+        .collect()
 }
 
 /// `url` with any userinfo (`user:password@`) replaced by `***`, for messages and logs.

@@ -2,7 +2,8 @@
 //! test gets a fresh one), and the `/metrics` text exposition.
 //!
 //! Labels are bounded: `pool` comes from config (plus `none` for calls outside any pool),
-//! `operation` from the fixed operation list, `outcome`, `reason` and `rule` from fixed enums,
+//! `operation` from the fixed operation list, `api` from the fixed API families
+//! ([`crate::bedrock::Api`]: `bedrock`, `openai_chat`, `openai_responses`, `anthropic_messages`), `outcome`, `reason` and `rule` from fixed enums,
 //! `status` from upstream status codes.
 
 use std::{
@@ -57,6 +58,8 @@ pub struct Metrics {
     pub ledger_mode: IntGaugeVec,
     pub config_reloads: IntCounterVec,
     pub queue_depth: IntGaugeVec,
+    /// Tokens the requests waiting in the queue would reserve.
+    pub queued_tokens: IntGaugeVec,
     pub queue_wait_seconds: HistogramVec,
     /// Queued requests by outcome: admitted, timed_out, cancelled, shutdown.
     pub queue_outcomes: IntCounterVec,
@@ -86,6 +89,8 @@ pub struct Metrics {
     pub max_tokens_missing: IntCounterVec,
     /// Requests that failed identification, by reason (never said to the caller).
     pub auth_failures: IntCounterVec,
+    /// Spans handed to the OTLP exporter, by result: exported, dropped (queue full), failed.
+    pub trace_spans: IntCounterVec,
     // === The listener (see `server` and `body_budget`) ===
     /// Request-body bytes held in memory now, by every request together.
     pub buffered_body_bytes: IntGauge,
@@ -138,7 +143,7 @@ impl Metrics {
             families: RefCell::new(Vec::new()),
         };
         Ok(Metrics {
-            requests: r.counter("tokengate_requests_total", "Requests by pool, operation and outcome.", &["pool", "operation", "outcome"])?,
+            requests: r.counter("tokengate_requests_total", "Requests by pool, API, operation and outcome.", &["pool", "api", "operation", "outcome"])?,
             rejections: r.counter("tokengate_rejections_total", "Requests turned away, by pool and the limit that bound.", &["pool", "reason"])?,
             reserved_tokens: r.int_gauge("tokengate_reserved_tokens", "Tokens reserved by requests in flight.", &["pool"])?,
             inflight_requests: r.int_gauge("tokengate_inflight_requests", "Admitted requests not yet settled.", &["pool"])?,
@@ -171,6 +176,7 @@ impl Metrics {
             ledger_mode: r.int_gauge("tokengate_ledger_mode", "1 for the mode the ledger serves in: memory, shared, local_share, unavailable.", &["mode"])?,
             config_reloads: r.counter("tokengate_config_reloads_total", "Config reloads by result.", &["result"])?,
             queue_depth: r.int_gauge("tokengate_queue_depth", "Requests waiting in the pool's admission queue.", &["pool"])?,
+            queued_tokens: r.int_gauge("tokengate_queued_tokens", "Tokens the requests waiting in the pool's admission queue would reserve.", &["pool"])?,
             queue_wait_seconds: r.histogram("tokengate_queue_wait_seconds", "Time queued requests waited.", &["pool"], HINT_BUCKETS)?,
             queue_outcomes: r.counter("tokengate_queue_outcomes_total", "Queued requests by outcome: admitted, timed_out, cancelled, shutdown.", &["pool", "outcome"])?,
             unsettled_reservations: r.single_counter("tokengate_unsettled_reservations_total", "Reservations settled by the drop safety net (a bug if non-zero).")?,
@@ -190,6 +196,7 @@ impl Metrics {
             max_tokens_clamped: r.counter("tokengate_max_tokens_clamped_total", "Requests whose maxTokens was lowered to the route's max_tokens_ceiling.", &["pool", "route"])?,
             max_tokens_missing: r.counter("tokengate_max_tokens_missing_total", "Requests that named no maxTokens, by what was done: route_ceiling (the route's ceiling written in), reserve_model_max (the model's maximum reserved, as Bedrock does), inject (the pool's default_max_tokens written in), reject (refused). Counted once per call decided, not per throttled attempt.", &["pool", "route", "action"])?,
             auth_failures: r.counter("tokengate_auth_failures_total", "Requests that failed identification, by auth mode and reason.", &["mode", "reason"])?,
+            trace_spans: r.counter("tokengate_trace_spans_total", "Spans of traced requests, by result: exported to the OTLP collector, dropped (the export queue was full), failed (the export failed).", &["result"])?,
             buffered_body_bytes: r.single_gauge("tokengate_buffered_body_bytes", "Request-body bytes held in memory now (server.max_buffered_body_bytes bounds it).")?,
             body_budget_refusals: r.single_counter("tokengate_body_budget_refusals_total", "Requests answered 503 because their body would have taken the buffered bytes past server.max_buffered_body_bytes.")?,
             open_connections: r.int_gauge("tokengate_open_connections", "Open client connections, by listener.", &["listener"])?,
@@ -206,6 +213,9 @@ impl Metrics {
     fn init_global_series(&self) {
         for result in ["ok", "error"] {
             self.config_reloads.with_label_values(&[result]);
+        }
+        for result in ["exported", "dropped", "failed"] {
+            self.trace_spans.with_label_values(&[result]);
         }
     }
 

@@ -17,8 +17,9 @@
 //! | `request_id` | the `x-amzn-RequestId` the client received: upstream's, or the one tokengate put on its own answer |
 //! | `pool` | the pool, absent outside any pool |
 //! | `route` | the caller's application route, once identified |
-//! | `operation` | `Converse`, `ConverseStream`, `InvokeModel`, ...; absent for an unknown path |
-//! | `model` | the modelId as the caller sent it (decoded) |
+//! | `api` | the API family: `bedrock`, `openai_chat`, `openai_responses`, `anthropic_messages`; absent for an unknown path |
+//! | `operation` | `Converse`, `ConverseStream`, `InvokeModel`, ..., `OpenAIChatCompletions`, `OpenAIResponses`, `AnthropicMessages`; absent for an unknown path |
+//! | `model` | the modelId as the caller sent it (decoded from the path; the OpenAI and Anthropic APIs' body `model`) |
 //! | `decision` | `admitted`, `queued_then_admitted`, `rejected` (429), `invalid` (4xx), `unavailable` (503: ledger or shutdown), `passthrough` (forwarded uncounted) |
 //! | `status` | the HTTP status the client got (absent if the client left before any answer) |
 //! | `reserved`, `charged`, `rule` | tokens reserved and charged, and the [settlement rule](crate::admission::hold); admitted requests only |
@@ -65,6 +66,7 @@ pub fn unadmitted(obs: &Observation) {
         request_id = obs.request_id(),
         pool = obs.pool_name(),
         route = obs.route.as_deref(),
+        api = obs.operation.map(|o| o.api().label()),
         operation = obs.operation.map(|o| o.name()),
         model = obs.model.as_deref(),
         decision = obs.verdict.map(Verdict::label),
@@ -84,6 +86,7 @@ pub fn settled(obs: &Observation, s: &Settled) {
         request_id = obs.request_id(),
         pool = obs.pool_name(),
         route = obs.route.as_deref(),
+        api = obs.operation.map(|o| o.api().label()),
         operation = obs.operation.map(|o| o.name()),
         model = obs.model.as_deref(),
         decision = obs.verdict.map(Verdict::label),

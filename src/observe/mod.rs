@@ -1,4 +1,5 @@
-//! Recording what happened: every request's metrics and its access-log line, in one place.
+//! Recording what happened: every request's metrics, its access-log line, and what the
+//! operator-facing outputs count (the quota report, CloudWatch EMF), in one place.
 //!
 //! The pipeline carries an [`Observation`] through the request (arrival, target, route,
 //! verdict, answer, first byte and token) and hands each event to the policy's [`Observer`]:
@@ -6,15 +7,26 @@
 //! settled, [`Observer::finished`] when any other request was answered. Metrics are only written
 //! here, never read back; what code needs to know lives in atomics owned by the pools, queues
 //! and the ledger, and [`publish`] copies it into gauges when `/metrics` is read.
+//!
+//! The same events feed the process-wide [`Telemetry`], which outlives config reloads: each
+//! pool's [`report`] window and [`emf`] tallies ([`tally::Event`]), and, for traced requests,
+//! the spans [`trace`] builds from the observation when its line is written, sent by [`otlp`].
 
 pub mod access_log;
+pub mod emf;
+mod observation;
+pub mod otlp;
 pub mod publish;
+pub mod report;
 pub mod series;
+pub mod tally;
+mod telemetry;
 pub mod timed;
+pub mod trace;
 
 use std::{sync::Arc, time::Duration};
 
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
 use crate::{
@@ -22,88 +34,15 @@ use crate::{
         Admission, Admitted, Decision, MissingMaxTokens, Pass, Pool, Problem, QueueRefusal,
         Settled, Throttle, ThrottleWhy, Unavailability,
     },
-    bedrock::{Operation, error::X_AMZN_REQUEST_ID},
     metrics::{Metrics, NO_POOL},
 };
 pub use access_log::Verdict;
+pub use observation::Observation;
+use report::PoolWindow;
 use series::PoolSeries;
-
-/// One request's record, filled in as it goes, consumed when its line is written.
-#[derive(Debug)]
-pub struct Observation {
-    arrived: Instant,
-    operation: Option<Operation>,
-    model: Option<String>,
-    route: Option<Arc<str>>,
-    pool: Option<Arc<Pool>>,
-    /// The route's slot in the pool, once admitted.
-    route_slot: Option<usize>,
-    verdict: Option<Verdict>,
-    status: Option<u16>,
-    request_id: Option<HeaderValue>,
-    admitted_at: Option<Instant>,
-    first_byte: Option<Instant>,
-    first_token: Option<Instant>,
-}
-
-impl Observation {
-    /// A record for a request that arrived now.
-    pub fn start() -> Observation {
-        Observation {
-            arrived: Instant::now(),
-            operation: None,
-            model: None,
-            route: None,
-            pool: None,
-            route_slot: None,
-            verdict: None,
-            status: None,
-            request_id: None,
-            admitted_at: None,
-            first_byte: None,
-            first_token: None,
-        }
-    }
-
-    pub fn target(&mut self, operation: Operation, model: Option<&str>) {
-        self.operation = Some(operation);
-        self.model = model.map(str::to_string);
-    }
-
-    /// The route the caller identified as.
-    pub fn route(&mut self, route: &Arc<str>) {
-        self.route = Some(route.clone());
-    }
-
-    /// The request was answered before admission decided (bad path, credentials or body).
-    pub fn refused(&mut self, verdict: Verdict) {
-        self.verdict = Some(verdict);
-    }
-
-    /// The answer the client gets: its status and request id.
-    pub fn answered(&mut self, status: StatusCode, headers: &HeaderMap) {
-        self.status = Some(status.as_u16());
-        if let Some(id) = headers.get(X_AMZN_REQUEST_ID) {
-            self.request_id = Some(id.clone());
-        }
-    }
-
-    pub fn pool(&self) -> Option<&Arc<Pool>> {
-        self.pool.as_ref()
-    }
-
-    fn pool_name(&self) -> Option<&str> {
-        self.pool.as_ref().map(|p| &*p.name)
-    }
-
-    fn request_id(&self) -> Option<&str> {
-        self.request_id.as_ref().and_then(|v| v.to_str().ok())
-    }
-
-    fn operation_label(&self) -> &'static str {
-        self.operation.map_or("unknown", Operation::name)
-    }
-}
+use tally::Event;
+use telemetry::EmfSlots;
+pub use telemetry::{Telemetry, Tracer};
 
 /// Writes what requests of one policy generation did into the metrics and the access log.
 #[derive(Debug)]
@@ -111,13 +50,67 @@ pub struct Observer {
     metrics: Arc<Metrics>,
     /// By pool id.
     pools: Vec<PoolSeries>,
+    telemetry: Arc<Telemetry>,
+    /// Each pool's quota-report window, by pool id.
+    windows: Vec<Arc<PoolWindow>>,
+    /// Each pool's EMF tallies, by pool id (empty without EMF).
+    emf: Vec<EmfSlots>,
 }
 
 impl Observer {
-    /// Resolves the series of every pool and route of `admission`.
-    pub fn new(metrics: Arc<Metrics>, admission: &Admission) -> Observer {
+    /// Resolves the series of every pool and route of `admission`, and each pool's place in
+    /// `telemetry`.
+    pub fn new(
+        metrics: Arc<Metrics>,
+        admission: &Admission,
+        telemetry: Arc<Telemetry>,
+    ) -> Observer {
         let pools = series::for_policy(&metrics, admission);
-        Observer { metrics, pools }
+        let windows = admission
+            .pools()
+            .iter()
+            .map(|p| telemetry.report.pool(&p.name))
+            .collect();
+        let emf = match &telemetry.emf {
+            Some(emf) => admission
+                .pools()
+                .iter()
+                .map(|p| {
+                    let pool = emf.pool(&p.name);
+                    let routes = p
+                        .shares
+                        .views()
+                        .iter()
+                        .map(|r| pool.route(&r.name))
+                        .collect();
+                    EmfSlots { pool, routes }
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        Observer {
+            metrics,
+            pools,
+            telemetry,
+            windows,
+            emf,
+        }
+    }
+
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
+    }
+
+    /// Counts `event` of a request in `pool` (from `route`, its slot there, if known) wherever
+    /// the operator outputs keep counts.
+    fn tally(&self, pool: &Pool, route: Option<usize>, event: Event) {
+        if let Some(window) = self.windows.get(pool.id) {
+            window.record(self.telemetry.report.minute(), &event);
+        }
+        if let Some(slots) = self.emf.get(pool.id) {
+            let route = route.and_then(|i| slots.routes.get(i));
+            slots.pool.record(route.map(|r| &**r), &event);
+        }
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -128,14 +121,33 @@ impl Observer {
         self.pools.get(pool.id)
     }
 
+    /// A request arrived with `headers`: trace it if tracing is on and it is sampled.
+    pub fn began(&self, obs: &mut Observation, headers: &HeaderMap) {
+        if let Some(tracer) = &self.telemetry.tracer {
+            obs.trace = trace::RequestTrace::start(headers, tracer.sample_ratio);
+        }
+    }
+
+    /// Hands a finished request's spans to the exporter.
+    fn trace(&self, obs: &mut Observation, settled: Option<&Settled>) {
+        if let (Some(tracer), Some(t)) = (&self.telemetry.tracer, obs.trace.take()) {
+            tracer.exporter.export(trace::spans(obs, &t, settled));
+        }
+    }
+
     /// Admission decided: count it, and note what the access log needs.
     pub fn decided(&self, obs: &mut Observation, decision: &Decision) {
         obs.pool = decision.pool().cloned();
+        if let Some(t) = obs.trace.as_mut() {
+            t.decided(decision);
+        }
         let m = &self.metrics;
-        let op = obs.operation_label();
+        let (api, op) = (obs.api_label(), obs.operation_label());
         let route = obs.route.clone().unwrap_or_else(|| Arc::from(""));
         let count = |pool: &str, outcome: &str| {
-            m.requests.with_label_values(&[pool, op, outcome]).inc();
+            m.requests
+                .with_label_values(&[pool, api, op, outcome])
+                .inc();
         };
         let count_route = |pool: &Pool, outcome: &str| {
             m.route_requests
@@ -207,6 +219,15 @@ impl Observer {
             None => Verdict::Admitted,
         });
         let pool = hold.pool();
+        self.tally(
+            pool,
+            obs.route_slot,
+            Event::Admitted {
+                reserved: hold.reserved(),
+                in_flight: pool.load.in_flight(),
+                queued_for: admitted.queued_for,
+            },
+        );
         if let Some(e) = &admitted.count_tokens_failed {
             self.metrics
                 .upstream_errors
@@ -254,9 +275,22 @@ impl Observer {
             .with_label_values(&[&pool.name, throttle.reason()])
             .inc();
         self.count_rejected(obs, pool);
+        let waited = match throttle.why {
+            ThrottleWhy::Queue(QueueRefusal::TimedOut { waited }) => Some(waited),
+            _ => None,
+        };
+        let route = obs.route.as_deref().and_then(|r| pool.shares.slot(r));
+        self.tally(
+            pool,
+            route.map(|r| r.index()),
+            Event::Throttled {
+                demand: (!obs.retry).then_some(throttle.reserving),
+                queued_for: waited,
+            },
+        );
         let Some(s) = self.series(pool) else { return };
         s.retry_hint.observe(throttle.hint.as_secs_f64());
-        if let ThrottleWhy::Queue(QueueRefusal::TimedOut { waited }) = throttle.why {
+        if let Some(waited) = waited {
             self.queue_outcome(pool, s, "timed_out", Some(waited));
         }
     }
@@ -270,9 +304,10 @@ impl Observer {
                     .ledger_errors
                     .with_label_values(&[backend])
                     .inc();
+                let (api, op) = (obs.api_label(), obs.operation_label());
                 self.metrics
                     .requests
-                    .with_label_values(&[&pool.name, obs.operation_label(), "ledger_error"])
+                    .with_label_values(&[&pool.name, api, op, "ledger_error"])
                     .inc();
                 tracing::error!(error = %error, pool = %pool.name, "ledger unavailable");
             }
@@ -345,7 +380,18 @@ impl Observer {
     }
 
     /// An admitted request settled: its charge and usage, and its access-log line.
-    pub fn settled(&self, obs: Observation, settled: &Settled) {
+    pub fn settled(&self, mut obs: Observation, settled: &Settled) {
+        self.trace(&mut obs, Some(settled));
+        if let Some(pool) = obs.pool.as_deref() {
+            self.tally(
+                pool,
+                obs.route_slot,
+                Event::Settled {
+                    charge: settled.charge,
+                    usage: settled.usage,
+                },
+            );
+        }
         if let Some(s) = obs.pool.as_deref().and_then(|p| self.series(p)) {
             record_settlement(s, &obs, settled);
         }
@@ -353,7 +399,8 @@ impl Observer {
     }
 
     /// A request that was not admitted was answered (or its client left): its line.
-    pub fn finished(&self, obs: Observation) {
+    pub fn finished(&self, mut obs: Observation) {
+        self.trace(&mut obs, None);
         access_log::unadmitted(&obs);
     }
 
@@ -394,7 +441,17 @@ impl Observer {
 
     /// Upstream throttled a call of `pool`; `hint` is the retry hint passed on to the client
     /// (none for a throttle reported in-band, where the client gets upstream's frame as is).
-    pub fn upstream_throttled(&self, pool: &Pool, hint: Option<Duration>) {
+    pub fn upstream_throttled(
+        &self,
+        pool: &Pool,
+        obs: Option<&Observation>,
+        hint: Option<Duration>,
+    ) {
+        self.tally(
+            pool,
+            obs.and_then(|o| o.route_slot),
+            Event::UpstreamThrottled,
+        );
         self.metrics
             .upstream_throttles
             .with_label_values(&[&pool.name])

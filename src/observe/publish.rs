@@ -42,6 +42,9 @@ impl Observer {
             m.queue_depth
                 .with_label_values(&[&*pool.name])
                 .set(i64::try_from(pool.queue.depth()).unwrap_or(i64::MAX));
+            m.queued_tokens
+                .with_label_values(&[&*pool.name])
+                .set(i64::try_from(pool.queue.queued_tokens()).unwrap_or(i64::MAX));
             s.queue_cancelled.publish(
                 &m.queue_outcomes
                     .with_label_values(&[&*pool.name, "cancelled"]),

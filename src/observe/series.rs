@@ -162,6 +162,7 @@ impl PoolSeries {
 fn init_fixed(m: &Metrics, pool: &str, ledger_backend: &str) {
     m.ledger_errors.with_label_values(&[ledger_backend]);
     m.queue_depth.with_label_values(&[pool]);
+    m.queued_tokens.with_label_values(&[pool]);
     m.upstream_throttles.with_label_values(&[pool]);
     m.upstream_daily_throttles.with_label_values(&[pool]);
     for outcome in QUEUE_OUTCOMES {
@@ -178,9 +179,14 @@ fn init_fixed(m: &Metrics, pool: &str, ledger_backend: &str) {
 impl OperationSeries {
     fn new(m: &Metrics, pool: &str, op: Operation) -> OperationSeries {
         let labels = [pool, op.name()];
+        let api = op.api().label();
         OperationSeries {
-            admitted: m.requests.with_label_values(&[pool, op.name(), "admitted"]),
-            rejected: m.requests.with_label_values(&[pool, op.name(), "rejected"]),
+            admitted: m
+                .requests
+                .with_label_values(&[pool, api, op.name(), "admitted"]),
+            rejected: m
+                .requests
+                .with_label_values(&[pool, api, op.name(), "rejected"]),
             request_duration: m.request_duration_seconds.with_label_values(&labels),
             time_to_first_byte: m.time_to_first_byte_seconds.with_label_values(&labels),
             time_to_first_token: m.time_to_first_token_seconds.with_label_values(&labels),

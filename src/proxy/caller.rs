@@ -14,13 +14,17 @@ use crate::{
     admission::{Caller, retries::RecentRejections},
     answer,
     auth::Identity,
-    bedrock::BedrockError,
+    bedrock::{BedrockError, Operation},
     state::Policy,
 };
 
-/// Who is calling, from the head alone.
-pub fn identify_head(policy: &Policy, parts: &Parts) -> Result<Identity, BedrockError> {
-    policy.auth.identify(parts)
+/// Who is calling `operation`, from the head alone.
+pub fn identify_head(
+    policy: &Policy,
+    parts: &Parts,
+    operation: Operation,
+) -> Result<Identity, BedrockError> {
+    policy.auth.identify(parts, operation)
 }
 
 /// The caller, once the body is read: a SigV4 signature checked over it, the route looked up, and

@@ -66,7 +66,13 @@ impl InputCounter for UpstreamCounter {
         );
         let request = Bytes::from(count_tokens_body(operation, body)?.to_string());
         let response = upstream
-            .send(Method::POST, &path, &headers, request)
+            .send(
+                Operation::CountTokens,
+                Method::POST,
+                &path,
+                &headers,
+                request,
+            )
             .await
             .map_err(|e| e.to_string())?;
         let status = response.status();

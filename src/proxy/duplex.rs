@@ -53,7 +53,7 @@ use super::{
 use crate::{
     admission::{Decision, Facts},
     answer,
-    bedrock::{Operation, eventstream::exception_frame, operation::raw_path_and_query},
+    bedrock::{Dialect, Operation, eventstream::exception_frame, operation::raw_path_and_query},
     observe::Observation,
     state::{AppState, Policy},
     upstream::headers::BEDROCK_RUNTIME,
@@ -86,7 +86,7 @@ pub async fn proxy(
     };
     let record = obs.get_or_insert_with(Observation::start);
     *route = Some(caller.route.name.clone());
-    record.route(&caller.route.name);
+    record.caller(&caller);
     let no_body = Bytes::new();
     let decision = policy
         .admission
@@ -94,13 +94,16 @@ pub async fn proxy(
             operation: OPERATION,
             model_id,
             body: &no_body,
+            read: None,
             caller: &caller,
         })
         .await;
     policy.observer.decided(record, &decision);
-    if let Some(refusal) = answer::refusal(&decision) {
+    if let Some(refusal) = answer::refusal(&decision, OPERATION) {
         return refusal;
     }
+    let mut headers = BEDROCK_RUNTIME.forwarded(&parts.headers, identity.signed_headers());
+    record.propagate_trace(&parts.headers, identity.signed_headers(), &mut headers);
     let in_flight = match decision {
         Decision::Admit(admitted) => Some(InFlight::new(
             admitted.hold,
@@ -125,7 +128,6 @@ pub async fn proxy(
         link: link.clone(),
         auth: policy.auth.clone(),
     };
-    let headers = BEDROCK_RUNTIME.forwarded(&parts.headers, identity.signed_headers());
     let path_and_query = raw_path_and_query(&parts.uri);
     let sent = state
         .upstream
@@ -134,9 +136,9 @@ pub async fn proxy(
         })
         .await;
     match sent {
-        Ok(response) => forward::respond(state, policy, OPERATION, in_flight, response)
+        Ok(response) => forward::respond(state, policy, OPERATION, in_flight, response, false)
             .map(|body| Body::new(DuplexResponse::new(body, link))),
-        Err(e) => forward::unreachable(policy, in_flight, &e),
+        Err(e) => forward::unreachable(policy, in_flight, &e, Dialect::Bedrock),
     }
 }
 

@@ -1,8 +1,11 @@
 //! Step 4: forward an admitted (or passed) request upstream, and turn upstream's answer into the
 //! client's: the response head passed on (hop-by-hop headers removed, those its `Connection`
 //! names too), an upstream throttle
-//! passed on with a hint and fed back to the pool, no answer turned into a retryable 503; the
-//! reservation settled by the rule that applies ([`crate::admission::hold`]).
+//! passed on with a hint and fed back to the pool, no answer turned into a retryable 503 (in the
+//! error shape of the request's API); the reservation settled by the rule that applies
+//! ([`crate::admission::hold`]). A streamed Chat Completions call whose usage the proxy asked
+//! for on the client's behalf has the usage chunk taken out of its stream
+//! ([`UsageChunkFilter`]).
 
 use std::sync::Arc;
 
@@ -15,8 +18,8 @@ use crate::{
     admission::{Admitted, hint},
     answer,
     bedrock::{
-        ErrorCode, Operation, UsageObserver, eventstream, operation::raw_path_and_query,
-        usage::ResponseKind,
+        Dialect, ErrorCode, Operation, UsageObserver, eventstream, operation::raw_path_and_query,
+        sse::UsageChunkFilter, usage::ResponseKind,
     },
     observe::Observation,
     state::{AppState, Policy},
@@ -43,25 +46,40 @@ pub async fn forward(
     obs: &mut Option<Observation>,
 ) -> Response {
     let mut body = request.body;
+    let mut strip_usage_chunk = false;
     let in_flight = admitted.map(|admitted| {
         if let Some(rewritten) = admitted.body {
             body = rewritten;
         }
+        strip_usage_chunk = admitted.strip_usage_chunk;
         InFlight::new(admitted.hold, obs.take(), policy.observer.clone())
     });
+    let operation = request.operation;
     let parts = request.parts;
     let path_and_query = raw_path_and_query(&parts.uri);
     let sent = state
         .upstream
-        .send(parts.method.clone(), path_and_query, &request.headers, body)
+        .send(
+            operation,
+            parts.method.clone(),
+            path_and_query,
+            &request.headers,
+            body,
+        )
         .await;
-    match sent {
-        Ok(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => match in_flight {
-            Some(in_flight) => throttled(state, policy, in_flight, response).await,
-            None => respond(state, policy, request.operation, None, response),
-        },
-        Ok(response) => respond(state, policy, request.operation, in_flight, response),
-        Err(e) => unreachable(policy, in_flight, &e),
+    match (sent, in_flight) {
+        (Ok(response), Some(in_flight)) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
+            throttled(state, policy, in_flight, response, operation).await
+        }
+        (Ok(response), in_flight) => respond(
+            state,
+            policy,
+            operation,
+            in_flight,
+            response,
+            strip_usage_chunk,
+        ),
+        (Err(e), in_flight) => unreachable(policy, in_flight, &e, operation.api().dialect()),
     }
 }
 
@@ -78,6 +96,7 @@ async fn throttled(
     policy: &Arc<Policy>,
     mut in_flight: InFlight,
     response: http::Response<Incoming>,
+    operation: Operation,
 ) -> Response {
     use http_body_util::{BodyExt, Limited};
     let pool = in_flight.hold().pool().clone();
@@ -92,7 +111,7 @@ async fn throttled(
     };
     head.headers.remove(header::CONTENT_LENGTH);
     let daily = crate::bedrock::error::is_daily_quota(&body);
-    if daily && is_throttling(&head.headers) {
+    if daily && is_throttle(status, &head.headers, operation) {
         let reserved = in_flight.hold().reserved();
         let hint = policy.admission.upstream_daily_throttled(&pool, reserved);
         policy.observer.upstream_daily_throttled(&pool, hint);
@@ -100,28 +119,35 @@ async fn throttled(
         in_flight.answered(status, &head.headers);
         in_flight.settle_not_charged();
     } else {
-        refused(policy, &mut in_flight, &mut head.headers, status);
+        refused(policy, &mut in_flight, &mut head.headers, status, operation);
     }
     Response::from_parts(head, Body::from(body))
 }
 
-/// A `ThrottlingException`, by its error-type header.
-fn is_throttling(headers: &http::HeaderMap) -> bool {
-    headers
+/// A 429 `ThrottlingException`, by its error-type header. The OpenAI and Anthropic paths' 429s
+/// may not name their type (U): a 429 there is a throttle.
+fn is_throttle(status: StatusCode, headers: &http::HeaderMap, operation: Operation) -> bool {
+    let error_type = headers
         .get(crate::bedrock::error::X_AMZN_ERROR_TYPE)
         .and_then(|v| v.to_str().ok())
-        .and_then(ErrorCode::from_name)
-        .is_some_and(|c| c == ErrorCode::Throttling)
+        .map(ErrorCode::from_name);
+    status == StatusCode::TOO_MANY_REQUESTS
+        && match error_type {
+            Some(code) => code == Some(ErrorCode::Throttling),
+            None => operation.model_in_body(),
+        }
 }
 
 /// Upstream's answer, on its way to the client: an error status settled and passed on, a
-/// success passed through a body that meters it.
+/// success passed through a body that meters it (and takes out the usage chunk asked for on the
+/// client's behalf, when `strip_usage_chunk`).
 pub fn respond(
     state: &AppState,
     policy: &Arc<Policy>,
     operation: Operation,
     mut in_flight: Option<InFlight>,
     response: http::Response<Incoming>,
+    strip_usage_chunk: bool,
 ) -> Response {
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     let status = response.status();
@@ -132,26 +158,23 @@ pub fn respond(
         v.as_bytes()
             .starts_with(eventstream::CONTENT_TYPE.as_bytes())
     });
-    if event_stream {
+    let kind = ResponseKind::for_response(operation, &head.headers);
+    // The usage chunk asked for on the client's behalf comes out of a successful stream.
+    let filter =
+        (strip_usage_chunk && status.is_success() && kind == Some(ResponseKind::ChatStream))
+            .then(UsageChunkFilter::new);
+    if event_stream || filter.is_some() {
         head.headers.remove(header::CONTENT_LENGTH);
     }
-    let meter = match in_flight.take() {
-        Some(mut f) if !status.is_success() => {
-            refused(policy, &mut f, &mut head.headers, status);
-            None
-        }
-        Some(mut f) => {
-            f.answered(status, &head.headers);
-            ResponseKind::for_operation(operation).map(|kind| {
-                let mut usage = UsageObserver::new(kind);
-                if let Some(u) = usage.on_headers(&head.headers) {
-                    f.settle_usage(&u);
-                }
-                Meter::new(usage, f)
-            })
-        }
-        None => None,
-    };
+    let meter = in_flight.take().and_then(|f| {
+        let response = Answered {
+            status,
+            headers: &mut head.headers,
+            operation,
+            kind,
+        };
+        meter(policy, f, response)
+    });
     let body = MeteredBody::new(
         incoming,
         meter,
@@ -159,8 +182,38 @@ pub fn respond(
         pool,
         &state.upstream,
         event_stream,
-    );
+    )
+    .with_filter(filter);
     Response::from_parts(head, Body::new(body))
+}
+
+/// Upstream's answer to an admitted request, as the meter needs it.
+struct Answered<'a> {
+    status: StatusCode,
+    headers: &'a mut http::HeaderMap,
+    operation: Operation,
+    kind: Option<ResponseKind>,
+}
+
+/// The meter of an admitted request's response: none for an error status (settled as refused
+/// here) or a response that carries no usage; usage in the headers settles at once.
+fn meter(policy: &Policy, mut in_flight: InFlight, response: Answered<'_>) -> Option<Meter> {
+    let Answered {
+        status,
+        headers,
+        operation,
+        kind,
+    } = response;
+    if !status.is_success() {
+        refused(policy, &mut in_flight, headers, status, operation);
+        return None;
+    }
+    in_flight.answered(status, headers);
+    let mut usage = UsageObserver::new(kind?);
+    if let Some(u) = usage.on_headers(headers) {
+        in_flight.settle_usage(&u);
+    }
+    Some(Meter::new(usage, in_flight))
 }
 
 /// Upstream answered an admitted request with an error status: nothing is charged; a throttle
@@ -170,11 +223,12 @@ fn refused(
     in_flight: &mut InFlight,
     headers: &mut http::HeaderMap,
     status: StatusCode,
+    operation: Operation,
 ) {
-    if status == StatusCode::TOO_MANY_REQUESTS && is_throttling(headers) {
+    if is_throttle(status, headers, operation) {
         let pool = in_flight.hold().pool().clone();
         let hint = policy.admission.upstream_throttled(&pool);
-        policy.observer.upstream_throttled(&pool, Some(hint));
+        in_flight.upstream_throttled(Some(hint));
         answer::upstream_throttled(headers, hint);
     }
     in_flight.answered(status, headers);
@@ -186,16 +240,18 @@ pub fn unreachable(
     policy: &Policy,
     in_flight: Option<InFlight>,
     error: &UpstreamError,
+    dialect: Dialect,
 ) -> Response {
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     policy
         .observer
         .upstream_error(pool.as_deref(), error.kind(), error);
     let Some(mut in_flight) = in_flight else {
-        return answer::upstream_unreachable(error, None, hint::UNAVAILABLE_WAIT);
+        return answer::upstream_unreachable(error, None, hint::UNAVAILABLE_WAIT, dialect);
     };
     let hint = policy.admission.hint(hint::UNAVAILABLE_WAIT);
-    let response = answer::upstream_unreachable(error, pool.as_deref().map(|p| &*p.name), hint);
+    let pool_name = pool.as_deref().map(|p| &*p.name);
+    let response = answer::upstream_unreachable(error, pool_name, hint, dialect);
     in_flight.answered(response.status(), response.headers());
     match error {
         // No answer yet, but the request may be running upstream: charge the reservation.

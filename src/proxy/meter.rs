@@ -1,4 +1,5 @@
 //! Step 5: the response body on its way back to the client, metered as it passes.
+//! (Over 500 lines: the guards, the body and its end-of-stream paths settle one hold, side by side.)
 //!
 //! Each frame from upstream is handed to the client as is. On the way, a [`UsageObserver`] reads
 //! it, and the request's reservation is settled the moment usage is known, not when the
@@ -7,6 +8,10 @@
 //! An event stream is passed on in whole frames ([`WholeFrames`]): a chunk that ends inside a frame
 //! passes on up to the last frame boundary, and the rest waits for the next chunk (at most one
 //! frame, up to [`FRAME_CAP`]), so the client never holds part of a frame the proxy cannot finish.
+//!
+//! A streamed Chat Completions call whose usage the proxy asked for on the client's behalf
+//! passes through a [`UsageChunkFilter`], which takes that usage chunk out (holding at most one
+//! partial SSE event back until its end arrives); the meter reads the stream as upstream sent it.
 //!
 //! When the upstream fails mid-body (connection reset, stream cut, idle timeout, a stream that
 //! ends inside a frame, framing that is not event-stream), an event stream drops any partial
@@ -49,6 +54,7 @@ use crate::{
     bedrock::{
         ErrorCode, Usage, UsageObserver,
         eventstream::{WholeFrames, exception_frame},
+        sse::UsageChunkFilter,
         usage::{FRAME_CAP, ResponseKind},
     },
     observe::{Observation, Observer},
@@ -115,15 +121,21 @@ impl InFlight {
     /// Upstream turned the call away in-band (a stream's `throttlingException`): the pool
     /// shrinks as for a 429, and nothing is charged.
     pub fn throttled_in_band(&mut self) {
-        let pool = self.hold.pool().clone();
-        pool.upstream_throttled();
-        self.observer.upstream_throttled(&pool, None);
+        self.hold.pool().upstream_throttled();
+        self.upstream_throttled(None);
         self.settle_not_charged();
     }
 
     pub fn settle_timeout(&mut self) {
         let settled = self.hold.settle_timeout();
         self.observed(settled);
+    }
+
+    /// Upstream throttled the request: `hint` is the retry hint answered to the client (none
+    /// for a throttle reported in-band).
+    pub fn upstream_throttled(&self, hint: Option<Duration>) {
+        self.observer
+            .upstream_throttled(self.hold.pool(), self.obs.as_ref(), hint);
     }
 
     fn first_byte(&mut self) {
@@ -234,6 +246,8 @@ pin_project! {
         deadline_passed: WaitForCancellationFutureOwned,
         // Event streams only: what is passed on, whole frames.
         frames: Option<WholeFrames>,
+        // Takes out of a Chat Completions stream the usage chunk the client did not ask for.
+        filter: Option<UsageChunkFilter>,
         finished: bool,
     }
 }
@@ -270,8 +284,16 @@ impl MeteredBody {
             deadline_passed: deadline.clone().cancelled_owned(),
             deadline,
             frames: event_stream.then(|| WholeFrames::new(FRAME_CAP)),
+            filter: None,
             finished: false,
         }
+    }
+
+    /// Passes the body through `filter` on its way to the client (the meter still reads what
+    /// upstream sent).
+    pub fn with_filter(mut self, filter: Option<UsageChunkFilter>) -> MeteredBody {
+        self.filter = filter;
+        self
     }
 }
 
@@ -328,10 +350,10 @@ impl Body for MeteredBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
-        if *this.finished {
-            return Poll::Ready(None);
-        }
         let failure = loop {
+            if *this.finished {
+                return Poll::Ready(None);
+            }
             if this.deadline.is_cancelled() {
                 break Failure::Deadline;
             }
@@ -346,7 +368,7 @@ impl Body for MeteredBody {
                 Poll::Ready(Some(Ok(frame))) => frame,
                 Poll::Ready(Some(Err(e))) => break Failure::Upstream(e.to_string()),
                 Poll::Ready(None) => match end(&mut this) {
-                    Ok(()) => return Poll::Ready(None),
+                    Ok(()) => return Poll::Ready(filtered_rest(this.filter).map(Ok)),
                     Err(broken) => break broken,
                 },
             };
@@ -372,7 +394,10 @@ impl Body for MeteredBody {
             if last && let Err(broken) = end(&mut this) {
                 break broken;
             }
-            return Poll::Ready(Some(Ok(frame)));
+            // A filtered stream may hold all of a frame back (part of an event): read on.
+            if let Some(frame) = pass_on(this.filter, frame, last) {
+                return Poll::Ready(Some(Ok(frame)));
+            }
         };
         end_early(this, failure)
     }
@@ -382,7 +407,7 @@ impl Body for MeteredBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.frames.is_some() {
+        if self.frames.is_some() || self.filter.is_some() {
             SizeHint::default()
         } else {
             self.inner.size_hint()
@@ -445,6 +470,33 @@ fn whole_frames(
         },
         Err(trailers) => Ok(Some(trailers)),
     }
+}
+
+/// What the client gets of one upstream frame: the frame, or what the filter lets through of its
+/// data (with the filter's rest at the `end`); `None` when that is nothing yet.
+fn pass_on(
+    filter: &mut Option<UsageChunkFilter>,
+    frame: Frame<Bytes>,
+    end: bool,
+) -> Option<Frame<Bytes>> {
+    let Some(filter) = filter else {
+        return Some(frame);
+    };
+    let data = match frame.into_data() {
+        Ok(data) => data,
+        Err(frame) => return Some(frame),
+    };
+    let mut out = bytes::BytesMut::from(filter.push(&data));
+    if end {
+        out.extend_from_slice(&filter.finish());
+    }
+    (!out.is_empty()).then(|| Frame::data(out.freeze()))
+}
+
+/// The end of a filtered stream: what the filter still holds, if anything.
+fn filtered_rest(filter: &mut Option<UsageChunkFilter>) -> Option<Frame<Bytes>> {
+    let rest = filter.as_mut()?.finish();
+    (!rest.is_empty()).then(|| Frame::data(rest))
 }
 
 /// The failure of an event stream that ends with part of a frame held.

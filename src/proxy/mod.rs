@@ -15,6 +15,11 @@
 //! Only the headers the API defines (and a SigV4 caller signed) go upstream
 //! ([`crate::upstream::headers`]).
 //!
+//! Every answer of tokengate's own is in the error shape of the path's clients
+//! ([`crate::bedrock::Dialect`]): Bedrock's for the native operations, OpenAI's under `/openai/`
+//! and `/v1/`, Anthropic's under `/anthropic/`. The OpenAI and Anthropic APIs take JSON only: a
+//! `Content-Type` that says otherwise is refused before the body is read.
+//!
 //! InvokeModelWithBidirectionalStream takes the same steps from its head alone, its body being
 //! the session's events, which stream upstream as they come ([`duplex`], [`relay`]).
 
@@ -30,18 +35,18 @@ use std::sync::Arc;
 use axum::{
     body::Body,
     extract::{Request, State},
-    response::{IntoResponse, Response},
+    response::Response,
 };
 use bytes::Bytes;
 use http::StatusCode;
 
 use crate::{
-    admission::{Decision, Facts},
+    admission::{self, Caller, Decision, Facts},
     answer,
-    bedrock::{Operation, Target},
+    bedrock::{Dialect, Operation, Target},
     observe::{Observation, Verdict},
     state::{AppState, Policy},
-    upstream::headers::BEDROCK_RUNTIME,
+    upstream::headers,
 };
 
 /// Handles every `bedrock-runtime` call.
@@ -80,72 +85,125 @@ async fn proxy(
 ) -> Response {
     let (parts, body) = request.into_parts();
     let record = obs.get_or_insert_with(Observation::start);
+    policy.observer.began(record, &parts.headers);
     // Until admission decides, an answer refuses the request itself (its path, its
-    // credentials, its body).
+    // credentials, its body), in the error shape of the path's clients.
     record.refused(Verdict::Invalid);
+    let dialect = Dialect::of_path(parts.uri.path());
     let target = match Target::parse(&parts.method, parts.uri.path()) {
         Ok(t) => t,
-        Err(e) => return answer::target_error(e),
+        Err(e) => return answer::target_error(e, dialect),
     };
-    record.target(target.operation, target.model_id.as_deref());
-    if target.operation == Operation::InvokeModelWithBidirectionalStream {
+    let operation = target.operation;
+    record.target(operation, target.model_id.as_deref());
+    if operation == Operation::InvokeModelWithBidirectionalStream {
         let model_id = target.model_id.as_deref();
         return duplex::proxy(state, policy, parts, body, model_id, obs, route).await;
     }
     // Who is calling, from the head alone: an unknown caller never gets a body buffered.
-    let identity = match caller::identify_head(policy, &parts) {
+    let identity = match caller::identify_head(policy, &parts, operation) {
         Ok(identity) => identity,
-        Err(refusal) => return refusal.into_response(),
+        Err(refusal) => return refusal.into_response_in(dialect),
     };
-    let body = match read_body(state, &parts.headers, body).await {
+    if let Some(refusal) = declared_not_json(operation, &parts.headers) {
+        return refusal;
+    }
+    let body = match read_body(state, &parts.headers, body, dialect).await {
         Ok(body) => body,
         Err(refusal) => return refusal,
     };
     let caller = match caller::identify(policy, &identity, &parts, &body, &state.rejections) {
         Ok(caller) => caller,
-        Err(refusal) => return refusal.into_response(),
+        Err(refusal) => return refusal.into_response_in(dialect),
     };
     *route = Some(caller.route.name.clone());
-    record.route(&caller.route.name);
-    let decision = policy
-        .admission
-        .decide(&Facts {
-            operation: target.operation,
-            model_id: target.model_id.as_deref(),
-            body: &body,
-            caller: &caller,
-        })
-        .await;
-    policy.observer.decided(record, &decision);
-    if let Some(refusal) = answer::refusal(&decision) {
+    record.caller(&caller);
+    let decision = decide(policy, &target, &body, &caller, record).await;
+    if let Some(refusal) = answer::refusal(&decision, operation) {
         return refusal;
     }
     let admitted = match decision {
         Decision::Admit(admitted) => Some(admitted),
         _ => None,
     };
+    let mut headers =
+        headers::table(operation.api()).forwarded(&parts.headers, identity.signed_headers());
+    record.propagate_trace(&parts.headers, identity.signed_headers(), &mut headers);
     let request = forward::Outgoing {
         parts: &parts,
-        headers: BEDROCK_RUNTIME.forwarded(&parts.headers, identity.signed_headers()),
-        operation: target.operation,
+        headers,
+        operation,
         body,
     };
     forward::forward(state, policy, request, admitted, obs).await
 }
 
+/// Step 3: admission decides, and the observer counts it. The OpenAI and Anthropic APIs name
+/// their model in the body: admission's one pass reads it, and the record takes it.
+async fn decide(
+    policy: &Policy,
+    target: &Target,
+    body: &Bytes,
+    caller: &Caller,
+    record: &mut Observation,
+) -> Decision {
+    let operation = target.operation;
+    let read = operation
+        .model_in_body()
+        .then(|| admission::read_body(operation, body));
+    let in_body = read
+        .as_ref()
+        .and_then(|r| r.as_ref().ok())
+        .and_then(|facts| facts.api.as_ref())
+        .map(|api| api.model.as_str());
+    if let Some(model) = in_body {
+        record.target(operation, Some(model));
+    }
+    let decision = policy
+        .admission
+        .decide(&Facts {
+            operation,
+            model_id: target.model_id.as_deref(),
+            body,
+            read: read.as_ref(),
+            caller,
+        })
+        .await;
+    policy.observer.decided(record, &decision);
+    decision
+}
+
+/// An OpenAI or Anthropic API request with a `Content-Type` that says its body is not JSON
+/// (absent, it is read as JSON; every one sent must say JSON).
+fn declared_not_json(operation: Operation, headers: &http::HeaderMap) -> Option<Response> {
+    if !operation.model_in_body() {
+        return None;
+    }
+    headers
+        .get_all(http::header::CONTENT_TYPE)
+        .iter()
+        .map(|declared| String::from_utf8_lossy(declared.as_bytes()).into_owned())
+        .find(|text| {
+            let essence = text.split(';').next().unwrap_or("").trim();
+            !essence.eq_ignore_ascii_case("application/json")
+        })
+        .map(|text| answer::not_json(operation, &text))
+}
+
 /// Reads the whole request body, within `server.max_body_bytes`, the buffered-body budget
 /// (`server.max_buffered_body_bytes`, the bytes carry their charge until the last copy is dropped)
 /// and `server.body_read_timeout_secs`. A client that sends a head and then trickles (or stalls)
-/// its body holds a connection but never a reservation.
+/// its body holds a connection but never a reservation. Refusals speak `dialect`.
 async fn read_body(
     state: &AppState,
     headers: &http::HeaderMap,
     body: Body,
+    dialect: Dialect,
 ) -> Result<Bytes, Response> {
     let read = state.body_budget.read(body, headers, state.max_body_bytes);
     match tokio::time::timeout(state.body_read_timeout, read).await {
         Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) => Err(e.into_bedrock().into_response()),
-        Err(_) => Err(answer::body_timeout(state.body_read_timeout)),
+        Ok(Err(e)) => Err(e.into_bedrock().into_response_in(dialect)),
+        Err(_) => Err(answer::body_timeout(state.body_read_timeout, dialect)),
     }
 }

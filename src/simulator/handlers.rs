@@ -45,6 +45,7 @@ pub(super) async fn handle(State(sim): State<Arc<Inner>>, req: Request) -> Respo
         model_id: Some(model_id),
     }) = &target
     {
+        sim.traceparents.observe(parts.headers.get("traceparent"));
         return bidi::handle(Arc::clone(&sim), *op, model_id, parts, body).await;
     }
     let Ok(body) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
@@ -66,6 +67,7 @@ pub(super) async fn handle(State(sim): State<Arc<Inner>>, req: Request) -> Respo
         Err(e) => return BedrockError::validation(e.to_string()).into_response(),
     };
     sim.count_operation(target.operation);
+    sim.traceparents.observe(parts.headers.get("traceparent"));
     let model_id = target.model_id.unwrap_or_default();
     match target.operation {
         op @ (Operation::Converse
@@ -91,6 +93,12 @@ pub(super) async fn handle(State(sim): State<Arc<Inner>>, req: Request) -> Respo
         })),
         Operation::GetAsyncInvoke => get_async_invoke(parts.uri.path()),
         Operation::ListAsyncInvokes => json_ok(&json!({"asyncInvokeSummaries": []})),
+        // Their paths are answered by `apis::handle` above; a path reaches here only unmatched.
+        Operation::OpenAIChatCompletions
+        | Operation::OpenAIResponses
+        | Operation::AnthropicMessages => {
+            BedrockError::new(ErrorCode::UnknownOperation, "Unknown request URL.").into_response()
+        }
     }
 }
 

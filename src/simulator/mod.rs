@@ -118,6 +118,7 @@ pub(crate) struct Inner {
     faults: [AtomicU64; generate::Fault::ALL.len()],
     /// Days started by `POST /_sim/daily`, added to the clock's day number.
     new_days: AtomicU64,
+    traceparents: stats::TraceParents,
 }
 
 impl Inner {
@@ -181,6 +182,7 @@ impl Simulator {
                 stream_bytes: Arc::new(AtomicU64::new(0)),
                 faults: std::array::from_fn(|_| AtomicU64::new(0)),
                 new_days: AtomicU64::new(0),
+                traceparents: stats::TraceParents::default(),
             }),
         }
     }
@@ -258,6 +260,7 @@ impl Simulator {
                 secs_left: inner.config.day_secs - Inner::unix_secs() % inner.config.day_secs,
             },
             api_keys: inner.api_keys.snapshot(),
+            traceparents: inner.traceparents.snapshot(),
         }
     }
 }

@@ -42,6 +42,35 @@ pub struct SimStats {
     /// Bearer and `x-api-key` credentials seen and checked.
     #[serde(default)]
     pub api_keys: ApiKeyStats,
+    /// The `traceparent` headers of the last [`RECENT_TRACEPARENTS`] model calls (any API), oldest
+    /// first: what a proxy propagated of its callers' traces.
+    #[serde(default)]
+    pub traceparents: Vec<String>,
+}
+
+/// How many `traceparent` headers the stats keep.
+pub const RECENT_TRACEPARENTS: usize = 64;
+
+/// The last `traceparent` headers received.
+#[derive(Debug, Default)]
+pub(crate) struct TraceParents(std::sync::Mutex<std::collections::VecDeque<String>>);
+
+impl TraceParents {
+    pub fn observe(&self, value: Option<&http::HeaderValue>) {
+        let Some(value) = value.and_then(|v| v.to_str().ok()) else {
+            return;
+        };
+        let mut recent = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if recent.len() == RECENT_TRACEPARENTS {
+            recent.pop_front();
+        }
+        recent.push_back(value.to_string());
+    }
+
+    pub fn snapshot(&self) -> Vec<String> {
+        let recent = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        recent.iter().cloned().collect()
+    }
 }
 
 impl SimStats {

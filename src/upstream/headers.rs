@@ -2,7 +2,8 @@
 //! response headers come back.
 //!
 //! Upstream receives only the headers the API defines ([`Api::request_headers`], one table per
-//! API), never the client's credentials, cookies, SDK bookkeeping or anything else: whatever goes
+//! API: bedrock-runtime's own, OpenAI's, Anthropic's; [`table`]), never the client's credentials
+//! (`Authorization`, `x-api-key`), cookies, SDK bookkeeping or anything else: whatever goes
 //! upstream is signed with the proxy's own credentials, so a header let through would be vouched
 //! for by the proxy. A SigV4 caller's headers must also be among those it signed, so nobody
 //! between the caller and the proxy can add one.
@@ -38,6 +39,35 @@ pub const BEDROCK_RUNTIME: Api = Api {
         "x-amzn-bedrock-trace",
     ],
 };
+
+/// OpenAI Chat Completions and Responses on `bedrock-runtime`: content negotiation only. The
+/// OpenAI SDK's own headers (`openai-organization`, `openai-project`, `x-stainless-*`, ...) mean
+/// nothing to Bedrock, and its `Authorization` is the caller's credential.
+pub const OPENAI: Api = Api {
+    name: "openai",
+    request_headers: &["accept", "content-type"],
+};
+
+/// Anthropic Messages on `bedrock-runtime`: content negotiation and the API's own version and
+/// beta headers. `x-api-key` is the caller's credential and stays here.
+pub const ANTHROPIC: Api = Api {
+    name: "anthropic",
+    request_headers: &[
+        "accept",
+        "anthropic-beta",
+        "anthropic-version",
+        "content-type",
+    ],
+};
+
+/// The table of `api`'s requests.
+pub fn table(api: crate::bedrock::Api) -> &'static Api {
+    match api {
+        crate::bedrock::Api::Bedrock => &BEDROCK_RUNTIME,
+        crate::bedrock::Api::OpenAIChat | crate::bedrock::Api::OpenAIResponses => &OPENAI,
+        crate::bedrock::Api::AnthropicMessages => &ANTHROPIC,
+    }
+}
 
 /// Hop-by-hop headers whatever `Connection` says (RFC 9110 7.6.1, and the legacy ones proxies
 /// still meet).
@@ -130,6 +160,31 @@ mod tests {
         ]);
         let out = BEDROCK_RUNTIME.forwarded(&client, None);
         assert_eq!(names(&out), ["content-type", "x-amzn-bedrock-trace"]);
+    }
+
+    #[test]
+    fn the_openai_and_anthropic_apis_forward_their_own_headers_and_no_credential() {
+        let client = headers(&[
+            ("content-type", "application/json"),
+            ("authorization", "Bearer caller-key"),
+            ("x-api-key", "caller-key"),
+            ("anthropic-version", "2023-06-01"),
+            ("anthropic-beta", "tools-2024-04-04"),
+            ("openai-organization", "org-1"),
+            ("x-stainless-retry-count", "0"),
+            ("x-amzn-bedrock-trace", "ENABLED"),
+        ]);
+        let anthropic = table(crate::bedrock::Api::AnthropicMessages).forwarded(&client, None);
+        assert_eq!(
+            names(&anthropic),
+            ["anthropic-beta", "anthropic-version", "content-type"]
+        );
+        let openai = table(crate::bedrock::Api::OpenAIChat).forwarded(&client, None);
+        assert_eq!(names(&openai), ["content-type"]);
+        assert_eq!(
+            table(crate::bedrock::Api::Bedrock).name,
+            BEDROCK_RUNTIME.name
+        );
     }
 
     #[test]

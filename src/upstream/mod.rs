@@ -2,6 +2,12 @@
 //! ([`signer`]) and the pooled client. It knows nothing of quotas: the pipeline meters what comes
 //! back ([`crate::proxy::meter`]).
 //!
+//! Each request is authorized with the proxy's own credential ([`Upstream::authorize`]): SigV4
+//! from the default chain, or, with `upstream.api_key_env`, the Bedrock API key as
+//! `Authorization: Bearer` on every operation that accepts one (all but
+//! InvokeModelWithBidirectionalStream, which stays SigV4). The caller's own credentials never
+//! get here ([`headers`] forwards none).
+//!
 //! The request body is forwarded byte for byte (never re-serialised, so fields this proxy does not
 //! know pass through untouched); the raw, percent-encoded path is forwarded unchanged and signed
 //! as it is sent (no normalisation: the path signed is the path admitted). Response bodies stream
@@ -10,8 +16,8 @@
 //! InvokeModelWithBidirectionalStream goes over a client of its own that speaks only HTTP/2
 //! (ALPN `h2` over TLS, prior knowledge over plain HTTP), because both directions stream at once
 //! ([`Upstream::open_duplex`]): its request body is handed over as a stream of frames, each
-//! signed on its way ([`signer::EventSigner`]), while the response streams back. Errors never show the upstream
-//! URL's userinfo (config refuses it; [`redact_userinfo`] guards the messages anyway).
+//! signed on its way ([`signer::EventSigner`]), while the response streams back. Errors never
+//! show the upstream URL's userinfo (config refuses it; [`redact_userinfo`] guards the messages anyway).
 
 pub mod headers;
 pub mod signer;
@@ -35,6 +41,8 @@ pub use signer::{EventSigner, Signer};
 pub type DuplexBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Connector = HttpsConnector<HttpConnector>;
+
+use crate::bedrock::Operation;
 
 /// Why a request got no response from upstream.
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +99,8 @@ pub struct Upstream {
     shown: String,
     host: HeaderValue,
     signer: Signer,
+    /// `Authorization: Bearer <key>`, with `upstream.api_key_env`.
+    api_key: Option<HeaderValue>,
     response_timeout: Duration,
     pub idle_timeout: Duration,
     /// Cancelled when the shutdown drain deadline passes: requests and responses in flight end.
@@ -154,10 +164,45 @@ impl Upstream {
             shown,
             host,
             signer,
+            api_key: None,
             response_timeout,
             idle_timeout,
             deadline: CancellationToken::new(),
         })
+    }
+
+    /// Sends `key` (a Bedrock API key) as `Authorization: Bearer` on every operation that accepts
+    /// one, instead of signing.
+    pub fn with_api_key(mut self, key: &str) -> Result<Upstream, UpstreamError> {
+        let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+            UpstreamError::Signing("the upstream API key is not valid header text".into())
+        })?;
+        value.set_sensitive(true);
+        self.api_key = Some(value);
+        Ok(self)
+    }
+
+    /// Whether `operation` goes upstream with the API key rather than a SigV4 signature.
+    pub fn uses_api_key(&self, operation: Operation) -> bool {
+        self.api_key.is_some() && operation.accepts_api_key()
+    }
+
+    /// Adds the proxy's credential to `request` (which must carry its final `host`): the API
+    /// key where configured and accepted, else a SigV4 signature.
+    pub async fn authorize(
+        &self,
+        request: &mut Request<Bytes>,
+        operation: Operation,
+    ) -> Result<(), UpstreamError> {
+        match &self.api_key {
+            Some(key) if operation.accepts_api_key() => {
+                request
+                    .headers_mut()
+                    .insert(header::AUTHORIZATION, key.clone());
+                Ok(())
+            }
+            _ => self.signer.sign(request).await,
+        }
     }
 
     /// Ends requests and responses in flight when `deadline` is cancelled (the server's drain
@@ -180,17 +225,19 @@ impl Upstream {
         &self.signer
     }
 
-    /// Sends one request upstream and waits for the response head. `headers` go as they are
-    /// (choose them with [`headers::Api::forwarded`]); the proxy adds `host` and its signature.
+    /// Sends one request of `operation` upstream and waits for the response head. `headers` go
+    /// as they are (choose them with [`headers::Api::forwarded`]); the proxy adds `host` and its
+    /// credential ([`Upstream::authorize`]).
     pub async fn send(
         &self,
+        operation: Operation,
         method: Method,
         path_and_query: &str,
         headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let mut request = self.request(method, path_and_query, headers, body)?;
-        self.signer.sign(&mut request).await?;
+        self.authorize(&mut request, operation).await?;
         // `host` is signed but hyper derives it (or `:authority`) from the URI.
         request.headers_mut().remove(header::HOST);
         self.answer(self.client.request(request.map(Full::new)))
@@ -198,7 +245,8 @@ impl Upstream {
     }
 
     /// Opens an event stream both ways over HTTP/2 (InvokeModelWithBidirectionalStream): signs
-    /// the head over an empty payload, builds the request body with `body` around the signer of
+    /// the head over an empty payload (always SigV4: the operation takes no API key, whatever
+    /// `upstream.api_key_env` says), builds the request body with `body` around the signer of
     /// its events, and waits for the response head while that body streams upstream.
     pub async fn open_duplex(
         &self,

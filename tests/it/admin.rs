@@ -57,8 +57,8 @@ async fn pools_and_metrics_show_the_ledger() {
     let metrics = raw_request(addr, "GET", "/metrics", "", false).await;
     let text = String::from_utf8_lossy(&metrics.body).to_string();
     for line in [
-        r#"tokengate_requests_total{operation="Converse",outcome="admitted",pool="sonnet4-us"} 1"#,
-        r#"tokengate_requests_total{operation="Converse",outcome="invalid",pool="sonnet4-us"} 1"#,
+        r#"tokengate_requests_total{api="bedrock",operation="Converse",outcome="admitted",pool="sonnet4-us"} 1"#,
+        r#"tokengate_requests_total{api="bedrock",operation="Converse",outcome="invalid",pool="sonnet4-us"} 1"#,
         r#"tokengate_rejections_total{pool="sonnet4-us",reason="never_fits"} 1"#,
         r#"tokengate_reserved_tokens{pool="sonnet4-us"} 0"#,
         r#"tokengate_inflight_requests{pool="sonnet4-us"} 0"#,
@@ -110,7 +110,7 @@ async fn unknown_models_pass_uncounted_when_configured() {
         .state
         .metrics
         .requests
-        .with_label_values(&["none", "Converse", "unknown_model_passed"])
+        .with_label_values(&["none", "bedrock", "Converse", "unknown_model_passed"])
         .get();
     assert_eq!(passed, 1);
     stack.assert_ledger_zero().await;
@@ -135,7 +135,7 @@ async fn application_inference_profiles_draw_on_the_pool_they_map_to() {
         .state
         .metrics
         .requests
-        .with_label_values(&["sonnet4-us", "Converse", "admitted"])
+        .with_label_values(&["sonnet4-us", "bedrock", "Converse", "admitted"])
         .get();
     assert_eq!(admitted, 1);
     stack.assert_ledger_zero().await;

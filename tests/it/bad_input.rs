@@ -89,7 +89,7 @@ fn cases() -> Vec<Case> {
     let mut cases = vec![
         // Operations and paths.
         case("unknown operation", "/model/x/chat", "{}", UNKNOWN_OP, "no bedrock-runtime operation", Proxy),
-        case("unknown path", "/v1/chat/completions", "{}", UNKNOWN_OP, "POST /model/{modelId}/converse", Proxy),
+        case("unknown path", "/runtime/converse", "{}", UNKNOWN_OP, "POST /model/{modelId}/converse", Proxy),
         case("root", "/", "{}", UNKNOWN_OP, "no bedrock-runtime operation", Proxy),
         Case { over: &[false], ..case("bidirectional stream over HTTP/1.1", &bidirectional, "{}", VALIDATION, "needs HTTP/2", Proxy) },
         Case { over: &[true], ..case("bidirectional stream of a model without it", &bidirectional, "{}", VALIDATION, "Nova Sonic", Upstream) },
@@ -119,7 +119,7 @@ fn cases() -> Vec<Case> {
         case("maxTokens 1e30", &converse, with_config(r#"{"maxTokens":1e30}"#), VALIDATION, "no larger than 2147483647", Proxy),
         case("maxTokens past i32", &converse, with_config(r#"{"maxTokens":99999999999}"#), VALIDATION, "no larger than 2147483647", Proxy),
         case("max_tokens negative (InvokeModel)", &invoke, r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":-1,"messages":[]}"#, VALIDATION, "max_tokens must be a positive integer", Proxy),
-        case("never fits the pool", &converse, converse_body("x", Some(2_000_000)), VALIDATION, "can never be admitted: set maxTokens to at most", Proxy),
+        case("never fits the pool", &converse, converse_body("x", Some(2_000_000)), VALIDATION, "can never be admitted; set maxTokens to at most", Proxy),
         // Shapes only Bedrock judges: forwarded, refused upstream, not charged.
         case("missing messages", &converse, "{}", VALIDATION, "'messages'", Upstream),
         case("messages a string", &converse, r#"{"messages":"hello"}"#, VALIDATION, "'messages'", Upstream),

@@ -111,6 +111,7 @@ async fn a_session_is_relayed_turn_by_turn_and_charged_what_upstream_charged() {
         "tokengate_requests_total",
         &[
             ("pool", POOL),
+            ("api", "bedrock"),
             ("operation", "InvokeModelWithBidirectionalStream"),
             ("outcome", "admitted"),
         ],
@@ -264,4 +265,51 @@ async fn a_route_ceiling_holds_for_the_session_s_max_tokens() {
         0,
         "no sessionStart reached upstream"
     );
+}
+
+#[tokio::test]
+async fn with_an_upstream_api_key_a_session_is_still_signed() {
+    let sim = start_simulator(&format!("{SIM}api_keys = [\"up-key\"]\n")).await;
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
+         endpoint = \"http://{}\"\napi_key_env = \"TG_UPSTREAM_KEY\"\n\n{}\n{}",
+        sim.addr,
+        sonic_pool(100_000, 4, ""),
+        sonnet_pool(100_000, 4)
+    );
+    let config = tokengate::config::Config::parse_with_env(&text, &|name| {
+        (name == "TG_UPSTREAM_KEY").then(|| "up-key".to_string())
+    })
+    .expect("config");
+    let stack = Stack {
+        sim,
+        proxy: start_proxy(config).await,
+    };
+    // A Converse call goes with the key; the session, which takes SigV4 only, is signed.
+    stack
+        .client()
+        .converse()
+        .model_id(SONNET_US)
+        .messages(user_message("hi [sim:output=3]"))
+        .send()
+        .await
+        .expect("converse with the proxy's API key");
+    let (caller, mut session) = open(&client(&stack), 300).await;
+    caller
+        .send("promptStart", json!({"promptName": "p1"}))
+        .await;
+    caller.user_text("t1", "hello sonic [sim:output=20]").await;
+    assert_eq!(totals(&until_usage(&mut session).await[4]), (7, 20));
+    caller.send("promptEnd", json!({"promptName": "p1"})).await;
+    caller.send("sessionEnd", json!({})).await;
+    drop(caller);
+    while let Some(InvokeModelWithBidirectionalStreamOutput::Chunk(_)) =
+        session.body.recv().await.unwrap()
+    {}
+    stack.assert_ledger_zero().await;
+    let stats = stack.sim.simulator.stats();
+    assert_eq!((stats.api_keys.accepted, stats.api_keys.rejected), (1, 0));
+    assert_eq!((stats.sigv4.verified, stats.sigv4.rejected), (1, 0));
+    assert!(stats.sigv4.events_verified > 0 && stats.sigv4.events_rejected == 0);
+    assert_eq!(settlements(&stack, "usage").await.0, 1.0);
 }

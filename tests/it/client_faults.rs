@@ -24,11 +24,7 @@ const FAST_SIM: &str =
 const POOL: &str = "sonnet4-us";
 
 fn settled(proxy: &Gateway, rule: &str) -> u64 {
-    common::metric(
-        proxy,
-        "tokengate_settlements_total",
-        &[("pool", POOL), ("rule", rule)],
-    ) as u64
+    common::settlements(proxy, POOL, rule)
 }
 
 fn in_flight(proxy: &Gateway) -> u64 {
@@ -74,6 +70,7 @@ async fn a_client_that_hangs_up_mid_body_reaches_nothing_and_holds_nothing() {
         "tokengate_requests_total",
         &[
             ("pool", POOL),
+            ("api", "bedrock"),
             ("operation", "Converse"),
             ("outcome", "admitted"),
         ],

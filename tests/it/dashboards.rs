@@ -153,6 +153,7 @@ fn every_dashboard_query_uses_exported_metrics() {
         "tokengate_rejections_total",
         "tokengate_inflight_requests",
         "tokengate_queue_depth",
+        "tokengate_queued_tokens",
         "tokengate_time_to_first_token_seconds_bucket",
         "tokengate_request_duration_seconds_bucket",
         "tokengate_upstream_throttles_total",

@@ -5,6 +5,7 @@
 //! | module | what it covers |
 //! |---|---|
 //! | `proxy` | every operation through the proxy equals the same call direct to the simulator |
+//! | `apis`, `apis_auth`, `apis_faults` | the OpenAI and Anthropic APIs: settlement, streams, each API's errors; credentials and ceilings; faults and the access log |
 //! | `admission` | rejections and their hints, never-fitting requests, settlement on every path |
 //! | `daily_quota` | daily quotas: upstream's daily 429, a pool's `tokens_per_day`, the account's day across pools |
 //! | `max_tokens_missing` | requests naming no maxTokens: the model maximum reserved, the default injected, or refused |
@@ -14,6 +15,7 @@
 //! | `ledger_contract`, `ledger_differential`, `redis` | what every ledger backend must do; the memory and Redis ledgers giving the same answers to the same random operations; the shared ledger end to end |
 //! | `reload`, `lifecycle` | config reload; shutdown through the real binary |
 //! | `access_log`, `observability`, `dashboards`, `admin` | what operators see: the log line, metrics, the dashboard and alerts, the admin endpoints |
+//! | `dashboard_prometheus`, `tracing`, `emf`, `quota_report`, `top` | what operators run it with (issue #20): the dashboard and alerts on a real Prometheus, OpenTelemetry spans at OTLP receivers (every API's calls, a speech session's too), CloudWatch EMF lines, the quota report, `tokengate top` in tmux |
 //! | `bad_input`, `client_faults`, `upstream_faults` | bad requests, misbehaving clients, misbehaving upstreams |
 //! | `security_request`, `security_transport`, `security_bodies` | the attacks of issue #14, one test each |
 //! | `iam_policy` | the README's IAM policy against the forwarded operations |
@@ -25,12 +27,17 @@ mod common;
 mod access_log;
 mod admin;
 mod admission;
+mod apis;
+mod apis_auth;
+mod apis_faults;
 mod bad_input;
 mod bidi;
 mod bidi_raw;
 mod client_faults;
 mod daily_quota;
+mod dashboard_prometheus;
 mod dashboards;
+mod emf;
 mod iam_policy;
 mod ledger_contract;
 mod ledger_differential;
@@ -40,6 +47,7 @@ mod observability;
 mod proxy;
 mod queue;
 mod queue_fleet;
+mod quota_report;
 mod redis;
 mod reload;
 mod router;
@@ -49,4 +57,6 @@ mod security_bodies;
 mod security_request;
 mod security_transport;
 mod simulator;
+mod top;
+mod tracing;
 mod upstream_faults;

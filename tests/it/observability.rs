@@ -11,6 +11,8 @@ use aws_sdk_bedrockruntime::types::ConverseStreamOutput;
 use serde_json::Value;
 
 const NOVA: &str = "us.amazon.nova-lite-v1:0";
+/// The `api` label of the native operations.
+const BEDROCK: (&str, &str) = ("api", "bedrock");
 /// Instant generation; a 1000-token upstream quota for Nova (other traffic shares the account),
 /// so the proxy's admitted Nova request is throttled upstream.
 const SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n\
@@ -171,14 +173,24 @@ async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
     let n = |v: u64| v as f64;
 
     // Outcomes and rejections.
-    let outcome = |op, o| m.get("tokengate_requests_total", &[s, op, ("outcome", o)]);
+    let outcome = |op, o| {
+        m.get(
+            "tokengate_requests_total",
+            &[s, BEDROCK, op, ("outcome", o)],
+        )
+    };
     assert_eq!(outcome(conv, "admitted"), 25.0, "24 + the 503");
     assert_eq!(outcome(stream, "admitted"), 3.0, "2 + the cut one");
     assert_eq!(outcome(conv, "rejected"), 3.0);
     assert_eq!(outcome(conv, "invalid"), 1.0);
     m.expect(
         "tokengate_requests_total",
-        &[("pool", "none"), conv, ("outcome", "unknown_model")],
+        &[
+            BEDROCK,
+            ("pool", "none"),
+            conv,
+            ("outcome", "unknown_model"),
+        ],
         1.0,
     );
     m.expect(
@@ -368,7 +380,7 @@ async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
     m.expect("tokengate_queue_depth", &[h], 0.0);
     m.expect(
         "tokengate_requests_total",
-        &[h, conv, ("outcome", "admitted")],
+        &[BEDROCK, h, conv, ("outcome", "admitted")],
         2.0,
     );
     m.expect("tokengate_output_tokens_total", &[h], 12.0);

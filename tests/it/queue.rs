@@ -59,13 +59,15 @@ async fn admit(adm: &Admission, max_tokens: u64) -> Result<Hold, Refused> {
             operation: Operation::Converse,
             model_id: Some("m.x"),
             body: &body(max_tokens),
+            read: None,
             caller: &caller,
         })
         .await;
     match decision {
         Decision::Admit(a) => Ok(a.hold),
         refused => Err(Refused(
-            tokengate::answer::refusal(&refused).expect("a refusal has an answer"),
+            tokengate::answer::refusal(&refused, Operation::Converse)
+                .expect("a refusal has an answer"),
         )),
     }
 }

@@ -211,7 +211,7 @@ async fn refusals_before_upstream_are_bedrock_shaped_and_say_what_to_change() {
             converse(20_000),
             StatusCode::BAD_REQUEST,
             "ValidationException",
-            "can never be admitted: set maxTokens to at most",
+            "can never be admitted; set maxTokens to at most",
         ),
         (
             Method::POST,

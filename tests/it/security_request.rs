@@ -535,15 +535,19 @@ async fn the_max_tokens_ceiling_cannot_be_dodged() {
 /// and the retry of a call that was rejected gets the reserve.
 #[tokio::test]
 async fn a_forged_retry_gets_no_reserve() {
+    // Calls of 208 tokens (8 in, 200 out) against a bucket of 1,200 that refills 20 a second, 540
+    // of it kept for retries: three first attempts fit, then one lacks about 170 tokens (some 8 s
+    // of refill, so a slow machine does not turn the refusals below into admissions), and the
+    // retry reserve holds two more calls.
     let pool = format!(
-        "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 60000\n\
+        "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1200\n\
          max_concurrency = 64\noutput_burndown = 1\ndefault_max_tokens = 500\nmax_wait_ms = 0\n\
-         retry_reserve = 0.2\n"
+         retry_reserve = 0.45\n"
     );
     let stack = Stack::start(FAST_SIM, &pool, "").await;
     let addr = stack.proxy.addr;
     let path = model_path(HAIKU, "converse");
-    let body = converse_body("[sim:output=4000] go", Some(4000));
+    let body = converse_body("[sim:output=200] go", Some(200));
     let call = |id: String, attempt: &'static str| {
         let (path, body) = (path.clone(), body.clone());
         async move {
@@ -643,6 +647,7 @@ async fn upstream_url_credentials_are_refused_and_never_shown() {
         Err(e) => e.to_string(),
         Ok(upstream) => upstream
             .send(
+                tokengate::bedrock::Operation::Converse,
                 http::Method::POST,
                 "/model/m/converse",
                 &http::HeaderMap::new(),

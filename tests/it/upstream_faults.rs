@@ -22,11 +22,7 @@ const FAST_SIM: &str =
 const POOL: &str = "sonnet4-us";
 
 fn settled(proxy: &Gateway, rule: &str) -> u64 {
-    common::metric(
-        proxy,
-        "tokengate_settlements_total",
-        &[("pool", POOL), ("rule", rule)],
-    ) as u64
+    common::settlements(proxy, POOL, rule)
 }
 
 fn upstream_errors(proxy: &Gateway, kind: &str) -> u64 {
@@ -43,6 +39,7 @@ fn admitted(proxy: &Gateway, operation: &str) -> u64 {
         "tokengate_requests_total",
         &[
             ("pool", POOL),
+            ("api", "bedrock"),
             ("operation", operation),
             ("outcome", "admitted"),
         ],

@@ -27,11 +27,11 @@ mod responses;
 mod sse;
 
 use axum::body::Body;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Method, StatusCode, header};
-use serde_json::{Value, json};
+use http::{HeaderValue, Method, header};
+use serde_json::Value;
 
 use super::Inner;
 use super::charge::{self, Call};
@@ -40,8 +40,8 @@ use super::handlers::{self, Generation, MAX_BODY_BYTES, fault_response};
 use super::request;
 use super::tier::Tier;
 use super::{auth, shapes::Framing};
-use crate::bedrock::error::{X_AMZN_ERROR_TYPE, X_AMZN_REQUEST_ID, new_request_id};
-use crate::bedrock::{BedrockError, ErrorCode};
+use crate::bedrock::error::new_request_id;
+use crate::bedrock::{BedrockError, Dialect, ErrorCode};
 
 /// A body-model API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,13 +49,6 @@ pub enum Api {
     ChatCompletions,
     Responses,
     Messages,
-}
-
-/// Whose error shapes a path speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    OpenAI,
-    Anthropic,
 }
 
 /// A path of the body-model APIs: its dialect, and the API if it is one that is served.
@@ -135,6 +128,7 @@ pub(super) async fn handle(sim: &Inner, endpoint: Endpoint, parts: Parts, body: 
         }
     };
     sim.count_api(api);
+    sim.traceparents.observe(parts.headers.get("traceparent"));
     match answer(sim, api, &parts, &body).await {
         Ok(response) => response,
         Err(e) => fail(e),
@@ -277,61 +271,7 @@ fn respond(body: Body, content_type: &'static str, request_id: &str) -> Response
 
 /// A Bedrock error in the dialect's shape, with Bedrock's status and error type header.
 pub(super) fn error_response(dialect: Dialect, e: BedrockError) -> Response {
-    let status = e.code.status();
-    let body = match dialect {
-        Dialect::OpenAI => {
-            let (kind, code) = openai_kind(e.code);
-            json!({"error": {"message": e.message, "type": kind, "param": null, "code": code}})
-        }
-        Dialect::Anthropic => {
-            json!({"type": "error", "error": {"type": anthropic_kind(status), "message": e.message}})
-        }
-    };
-    let mut response = (status, body.to_string()).into_response();
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    let error_type = e
-        .headers
-        .iter()
-        .find(|(name, _)| *name == X_AMZN_ERROR_TYPE)
-        .map(|(_, v)| v.clone())
-        .unwrap_or(HeaderValue::from_static(e.code.name()));
-    h.insert(X_AMZN_ERROR_TYPE, error_type);
-    if let Ok(id) = HeaderValue::from_str(&new_request_id()) {
-        h.insert(X_AMZN_REQUEST_ID, id);
-    }
-    response
-}
-
-/// OpenAI's error `type` and `code` for a Bedrock error.
-fn openai_kind(code: ErrorCode) -> (&'static str, Option<&'static str>) {
-    match code {
-        ErrorCode::Throttling => ("tokens", Some("rate_limit_exceeded")),
-        ErrorCode::ResourceNotFound => ("invalid_request_error", Some("model_not_found")),
-        ErrorCode::UnknownOperation => ("invalid_request_error", Some("unknown_url")),
-        ErrorCode::AccessDenied | ErrorCode::UnrecognizedClient => {
-            ("invalid_request_error", Some("invalid_api_key"))
-        }
-        ErrorCode::ServiceUnavailable | ErrorCode::InternalServer => ("server_error", None),
-        _ => ("invalid_request_error", None),
-    }
-}
-
-/// Anthropic's error `type` for a status.
-fn anthropic_kind(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        503 => "overloaded_error",
-        s if s >= 500 => "api_error",
-        _ => "invalid_request_error",
-    }
+    e.into_response_in(dialect)
 }
 
 /// Seconds since the Unix epoch, for `created` fields.

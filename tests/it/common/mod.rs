@@ -1,9 +1,11 @@
 //! Shared test harness: a simulator and a proxy on `127.0.0.1:0`, real SDK clients, and the
 //! ledger-returns-to-zero check every test ends with.
 
+pub mod apis;
 pub mod fleet;
 pub mod h2raw;
 pub mod log_capture;
+pub mod prometheus;
 pub mod redis_server;
 pub mod scrape;
 pub mod signing;
@@ -385,4 +387,13 @@ pub fn in_flight(proxy: &Gateway, pool: &str) -> u64 {
 /// [`scrape`] over HTTP instead). For the polls of a sync closure.
 pub fn metric(proxy: &Gateway, name: &str, labels: &[(&str, &str)]) -> f64 {
     scrape::Scrape::parse(&tokengate::metrics::render(&proxy.state.registry)).get(name, labels)
+}
+
+/// How many of `pool`'s reservations settled by `rule`, as `/metrics` exposes it now.
+pub fn settlements(proxy: &Gateway, pool: &str, rule: &str) -> u64 {
+    metric(
+        proxy,
+        "tokengate_settlements_total",
+        &[("pool", pool), ("rule", rule)],
+    ) as u64
 }

@@ -6,6 +6,8 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokengate::simulator::{SimulatorConfig, SimulatorHandle};
 
+use crate::common::apis::sse_events;
+
 use super::{SONNET, client, instant_config, post_with, start, user};
 
 pub(super) const GPT: &str = "openai.gpt-oss-120b-1:0";
@@ -24,26 +26,6 @@ pub(super) async fn call(
 pub(super) async fn json_call(sim: &SimulatorHandle, path: &str, body: Value) -> (u16, Value) {
     let (status, _, bytes) = call(sim, path, &[], body).await;
     (status, serde_json::from_slice(&bytes).unwrap())
-}
-
-/// `(event name, data)` of every SSE event; `[DONE]` is `("", Null)`.
-fn sse(bytes: &[u8]) -> Vec<(String, Value)> {
-    let text = std::str::from_utf8(bytes).unwrap();
-    text.split("\n\n")
-        .filter(|e| !e.is_empty())
-        .map(|event| {
-            let mut name = String::new();
-            let mut data = Value::Null;
-            for line in event.lines() {
-                if let Some(n) = line.strip_prefix("event: ") {
-                    name = n.to_string();
-                } else if let Some(d) = line.strip_prefix("data: ") {
-                    data = serde_json::from_str(d).unwrap_or(Value::Null);
-                }
-            }
-            (name, data)
-        })
-        .collect()
 }
 
 pub(super) fn chat(model: &str, text: &str) -> Value {
@@ -244,7 +226,7 @@ async fn streams_frame_usage_as_each_api_does() {
         (status, h["content-type"].to_str().unwrap()),
         (200, "text/event-stream; charset=utf-8")
     );
-    let events = sse(&bytes);
+    let events = sse_events(&bytes);
     assert_eq!(
         events.last().unwrap(),
         &(String::new(), Value::Null),
@@ -261,7 +243,7 @@ async fn streams_frame_usage_as_each_api_does() {
     // With include_usage: a last chunk with empty choices carries it; others carry null.
     body["stream_options"] = json!({"include_usage": true});
     let (_, _, bytes) = call(&sim, "/openai/v1/chat/completions", &[], body).await;
-    let events = sse(&bytes);
+    let events = sse_events(&bytes);
     let usage_chunk = &events[events.len() - 2].1;
     assert_eq!(usage_chunk["choices"], json!([]));
     assert_eq!(usage_chunk["usage"]["prompt_tokens"], input);
@@ -280,7 +262,7 @@ async fn streams_frame_usage_as_each_api_does() {
         json!({"model": GPT, "input": text, "stream": true}),
     )
     .await;
-    let events = sse(&bytes);
+    let events = sse_events(&bytes);
     let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         &names[..4],
@@ -314,7 +296,7 @@ async fn streams_frame_usage_as_each_api_does() {
         json!({"model": GPT, "input": text, "stream": true, "max_output_tokens": 5}),
     )
     .await;
-    let last = sse(&bytes).pop().unwrap();
+    let last = sse_events(&bytes).pop().unwrap();
     assert_eq!(
         (
             last.0.as_str(),
@@ -328,7 +310,7 @@ async fn streams_frame_usage_as_each_api_does() {
     body["stream"] = json!(true);
     body["max_tokens"] = json!(10);
     let (_, _, bytes) = call(&sim, "/anthropic/v1/messages", &[], body).await;
-    let events = sse(&bytes);
+    let events = sse_events(&bytes);
     let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         &names[..3],
