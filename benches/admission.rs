@@ -185,6 +185,7 @@ fn admit_settle(
         body: black_box(body),
         read: None,
         caller,
+        service_tier: None,
     };
     let decision = admission.decide(&facts).now_or_never();
     let Some(decision) = decision else {

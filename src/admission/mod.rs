@@ -21,6 +21,7 @@ pub mod advice;
 mod allow;
 pub mod body;
 pub mod budgets;
+mod candidates;
 mod ceiling;
 pub mod decision;
 pub mod estimate;
@@ -33,6 +34,7 @@ mod reserve;
 pub mod retries;
 mod rewrite;
 pub mod routes;
+pub mod tier;
 mod waiting;
 
 use std::sync::Arc;
@@ -66,6 +68,8 @@ pub struct Facts<'a> {
     /// Anthropic APIs, whose model it names); `None`: read here, when needed.
     pub read: Option<&'a BodyRead>,
     pub caller: &'a Caller,
+    /// The `X-Amzn-Bedrock-Service-Tier` header (InvokeModel's tier), if sent.
+    pub service_tier: Option<&'a str>,
 }
 
 /// A body read in one pass ([`body::read`]), or why it could not be.
@@ -209,6 +213,7 @@ impl Admission {
             Ok(estimated) => estimated,
             Err(problem) => return invalid(problem),
         };
+        let ahead = self.reserved_ahead(estimated.tier, facts, configured);
         let prepared = match prepare(route, &pool.config, facts, &model, configured, estimated) {
             Ok(prepared) => prepared,
             Err(problem @ (Problem::AboveCeiling { .. } | Problem::CannotClamp { .. })) => {
@@ -219,11 +224,16 @@ impl Admission {
         let granted = if shadow {
             self.reserve_shadow(pool, prepared.estimate, facts.caller)
                 .await
+                .map(|granted| (pool.clone(), granted))
         } else {
-            self.reserve(pool, prepared.estimate, facts.caller).await
+            let ahead = ahead.as_slice();
+            self.reserve(pool, prepared.estimate, facts.caller, ahead)
+                .await
         };
         let decision = match granted {
-            Ok(granted) => Decision::Admit(self.admitted(pool, granted, prepared, facts.caller)),
+            Ok((won, granted)) => {
+                Decision::Admit(self.admitted(&won, granted, prepared, facts.caller))
+            }
             Err(refusal) => refusal,
         };
         if let Decision::Admit(_) | Decision::Throttle(_) = decision {
@@ -231,6 +241,21 @@ impl Admission {
             pool.counts.api_decided(facts.operation.api(), admitted);
         }
         decision
+    }
+
+    /// The pool to try before the on-demand one: reserved capacity for a `reserved` call (its
+    /// tier from the body, else the header), which overflows to on-demand.
+    fn reserved_ahead(
+        &self,
+        body_tier: Option<tier::ServiceTier>,
+        facts: &Facts<'_>,
+        configured: &str,
+    ) -> Option<usize> {
+        let tier = body_tier.or_else(|| facts.service_tier.and_then(tier::ServiceTier::parse));
+        match tier {
+            Some(tier::ServiceTier::Reserved) => self.table.reserved_for(configured).map(|p| p.id),
+            _ => None,
+        }
     }
 
     /// The reservation's estimate: `maxTokens` from the body (or the model's maximum) and the
@@ -258,6 +283,7 @@ impl Admission {
                 requested: None,
                 api: None,
                 count_failed: None,
+                tier: None,
             });
         }
         let read_here;
@@ -296,6 +322,10 @@ impl Admission {
             requested: read.max_tokens,
             api: read.api.clone(),
             count_failed,
+            tier: read
+                .service_tier
+                .as_deref()
+                .and_then(tier::ServiceTier::parse),
         })
     }
 
@@ -409,6 +439,7 @@ fn prepare<'p>(
         requested,
         api,
         count_failed,
+        ..
     } = estimated;
     let asked = output_cap::Asked {
         operation: facts.operation,
@@ -443,6 +474,8 @@ struct Estimated {
     api: Option<body::ApiBody>,
     /// Exact counting failed, and why.
     count_failed: Option<String>,
+    /// The service tier the body names (Converse's `serviceTier.type`).
+    tier: Option<tier::ServiceTier>,
 }
 
 /// One pool in `GET /v1/pools`.

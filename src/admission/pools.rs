@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::{advice::PoolAdvice, hint::PoolHistory, queue::AdmissionQueue, routes::PoolShares};
 use crate::{
     bedrock::{Api, ModelRef, model_id::application_profile_id},
-    config::{AdmissionConfig, PoolConfig, RouteConfig},
+    config::{AdmissionConfig, PoolConfig, PoolTier, RouteConfig},
     ledger::{Limit, Limits},
 };
 
@@ -373,6 +373,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct PoolTable {
     pools: Vec<Arc<Pool>>,
     by_model: HashMap<String, usize>,
+    /// Pools of reserved capacity (`tier = "reserved"`), by model.
+    reserved_by_model: HashMap<String, usize>,
     /// Application inference profile (ARN or id) -> model id.
     profiles: HashMap<String, String>,
 }
@@ -384,12 +386,17 @@ impl PoolTable {
         admission: &AdmissionConfig,
     ) -> PoolTable {
         let mut by_model = HashMap::new();
+        let mut reserved_by_model = HashMap::new();
         let pools: Vec<Arc<Pool>> = pools
             .iter()
             .enumerate()
             .map(|(i, p)| {
+                let table = match p.tier {
+                    PoolTier::OnDemand => &mut by_model,
+                    PoolTier::Reserved => &mut reserved_by_model,
+                };
                 for m in &p.models {
-                    by_model.insert(m.clone(), i);
+                    table.insert(m.clone(), i);
                 }
                 Arc::new(Pool::new(i, p.clone(), routes, admission))
             })
@@ -402,6 +409,7 @@ impl PoolTable {
         PoolTable {
             pools,
             by_model,
+            reserved_by_model,
             profiles,
         }
     }
@@ -413,6 +421,12 @@ impl PoolTable {
     /// The pool a modelId draws on, if any, with the model id from the pool's config it draws
     /// as (its resource id, or the model an application inference profile maps to): the key of
     /// route allow-lists and of the maxTokens-advice slot.
+    /// The reserved-capacity pool of `configured_model` (as a pool lists it), if there is one.
+    pub fn reserved_for(&self, configured_model: &str) -> Option<&Arc<Pool>> {
+        let &index = self.reserved_by_model.get(configured_model)?;
+        self.pools.get(index)
+    }
+
     pub fn resolve<'a>(&'a self, model: &ModelRef<'a>) -> Option<(&'a Arc<Pool>, &'a str)> {
         if let Some(&index) = self.by_model.get(model.resource_id) {
             return Some((self.pools.get(index)?, model.resource_id));

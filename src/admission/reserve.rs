@@ -39,26 +39,34 @@ pub(super) struct Granted {
 
 impl Admission {
     /// Reserves `estimate`: the budgets it draws on (the account's day, its route's budgets),
-    /// then the pool, at once or after waiting in the pool's queue. The budgets go back if the
-    /// pool refuses.
+    /// then the first of the pools `ahead` (ids) that admits it now ([`super::candidates`]),
+    /// else `pool`, at once or after waiting in its queue. The budgets go back if no pool
+    /// admits. Returns the pool that admitted.
     pub(super) async fn reserve(
         &self,
         pool: &Arc<Pool>,
         estimate: Estimate,
         caller: &Caller,
-    ) -> Result<Granted, Decision> {
+        ahead: &[usize],
+    ) -> Result<(Arc<Pool>, Granted), Decision> {
         let tokens = estimate.reservation();
         if !pool.config.can_ever_hold(tokens) {
             return Err(self.never_fits(pool, &estimate));
         }
         let outcome = match self.take_budgets(pool, tokens, caller).await {
-            Ok(budgets) => self
-                .reserve_in_pool(pool, tokens, caller)
-                .await
-                .map(|granted| Granted {
-                    budgets: Some(budgets),
-                    ..granted
-                }),
+            Ok(budgets) => {
+                let won = match self.first_admitting_now(ahead, tokens, caller).await {
+                    Some(won) => Ok(won),
+                    None => self
+                        .reserve_in_pool(pool, tokens, caller)
+                        .await
+                        .map(|granted| (pool.clone(), granted)),
+                };
+                won.map(|(won, granted)| {
+                    let budgets = Some(budgets);
+                    (won, Granted { budgets, ..granted })
+                })
+            }
             Err(refused) => Err(refused),
         };
         if outcome.is_err()

@@ -118,7 +118,11 @@ async fn proxy(
     };
     *route = Some(caller.route.name.clone());
     record.caller(&caller);
-    let decision = decide(policy, &target, &body, &caller, record).await;
+    let tier = parts
+        .headers
+        .get(SERVICE_TIER)
+        .and_then(|v| v.to_str().ok());
+    let decision = decide(policy, &target, (&body, tier), &caller, record).await;
     if let Some(refusal) = answer::refusal(&decision, operation) {
         return refusal;
     }
@@ -138,12 +142,16 @@ async fn proxy(
     forward::forward(state, policy, request, admitted, obs).await
 }
 
+/// InvokeModel's service tier header.
+const SERVICE_TIER: &str = "x-amzn-bedrock-service-tier";
+
 /// Step 3: admission decides, and the observer counts it. The OpenAI and Anthropic APIs name
 /// their model in the body: admission's one pass reads it, and the record takes it.
+/// `service_tier` is the request's `X-Amzn-Bedrock-Service-Tier` header, as plain data.
 async fn decide(
     policy: &Policy,
     target: &Target,
-    body: &Bytes,
+    (body, service_tier): (&Bytes, Option<&str>),
     caller: &Caller,
     record: &mut Observation,
 ) -> Decision {
@@ -167,6 +175,7 @@ async fn decide(
             body,
             read: read.as_ref(),
             caller,
+            service_tier,
         })
         .await;
     policy.observer.decided(record, &decision);

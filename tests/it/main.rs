@@ -8,6 +8,7 @@
 //! | `apis`, `apis_auth`, `apis_faults` | the OpenAI and Anthropic APIs: settlement, streams, each API's errors; credentials and ceilings; faults and the access log |
 //! | `admission` | rejections and their hints, never-fitting requests, settlement on every path |
 //! | `daily_quota` | daily quotas: upstream's daily 429, a pool's `tokens_per_day`, the account's day across pools |
+//! | `tiers` | service tiers: reserved capacity first, overflowing to on-demand; the tier from the body or the header |
 //! | `max_tokens_missing` | requests naming no maxTokens: the model maximum reserved, the default injected, or refused |
 //! | `queue`, `queue_fleet` | the admission queue (paused clock), and a closed-loop SDK fleet against it |
 //! | `routes` | application routes and caller identity: keys, allow-lists, shares, recovery |
@@ -57,6 +58,7 @@ mod security_bodies;
 mod security_request;
 mod security_transport;
 mod simulator;
+mod tiers;
 mod top;
 mod tracing;
 mod upstream_faults;

@@ -61,6 +61,7 @@ async fn admit(adm: &Admission, max_tokens: u64) -> Result<Hold, Refused> {
             body: &body(max_tokens),
             read: None,
             caller: &caller,
+            service_tier: None,
         })
         .await;
     match decision {
