@@ -184,12 +184,7 @@ impl Admission {
             return Decision::Pass(Pass::NotMetered);
         }
         let Some((pool, configured)) = resolved else {
-            return match self.config.unknown_models {
-                UnknownModels::Pass => Decision::Pass(Pass::UnknownModel),
-                UnknownModels::Reject => Decision::UnknownModel {
-                    model: model_id.to_string(),
-                },
-            };
+            return self.unknown_model(model_id);
         };
         let shadow = pool.config.shadow || route.config.shadow;
         // Shadow mode forwards what enforcement would refuse, and says why.
@@ -221,14 +216,13 @@ impl Admission {
             }
             Err(problem) => return invalid(problem),
         };
-        let granted = if shadow {
-            self.reserve_shadow(pool, prepared.estimate, facts.caller)
-                .await
-                .map(|granted| (pool.clone(), granted))
-        } else {
-            let ahead = ahead.as_slice();
-            self.reserve(pool, prepared.estimate, facts.caller, ahead)
-                .await
+        let estimate = prepared.estimate;
+        let granted = match shadow {
+            true => self.reserve_shadow(pool, estimate, facts.caller).await,
+            false => {
+                self.reserve(pool, estimate, facts.caller, ahead.as_slice())
+                    .await
+            }
         };
         let decision = match granted {
             Ok((won, granted)) => {
@@ -241,6 +235,16 @@ impl Admission {
             pool.counts.api_decided(facts.operation.api(), admitted);
         }
         decision
+    }
+
+    /// A model in no pool: passed uncounted, or refused, as `unknown_models` says.
+    fn unknown_model(&self, model_id: &str) -> Decision {
+        match self.config.unknown_models {
+            UnknownModels::Pass => Decision::Pass(Pass::UnknownModel),
+            UnknownModels::Reject => Decision::UnknownModel {
+                model: model_id.to_string(),
+            },
+        }
     }
 
     /// The pool to try before the on-demand one: reserved capacity for a `reserved` call (its

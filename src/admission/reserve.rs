@@ -118,7 +118,7 @@ impl Admission {
         pool: &Arc<Pool>,
         estimate: Estimate,
         caller: &Caller,
-    ) -> Result<Granted, Decision> {
+    ) -> Result<(Arc<Pool>, Granted), Decision> {
         let waived = |reason| {
             Decision::Pass(super::Pass::Shadow {
                 pool: Some(pool.clone()),
@@ -129,11 +129,14 @@ impl Admission {
             return Err(waived(ShadowReason::NeverFits));
         }
         match self.try_reserve(pool, estimate.reservation(), caller).await {
-            Ok(Verdict::Granted(reservation)) => Ok(Granted {
-                reservation,
-                queued_for: None,
-                budgets: None,
-            }),
+            Ok(Verdict::Granted(reservation)) => Ok((
+                pool.clone(),
+                Granted {
+                    reservation,
+                    queued_for: None,
+                    budgets: None,
+                },
+            )),
             Ok(Verdict::Refused(rejection)) => Err(waived(ShadowReason::Limit(rejection.limit))),
             Err(_) => Err(waived(ShadowReason::LedgerError)),
         }
