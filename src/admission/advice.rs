@@ -160,6 +160,8 @@ struct Slot {
     requests: AtomicU64,
     /// Requests admitted that named no `maxTokens`.
     without_max_tokens: AtomicU64,
+    /// Calls that stopped at their output cap.
+    truncated: AtomicU64,
     output: Lengths,
     requested: Lengths,
 }
@@ -185,6 +187,9 @@ pub struct MaxTokensAdvice {
     /// Requests admitted that named no `maxTokens` (what was reserved for them instead is the
     /// pool's `when_max_tokens_missing`, or the route's ceiling).
     pub requests_without_max_tokens: u64,
+    /// Calls that stopped at their output cap (`max_tokens`, `length`, ...): a `maxTokens` (or
+    /// injected default) too low for what callers ask of the model.
+    pub truncated: u64,
     pub p50_output: u64,
     pub p99_output: u64,
     /// p99 of the `maxTokens` reserved (for callers that sent none, what was reserved instead).
@@ -205,6 +210,7 @@ impl PoolAdvice {
                 model: Arc::from(m),
                 requests: AtomicU64::new(0),
                 without_max_tokens: AtomicU64::new(0),
+                truncated: AtomicU64::new(0),
                 output: Lengths::new(),
                 requested: Lengths::new(),
             })
@@ -246,6 +252,13 @@ impl PoolAdvice {
         }
     }
 
+    /// Counts a call that stopped at its output cap.
+    pub fn truncated(&self, slot: SlotIndex) {
+        if let Some(s) = self.slots.get(slot.0).or(self.slots.last()) {
+            s.truncated.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// The advice for every slot that has seen a request.
     pub fn view(&self) -> Vec<MaxTokensAdvice> {
         self.slots.iter().filter_map(Slot::advice).collect()
@@ -267,6 +280,7 @@ impl Slot {
             model: self.model.to_string(),
             requests,
             requests_without_max_tokens: self.without_max_tokens.load(Ordering::Relaxed),
+            truncated: self.truncated.load(Ordering::Relaxed),
             p50_output: self.output.quantile(0.5).unwrap_or(0),
             p99_output,
             p99_requested_max_tokens: self.requested.quantile(0.99).unwrap_or(0),

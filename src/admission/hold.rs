@@ -149,6 +149,11 @@ impl Hold {
         self
     }
 
+    /// The call stopped at its output cap: counted beside its pool's maxTokens advice.
+    pub fn note_truncated(&self) {
+        self.pool.advice.truncated(self.advice_slot);
+    }
+
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
     }

@@ -84,6 +84,7 @@ pub struct Metrics {
     pub shadow_rejections: IntCounterVec,
     /// Requests whose maxTokens was lowered to the route's ceiling.
     pub max_tokens_clamped: IntCounterVec,
+    pub truncated: IntCounterVec,
     /// Requests that named no maxTokens, by what was done: route_ceiling, reserve_model_max,
     /// inject, reject.
     pub max_tokens_missing: IntCounterVec,
@@ -194,6 +195,7 @@ impl Metrics {
             recovery_admissions: r.counter("tokengate_recovery_admissions_total", "SDK retries admitted into the pool's retry reserve (the route's recovery budget).", &["pool", "route"])?,
             shadow_rejections: r.counter("tokengate_shadow_rejections_total", "Requests forwarded in shadow mode that enforcement would have turned away, by reason.", &["pool", "route", "reason"])?,
             max_tokens_clamped: r.counter("tokengate_max_tokens_clamped_total", "Requests whose maxTokens was lowered to the route's max_tokens_ceiling.", &["pool", "route"])?,
+            truncated: r.counter("tokengate_truncated_total", "Calls whose output stopped at its cap (stop reason max_tokens, length, max_output_tokens): maxTokens, or the default written in, too low for what was asked.", &["pool", "route"])?,
             max_tokens_missing: r.counter("tokengate_max_tokens_missing_total", "Requests that named no maxTokens, by what was done: route_ceiling (the route's ceiling written in), reserve_model_max (the model's maximum reserved, as Bedrock does), inject (the pool's default_max_tokens written in), reject (refused). Counted once per call decided, not per throttled attempt.", &["pool", "route", "action"])?,
             auth_failures: r.counter("tokengate_auth_failures_total", "Requests that failed identification, by auth mode and reason.", &["mode", "reason"])?,
             trace_spans: r.counter("tokengate_trace_spans_total", "Spans of traced requests, by result: exported to the OTLP collector, dropped (the export queue was full), failed (the export failed).", &["result"])?,

@@ -423,6 +423,14 @@ impl Observer {
         tracing::warn!(pool, kind, %error, "upstream request failed");
     }
 
+    /// A call of `pool` from route slot `route` stopped at its output cap.
+    pub fn truncated(&self, pool: &Pool, route: Option<crate::admission::routes::RouteSlot>) {
+        let series = route.and_then(|slot| self.series(pool)?.route(slot.index()));
+        if let Some(series) = series {
+            series.truncated.inc();
+        }
+    }
+
     /// Upstream refused a call of `pool` on its daily quota; `hint` is passed on to the client.
     pub fn upstream_daily_throttled(&self, pool: &Pool, hint: Duration) {
         self.metrics

@@ -35,6 +35,7 @@ pub struct RouteSeries {
     pub charged_tokens: IntCounter,
     pub recovery_admissions: IntCounter,
     pub max_tokens_clamped: IntCounter,
+    pub truncated: IntCounter,
     /// By action, in the order of [`MissingMaxTokens::ALL`].
     max_tokens_missing: Vec<IntCounter>,
 }
@@ -216,6 +217,7 @@ impl RouteSeries {
             charged_tokens: m.route_charged_tokens.with_label_values(&two),
             recovery_admissions: m.recovery_admissions.with_label_values(&two),
             max_tokens_clamped: m.max_tokens_clamped.with_label_values(&two),
+            truncated: m.truncated.with_label_values(&two),
             max_tokens_missing: MissingMaxTokens::ALL
                 .iter()
                 .map(|a| {

@@ -2,6 +2,8 @@
 //! upstream and answers, through the proxy to the simulator (which, like Bedrock, reserves and
 //! allows the model's maximum when a call names none).
 
+use std::time::Duration;
+
 use crate::common::*;
 
 const FAST_SIM: &str =
@@ -187,5 +189,51 @@ async fn reject_names_the_field_to_send_and_forwards_nothing() {
     .await;
     assert_eq!(r.status, 200, "{}", r.message());
     assert_eq!(missing(&stack, "reject").await, 2.0);
+    stack.assert_ledger_zero().await;
+}
+
+#[tokio::test]
+async fn calls_stopped_at_their_cap_are_counted_per_route_and_beside_the_advice() {
+    let stack = Stack::start(FAST_SIM, &pool(1_000_000, ""), "").await;
+    let addr = stack.proxy.addr;
+    // Converse: 100 wanted, 40 allowed: stopReason max_tokens. 10 wanted: end_turn.
+    let r = converse(addr, SONNET_US, "[sim:output=100] cut", Some(40)).await;
+    assert_eq!(r.status, 200, "{}", r.message());
+    let r = converse(addr, SONNET_US, "[sim:output=10] whole", Some(40)).await;
+    assert_eq!(r.status, 200, "{}", r.message());
+    // ConverseStream, through the SDK: the messageStop event says max_tokens.
+    let mut out = stack
+        .client()
+        .converse_stream()
+        .model_id(SONNET_US)
+        .messages(user_message("[sim:output=100] stream"))
+        .inference_config(max_tokens(30))
+        .send()
+        .await
+        .expect("stream");
+    while out.stream.recv().await.expect("event").is_some() {}
+    // InvokeModel, Anthropic: stop_reason max_tokens in the body.
+    let invoke = r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":20,"messages":[{"role":"user","content":"[sim:output=100] hi"}]}"#;
+    let r = raw_request(
+        addr,
+        "POST",
+        &model_path(SONNET_US, "invoke"),
+        invoke,
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.message());
+    // The stream's end reaches the proxy just after the client has read its last event.
+    let labels = [("pool", "sonnet4-us"), ("route", "default")];
+    let truncated = || metric(&stack.proxy, "tokengate_truncated_total", &labels);
+    eventually(Duration::from_secs(5), "three truncations counted", || {
+        truncated() >= 3.0
+    })
+    .await;
+    assert_eq!(truncated(), 3.0);
+    let pools = raw_request(addr, "GET", "/v1/pools", "", false).await;
+    let v: serde_json::Value = serde_json::from_slice(&pools.body).expect("json");
+    let advice = &v["pools"][0]["max_tokens_advice"][0];
+    assert_eq!(advice["truncated"], 3, "{advice}");
     stack.assert_ledger_zero().await;
 }
