@@ -76,6 +76,9 @@ fn throttle(t: &Throttle) -> BedrockError {
             Limit::Budget => format!(
                 "Too many tokens for this route's budget: this request reserves {reserving} tokens and {available} are left; retry after the hinted delay"
             ),
+            Limit::RouteConcurrency => format!(
+                "Too many concurrent requests for this route: it has all {in_flight} of its max_concurrency in flight; retry after the hinted delay"
+            ),
         },
         ThrottleWhy::Budget {
             scope,
@@ -119,6 +122,7 @@ fn limit_noun(limit: Limit) -> &'static str {
         Limit::Share => "tokens of its route's max_share",
         Limit::DailyQuota => "tokens of its daily quota",
         Limit::Budget => "tokens of its route's budget",
+        Limit::RouteConcurrency => "concurrent requests of its route",
     }
 }
 

@@ -99,6 +99,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     // Refresh the gauges so a scrape sees the pools as they are now.
     let views = admission.pool_views().await;
     policy.observer.publish_pools(admission, &views);
+    policy
+        .observer
+        .publish_budgets(&admission.budget_views().await);
     (
         [(
             header::CONTENT_TYPE,

@@ -57,6 +57,10 @@ pub struct PoolSettings {
     /// The admission queue's wait (the proxy's default when absent; 0 turns queueing off).
     #[serde(default)]
     pub max_wait_ms: Option<u64>,
+    /// What a call that names no maxTokens reserves (`reserve_model_max`, `inject`, `reject`;
+    /// the proxy's default when absent).
+    #[serde(default)]
+    pub when_max_tokens_missing: Option<String>,
 }
 
 /// A client group: one application (one SDK client) with its own arrivals and request shapes.
@@ -333,7 +337,7 @@ impl Scenario {
              endpoint = \"http://{upstream}\"\n{idle}\n[ledger]\nbackend = \"memory\"\n\n\
              [log]\nlevel = \"{level}\"\n\n[[pools]]\nname = \"pool\"\nmodels = [\"{}\"]\n\
              tokens_per_minute = {}\nmax_concurrency = {}\noutput_burndown = {}\n\
-             default_max_tokens = {}\nheadroom = {}\n{}",
+             default_max_tokens = {}\nheadroom = {}\n{}{}",
             self.model,
             self.quota_tpm,
             p.max_concurrency,
@@ -342,6 +346,11 @@ impl Scenario {
             p.headroom,
             p.max_wait_ms
                 .map_or(String::new(), |ms| format!("max_wait_ms = {ms}\n")),
+            p.when_max_tokens_missing
+                .as_ref()
+                .map_or(String::new(), |w| format!(
+                    "when_max_tokens_missing = {w:?}\n"
+                )),
         )
     }
 }

@@ -1,12 +1,16 @@
 //! The budgets a request draws on besides its pool: the account's daily quota
-//! (`admission.account_tokens_per_day`, across every pool) and its route's `budgets`.
+//! (`admission.account_tokens_per_day`, across every pool), its route's `budgets`, and its
+//! route's `max_concurrency` (a slot in a concurrency-only ledger "pool" of the route's own,
+//! `route:NAME`, with the pools' leases: shared across replicas, freed if a replica dies).
 //!
 //! Each is a ledger budget under its own scope ([`crate::ledger::budget`]), taken in a call of
 //! its own before the pool's reservation: all of a request's budgets, in order, or none (a
 //! refusal gives back what the earlier ones took). The [`TakenBudgets`] travel with the
 //! reservation and settle with it, to the same charge; if the pool then refuses (or the request
 //! is dropped while it waits in the queue), they are given back. A budget refusal is a 429:
-//! `daily_quota` for the account, `budget` for a route, with a hint to when refill makes room.
+//! `daily_quota` for the account, `budget` for a route, with a hint to when refill makes room;
+//! the route's concurrency, `route_concurrency`, with a hint of the pool's typical call duration
+//! over the route's limit.
 
 use std::{sync::Arc, time::Duration};
 
@@ -14,7 +18,8 @@ use super::{
     Admission, BudgetScope, Caller, Decision, Pool, Throttle, ThrottleWhy, hold::now_or_spawn,
 };
 use crate::ledger::{
-    BudgetRequest, BudgetVerdict, BudgetWindow, Ledger, Limit, Origin, units::DAY_MS,
+    BudgetRequest, BudgetVerdict, BudgetWindow, Ledger, Limit, Limits, Origin, Reservation,
+    ReserveRequest, Verdict, units::DAY_MS,
 };
 
 /// One budget: its scope's name in the ledger, its windows, and whose it is.
@@ -73,6 +78,8 @@ pub struct TakenBudgets {
     ledger: Arc<dyn Ledger>,
     taken: Vec<(Arc<Budget>, Origin)>,
     tokens: u64,
+    /// The route's concurrency slot, if it has a `max_concurrency`.
+    slot: Option<Reservation>,
 }
 
 impl TakenBudgets {
@@ -81,6 +88,7 @@ impl TakenBudgets {
             ledger,
             taken: Vec::new(),
             tokens,
+            slot: None,
         }
     }
 
@@ -91,11 +99,17 @@ impl TakenBudgets {
 
     fn finish(&mut self, charge: u64) {
         let taken = std::mem::take(&mut self.taken);
-        if taken.is_empty() {
+        let slot = self.slot.take();
+        if taken.is_empty() && slot.is_none() {
             return;
         }
         let (ledger, tokens) = (self.ledger.clone(), self.tokens);
         now_or_spawn(async move {
+            if let Some(slot) = slot
+                && let Err(e) = ledger.settle(slot, 0).await
+            {
+                tracing::error!(error = %e, "route concurrency slot settlement failed");
+            }
             for (budget, origin) in taken {
                 if let Err(e) = ledger
                     .settle_budget(&budget.request(tokens), origin, charge)
@@ -150,7 +164,53 @@ impl Admission {
                 Err(e) => return Err(self.ledger_unavailable(pool, &e)),
             }
         }
+        if let Some(n) = caller.route.config.max_concurrency {
+            taken.slot = Some(self.take_route_slot(pool, tokens, caller, n).await?);
+        }
         Ok(taken)
+    }
+
+    /// A slot of the route's `max_concurrency` (`n`), or the `route_concurrency` throttle.
+    async fn take_route_slot(
+        &self,
+        pool: &Arc<Pool>,
+        tokens: u64,
+        caller: &Caller,
+        n: u32,
+    ) -> Result<Reservation, Decision> {
+        let request = ReserveRequest {
+            pool: &caller.route.concurrency_key,
+            limits: Limits {
+                tokens_per_minute: 1,
+                requests_per_minute: None,
+                max_concurrency: n,
+                tokens_per_day: None,
+            },
+            tokens: 0,
+            share: None,
+            hold_back: 0,
+        };
+        match self.ledger.reserve(&request).await {
+            Ok(Verdict::Granted(slot)) => Ok(slot),
+            Ok(Verdict::Refused(rejection)) => {
+                let limit = Limit::RouteConcurrency;
+                pool.counts.rejected(limit);
+                // The next of the route's calls ends after about a typical call over n.
+                let wait = pool.history().typical_duration / n.max(1);
+                Err(Decision::Throttle(Throttle {
+                    pool: pool.clone(),
+                    limit,
+                    reserving: tokens,
+                    why: ThrottleWhy::NoRoom {
+                        reserving: tokens,
+                        available: tokens,
+                        in_flight: rejection.in_flight_requests,
+                    },
+                    hint: self.hint(wait),
+                }))
+            }
+            Err(e) => Err(self.ledger_unavailable(pool, &e)),
+        }
     }
 }
 

@@ -97,13 +97,14 @@ pub enum ShadowReason {
 }
 
 impl ShadowReason {
-    pub const ALL: [ShadowReason; 10] = [
+    pub const ALL: [ShadowReason; 11] = [
         ShadowReason::Limit(Limit::Tokens),
         ShadowReason::Limit(Limit::Requests),
         ShadowReason::Limit(Limit::Concurrency),
         ShadowReason::Limit(Limit::Share),
         ShadowReason::Limit(Limit::DailyQuota),
         ShadowReason::Limit(Limit::Budget),
+        ShadowReason::Limit(Limit::RouteConcurrency),
         ShadowReason::NeverFits,
         ShadowReason::NotAllowed,
         ShadowReason::MaxTokensCeiling,

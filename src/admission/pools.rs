@@ -94,6 +94,7 @@ pub struct PoolCounts {
     pub rejected_share: AtomicU64,
     pub rejected_daily: AtomicU64,
     pub rejected_budget: AtomicU64,
+    pub rejected_route_concurrency: AtomicU64,
     pub never_fits: AtomicU64,
     pub upstream_throttles: AtomicU64,
     /// Admitted and throttled requests by API family, in the order of [`Api::ALL`].
@@ -116,6 +117,7 @@ impl PoolCounts {
             Limit::Share => &self.rejected_share,
             Limit::DailyQuota => &self.rejected_daily,
             Limit::Budget => &self.rejected_budget,
+            Limit::RouteConcurrency => &self.rejected_route_concurrency,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -140,6 +142,7 @@ impl PoolCounts {
             &self.rejected_share,
             &self.rejected_daily,
             &self.rejected_budget,
+            &self.rejected_route_concurrency,
             &self.never_fits,
             &self.upstream_throttles,
         ];

@@ -473,7 +473,8 @@ impl AdmissionQueue {
                         | Limit::Requests
                         | Limit::Share
                         | Limit::DailyQuota
-                        | Limit::Budget => Some(
+                        | Limit::Budget
+                        | Limit::RouteConcurrency => Some(
                             Instant::now()
                                 + rejection
                                     .refill_wait

@@ -21,6 +21,8 @@ pub struct Route {
     pub config: RouteConfig,
     /// Its `budgets`, if it has any ([`super::budgets`]).
     pub budget: Option<Arc<super::budgets::Budget>>,
+    /// The ledger "pool" its `max_concurrency` is counted in (`route:NAME`, its own keys).
+    pub concurrency_key: Arc<str>,
 }
 
 impl Route {
@@ -50,6 +52,7 @@ impl RouteTable {
                     config: r.clone(),
                     budget: super::budgets::Budget::route(&r.name, r.budgets.windows())
                         .map(Arc::new),
+                    concurrency_key: Arc::from(format!("route:{}", r.name)),
                 })
             })
             .collect();

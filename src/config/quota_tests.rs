@@ -176,6 +176,10 @@ fn budgets_that_make_no_sense_are_errors_naming_the_key() {
             route("{ tokens_per_week = 5 }"),
             "unknown field `tokens_per_week`",
         ),
+        (
+            "[[routes]]\nname = \"batch\"\nmax_concurrency = 0\n".to_string(),
+            "routes[0] (batch).max_concurrency: must be greater than zero",
+        ),
     ];
     for (extra, says) in cases {
         let e = Config::parse(&with_sonnet(&extra))

@@ -24,6 +24,7 @@ pub struct RawRoute {
     #[serde(default)]
     pub shares: BTreeMap<String, RawShare>,
     pub budgets: Option<RawBudgets>,
+    pub max_concurrency: Option<u32>,
 }
 
 /// `routes[].budgets`: tokens the route may use per hour, day and 30 days, across pools.
@@ -111,6 +112,8 @@ pub struct RouteConfig {
     pub shares: BTreeMap<String, ShareConfig>,
     /// Across pools and replicas.
     pub budgets: RouteBudgets,
+    /// Calls of this route in flight at once, across pools and replicas.
+    pub max_concurrency: Option<u32>,
 }
 
 impl RouteConfig {
@@ -129,6 +132,7 @@ impl RouteConfig {
             recovery_budget: None,
             shares: BTreeMap::new(),
             budgets: RouteBudgets::default(),
+            max_concurrency: None,
         }
     }
 }
@@ -248,6 +252,12 @@ fn validate_route(
     }
     let shares = shares(&raw.shares, pools, &key)?;
     let budgets = budgets(raw.budgets.as_ref(), &key)?;
+    if raw.max_concurrency == Some(0) {
+        return Err(invalid(
+            key("max_concurrency"),
+            "must be greater than zero (remove the key for no limit)",
+        ));
+    }
     Ok(RouteConfig {
         name: raw.name,
         priority: raw.priority.unwrap_or(0),
@@ -261,6 +271,7 @@ fn validate_route(
         recovery_budget: raw.recovery_budget,
         shares,
         budgets,
+        max_concurrency: raw.max_concurrency,
     })
 }
 

@@ -105,6 +105,9 @@ pub enum Limit {
     DailyQuota,
     /// The calling route's `budgets` (never answered by a pool's reservation).
     Budget,
+    /// The calling route's `max_concurrency` (a concurrency-only "pool" of the route's own).
+    #[serde(rename = "route_concurrency")]
+    RouteConcurrency,
 }
 
 impl Limit {
@@ -117,6 +120,7 @@ impl Limit {
             Limit::Share => "share",
             Limit::DailyQuota => "daily_quota",
             Limit::Budget => "budget",
+            Limit::RouteConcurrency => "route_concurrency",
         }
     }
 }

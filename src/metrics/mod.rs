@@ -60,6 +60,8 @@ pub struct Metrics {
     pub queue_depth: IntGaugeVec,
     /// Tokens the requests waiting in the queue would reserve.
     pub queued_tokens: IntGaugeVec,
+    pub daily_tokens_available: IntGaugeVec,
+    pub budget_tokens_available: IntGaugeVec,
     pub queue_wait_seconds: HistogramVec,
     /// Queued requests by outcome: admitted, timed_out, cancelled, shutdown.
     pub queue_outcomes: IntCounterVec,
@@ -178,6 +180,8 @@ impl Metrics {
             config_reloads: r.counter("tokengate_config_reloads_total", "Config reloads by result.", &["result"])?,
             queue_depth: r.int_gauge("tokengate_queue_depth", "Requests waiting in the pool's admission queue.", &["pool"])?,
             queued_tokens: r.int_gauge("tokengate_queued_tokens", "Tokens the requests waiting in the pool's admission queue would reserve.", &["pool"])?,
+            daily_tokens_available: r.int_gauge("tokengate_daily_tokens_available", "Tokens left of the pool's daily quota (tokens_per_day), for pools that set one; negative while repaying a burndown debt.", &["pool"])?,
+            budget_tokens_available: r.int_gauge("tokengate_budget_tokens_available", "Tokens left of a budget window: the account's daily quota (scope account) and each route's budgets (scope route:NAME).", &["scope", "window"])?,
             queue_wait_seconds: r.histogram("tokengate_queue_wait_seconds", "Time queued requests waited.", &["pool"], HINT_BUCKETS)?,
             queue_outcomes: r.counter("tokengate_queue_outcomes_total", "Queued requests by outcome: admitted, timed_out, cancelled, shutdown.", &["pool", "outcome"])?,
             unsettled_reservations: r.single_counter("tokengate_unsettled_reservations_total", "Reservations settled by the drop safety net (a bug if non-zero).")?,

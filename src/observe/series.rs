@@ -83,13 +83,14 @@ pub const UPSTREAM_ERROR_KINDS: [&str; 8] = [
     "count_tokens",
 ];
 /// The `reason` labels of `tokengate_rejections_total`.
-pub const REJECTION_REASONS: [&str; 8] = [
+pub const REJECTION_REASONS: [&str; 9] = [
     "tokens",
     "requests",
     "concurrency",
     "share",
     "daily_quota",
     "budget",
+    "route_concurrency",
     "never_fits",
     "queue_full",
 ];

@@ -53,7 +53,8 @@ fn pools() -> String {
         "[[pools]]\nname = \"sonnet4-us\"\nmodels = [\"{SONNET_US}\"]\ntokens_per_minute = 2000000\n\
          max_concurrency = 3\noutput_burndown = 5\ndefault_max_tokens = 1000\nmax_wait_ms = 400\n\n\
          [[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1000000\n\
-         max_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n\n\
+         max_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n\
+         tokens_per_day = 1000000000\n\n\
          [[pools]]\nname = \"nova\"\nmodels = [\"{NOVA}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 8\n\
          output_burndown = 1\ndefault_max_tokens = 100\n"
     )
@@ -158,7 +159,10 @@ fn now() -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_panel_and_alert_evaluates_on_a_real_prometheus() {
-    let stack = Stack::start(SIM, &pools(), "").await;
+    // A daily quota and budgets, for the panels of what is left of them.
+    let budgets = "[admission]\naccount_tokens_per_day = 1000000000\n\
+                   [[routes]]\nname = \"default\"\nbudgets = { tokens_per_day = 1000000000 }\n";
+    let stack = Stack::start(SIM, &pools(), budgets).await;
     let addr = stack.proxy.addr;
     let rules = std::path::Path::new(ROOT).join("config/prometheus/alerts.yml");
     let Some(prom) = Prometheus::start(addr, &rules).await else {

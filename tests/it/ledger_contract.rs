@@ -22,6 +22,9 @@
 //! - **budgets** (the account's daily quota, route budgets): every window of a scope taken or
 //!   none, the binding window named with its wait, settlement and give-back, windows that change
 //!   or go with the config;
+//! - **route concurrency**: a route's `max_concurrency` is a pool of its own holding no tokens
+//!   (reservations of 0 tokens in a 1-token bucket): its permits bind, come back at settlement,
+//!   and follow the limit as it changes;
 //! - **the transit hold**: after a reservation empties a full bucket, refill restarts 100 ms later
 //!   (a literal here, so changing `units::UPSTREAM_TRANSIT` or the Lua's `TRANSIT_MS` fails);
 //! - no reservation is ever dropped unsettled (the ledger's `stats().unsettled_drops() == 0`
@@ -97,6 +100,7 @@ macro_rules! contract_suite {
             budget_takes_every_window_or_none,
             budget_settles_and_gives_back,
             budget_windows_follow_their_config,
+            route_concurrency_is_a_concurrency_only_pool,
         );
     };
     (@cases $backend:ident => $factory:expr; $($(#[$attr:meta])* $case:ident),* $(,)?) => {
@@ -1171,4 +1175,32 @@ async fn budget_windows_follow_their_config(ledger: Arc<dyn Ledger>) {
         [2_000],
         "a new window length"
     );
+}
+
+// === route concurrency ===
+
+/// How admission counts a route's `max_concurrency` (`admission/budgets.rs`): zero-token
+/// reservations in a concurrency-only pool named after the route.
+async fn route_concurrency_is_a_concurrency_only_pool(ledger: Arc<dyn Ledger>) {
+    let pool = format!("route:{}", pool_name("route-slots"));
+    let slots = |n| Limits {
+        tokens_per_minute: 1,
+        requests_per_minute: None,
+        max_concurrency: n,
+        tokens_per_day: None,
+    };
+    let a = admit(&*ledger, &pool, slots(2), 0).await;
+    let b = admit(&*ledger, &pool, slots(2), 0).await;
+    let r = reject(&*ledger, &pool, slots(2), 0).await;
+    assert_eq!((r.limit, r.in_flight_requests), (Limit::Concurrency, 2));
+    settle(&*ledger, a, 0).await;
+    let c = admit(&*ledger, &pool, slots(2), 0).await;
+    // Raised on a reload: a third fits at once.
+    let d = admit(&*ledger, &pool, slots(3), 0).await;
+    for held in [b, c, d] {
+        settle(&*ledger, held, 0).await;
+    }
+    let s = snapshot(&*ledger, &pool, slots(3)).await;
+    assert_idle(&s);
+    assert_eq!(s.tokens_available, 1, "no token ever taken");
 }

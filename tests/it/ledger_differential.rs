@@ -303,7 +303,9 @@ impl Seen {
             Limit::Concurrency => &self.refused_concurrency,
             Limit::Share => &self.refused_share,
             Limit::DailyQuota => &self.refused_daily,
-            Limit::Budget => unreachable!("a pool's reservation is never refused on a budget"),
+            Limit::Budget | Limit::RouteConcurrency => {
+                unreachable!("a pool's reservation is never refused on a route's limits")
+            }
         });
         if r.held_for_others {
             count(&self.held_for_others);

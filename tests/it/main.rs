@@ -8,6 +8,7 @@
 //! | `apis`, `apis_auth`, `apis_faults` | the OpenAI and Anthropic APIs: settlement, streams, each API's errors; credentials and ceilings; faults and the access log |
 //! | `admission` | rejections and their hints, never-fitting requests, settlement on every path |
 //! | `daily_quota` | daily quotas: upstream's daily 429, a pool's `tokens_per_day`, the account's day across pools |
+//! | `route_limits` | a route's budgets and max_concurrency across pools: refusals, hints, what is left |
 //! | `tiers` | service tiers: reserved capacity first, overflowing to on-demand; the tier from the body or the header |
 //! | `max_tokens_missing` | requests naming no maxTokens: the model maximum reserved, the default injected, or refused |
 //! | `queue`, `queue_fleet` | the admission queue (paused clock), and a closed-loop SDK fleet against it |
@@ -51,6 +52,7 @@ mod queue_fleet;
 mod quota_report;
 mod redis;
 mod reload;
+mod route_limits;
 mod router;
 mod routes;
 mod saturation;

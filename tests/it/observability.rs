@@ -22,7 +22,7 @@ fn pools() -> String {
     format!(
         "{}max_wait_ms = 0\nwhen_max_tokens_missing = \"inject\"\n\n\
          [[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 1\n\
-         output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 5000\n\n\
+         output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 5000\ntokens_per_day = 100000000\n\n\
          [[pools]]\nname = \"nova\"\nmodels = [\"{NOVA}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 8\n\
          output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n",
         sonnet_pool(20_000, 8)
@@ -49,7 +49,12 @@ impl Sums {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
-    let stack = Stack::start(SIM, &pools(), "").await;
+    let stack = Stack::start(
+        SIM,
+        &pools(),
+        "[admission]\naccount_tokens_per_day = 1000000000\n",
+    )
+    .await;
     let addr = stack.proxy.addr;
     let mut sonnet = Sums::default();
     let mut requested = 0;
@@ -404,6 +409,18 @@ async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
     m.expect("tokengate_suggested_max_tokens", &[s, model], 128.0);
     let unused = 1.0 - n(sonnet.output) / n(requested);
     assert!((m.get("tokengate_max_tokens_unused_ratio", &[s, model]) - unused).abs() < 1e-9);
+
+    // What is left of haiku's day and of the account's: every admitted call's charge is gone.
+    let day = m.get("tokengate_daily_tokens_available", &[h]);
+    assert!((1e8 - 1e4..1e8).contains(&day), "haiku's day {day}");
+    let account = m.get(
+        "tokengate_budget_tokens_available",
+        &[("scope", "account"), ("window", "tokens_per_day")],
+    );
+    assert!(
+        (1e9 - 1e6..1e9).contains(&account),
+        "the account's day {account}"
+    );
 
     // ... every metric the proxy registers is in the scrape ...
     let (_, fresh) = tokengate::metrics::Metrics::standalone();
