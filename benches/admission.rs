@@ -186,6 +186,7 @@ fn admit_settle(
         read: None,
         caller,
         service_tier: None,
+        endpoint: None,
     };
     let decision = admission.decide(&facts).now_or_never();
     let Some(decision) = decision else {

@@ -24,6 +24,7 @@ use crate::{
         BedrockError, Dialect, ErrorCode, Operation, TargetError, api, max_tokens::cap_field_name,
     },
     ledger::Limit,
+    sagemaker::EndpointTargetError,
 };
 
 pub const X_TOKENGATE_REASON: HeaderName = HeaderName::from_static("x-tokengate-reason");
@@ -45,6 +46,10 @@ pub fn refusal(decision: &Decision, operation: Operation) -> Option<Response> {
             "tokengate has no quota pool for model {model:?}: add it to the models list of a [[pools]] entry, \
              or set [admission] unknown_models = \"pass\" to forward unknown models uncounted"
         )),
+        Decision::UnknownEndpoint {
+            endpoint,
+            inference_component,
+        } => unknown_endpoint(endpoint, inference_component.as_deref()),
         Decision::Unavailable(u) => unavailable(u),
     };
     Some(error.into_response_in(operation.api().dialect()))
@@ -114,6 +119,23 @@ fn throttle(t: &Throttle) -> BedrockError {
         .with_header(X_TOKENGATE_POOL, name)
 }
 
+fn unknown_endpoint(endpoint: &str, component: Option<&str>) -> BedrockError {
+    let (what, keys) = match component {
+        Some(ic) => (
+            format!("endpoint {endpoint:?} with inference component {ic:?}"),
+            format!("endpoint = {endpoint:?} and inference_component = {ic:?}"),
+        ),
+        None => (
+            format!("endpoint {endpoint:?} (no inference component)"),
+            format!("endpoint = {endpoint:?} and no inference_component"),
+        ),
+    };
+    BedrockError::validation(format!(
+        "tokengate has no endpoint pool for {what}: add an [[endpoints]] entry with {keys}, \
+         or set [admission] unknown_models = \"pass\" to forward it uncounted"
+    ))
+}
+
 fn limit_noun(limit: Limit) -> &'static str {
     match limit {
         Limit::Tokens => "tokens",
@@ -129,6 +151,15 @@ fn limit_noun(limit: Limit) -> &'static str {
 fn never_fits(n: &NeverFits, operation: Operation) -> BedrockError {
     let name = &*n.pool.name;
     let fits = n.capacity.saturating_sub(n.input);
+    if n.pool.endpoint_config().is_some() {
+        return BedrockError::validation(format!(
+            "this request may generate {} tokens but endpoint pool {name:?} generates at most {} a minute with the copies \
+             serving now (its token envelope), so it cannot be admitted; set max_tokens (or parameters.max_new_tokens) \
+             to at most {fits}",
+            n.max_tokens, n.capacity
+        ))
+        .with_header(X_TOKENGATE_POOL, name);
+    }
     let cap = cap_field_name(operation);
     let advice = match n.max_tokens_missing {
         Some(MissingMaxTokens::ReserveModelMax) => format!(
@@ -236,15 +267,16 @@ pub fn upstream_daily_throttled(headers: &mut HeaderMap, hint: Duration) {
     headers.insert(X_TOKENGATE_REASON, HeaderValue::from_static("daily_quota"));
 }
 
-/// No answer from upstream: a retryable 503 (with a hint when the request was admitted in a
-/// pool).
+/// No answer from `service` (`bedrock-runtime`, `sagemaker-runtime`): a retryable 503 (with a
+/// hint when the request was admitted in a pool).
 pub fn upstream_unreachable(
+    service: &str,
     error: &dyn std::fmt::Display,
     pool: Option<&str>,
     hint: Duration,
     dialect: Dialect,
 ) -> Response {
-    let message = format!("tokengate could not get an answer from bedrock-runtime: {error}");
+    let message = format!("tokengate could not get an answer from {service}: {error}");
     match pool {
         None => BedrockError::new(ErrorCode::ServiceUnavailable, message),
         Some(pool) => retryable(ErrorCode::ServiceUnavailable, message, hint)
@@ -281,6 +313,20 @@ pub fn not_json(operation: Operation, content_type: &str) -> Response {
          send Content-Type: application/json"
     ))
     .into_response_in(operation.api().dialect())
+}
+
+/// A path under `/endpoints/` that is not a call tokengate forwards, or a bad endpoint or
+/// inference component name.
+pub fn endpoint_target_error(e: &EndpointTargetError) -> Response {
+    match e {
+        EndpointTargetError::UnknownOperation { .. } => {
+            BedrockError::new(ErrorCode::UnknownOperation, e.to_string())
+        }
+        EndpointTargetError::BadEndpointName(_) | EndpointTargetError::BadInferenceComponent(_) => {
+            BedrockError::validation(e.to_string())
+        }
+    }
+    .into_response()
 }
 
 /// A streaming operation called over HTTP/1.1.

@@ -33,7 +33,10 @@ use crate::{
     server,
     simulator::{self, SimulatorHandle},
     state::{AppState, Policy},
-    upstream::{Signer, Upstream},
+    upstream::{
+        Signer, Upstream,
+        sagemaker::{SageMakerUpstreams, Service, Timeouts},
+    },
 };
 
 /// Why the proxy could not start.
@@ -57,6 +60,8 @@ pub enum StartError {
     Listener(#[from] io::Error),
     #[error("cannot listen on {addr} (server.admin_listen): {source}")]
     AdminListener { addr: SocketAddr, source: io::Error },
+    #[error("endpoint pool {pool:?}: {error}")]
+    Endpoint { pool: String, error: String },
 }
 
 /// Overrides for embedding and tests.
@@ -87,6 +92,8 @@ pub struct Gateway {
     /// Admission controllers replaced by reloads, whose queues may still hold waiters: closed at
     /// shutdown like the current one.
     retired: Mutex<Vec<Weak<Admission>>>,
+    /// Stops the endpoint copies refreshers ([`crate::copies`]).
+    refreshers: CancellationToken,
 }
 
 /// Why a config reload was refused (the running config stays).
@@ -94,6 +101,8 @@ pub struct Gateway {
 pub enum ReloadError {
     #[error("{0}")]
     Invalid(#[from] crate::config::ConfigError),
+    #[error("{0}")]
+    Endpoint(String),
 }
 
 /// The sections a reload cannot change in a running process: listeners, the upstream client,
@@ -191,6 +200,8 @@ impl Gateway {
             tls,
             serve_options,
         );
+        let refreshers = CancellationToken::new();
+        crate::copies::follow(&state.policy().admission, &state.sagemaker, &refreshers);
         state.ready.store(true, Ordering::Release);
         tracing::info!(%addr, ?admin_addr, pools = config.policy.pools.len(), "tokengate listening");
         Ok(Gateway {
@@ -203,6 +214,7 @@ impl Gateway {
             accept_grace: config.process.server.accept_grace,
             config: Mutex::new(config),
             retired: Mutex::new(Vec::new()),
+            refreshers,
         })
     }
 
@@ -224,6 +236,9 @@ impl Gateway {
             tracing::warn!(sections = ?pending, "config reload: these sections changed and take effect at the next restart");
         }
         let old = self.state.policy();
+        if let Err(e) = endpoint_clients(&new, &self.state.sagemaker) {
+            return Err(ReloadError::Endpoint(e.to_string()));
+        }
         let policy = Policy::build(
             &new.policy,
             old.admission.ledger().clone(),
@@ -236,6 +251,7 @@ impl Gateway {
                 pool.inherit(previous);
             }
         }
+        crate::copies::follow(&policy.admission, &self.state.sagemaker, &self.refreshers);
         self.state.policy.store(Arc::new(policy));
         let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
         retired.retain(|w| w.strong_count() > 0);
@@ -284,6 +300,7 @@ impl Gateway {
     /// in-process simulator stop.
     pub async fn shutdown(mut self) -> io::Result<ShutdownReport> {
         self.state.ready.store(false, Ordering::Release);
+        self.refreshers.cancel();
         if !self.accept_grace.is_zero() {
             tracing::info!(
                 accept_grace_secs = self.accept_grace.as_secs_f64(),
@@ -376,8 +393,22 @@ pub struct Assembled {
 /// Assembles everything but the listeners (see [`Assembled`]); tests drive its router directly.
 pub async fn assemble(config: &Config, options: GatewayOptions) -> Result<Assembled, StartError> {
     let deadline = CancellationToken::new();
-    let (upstream, simulator) = connect_upstream(config, options.credentials).await?;
+    let connected = connect_upstream(config, options.credentials).await?;
+    let (upstream, simulator) = (connected.upstream, connected.simulator);
     let upstream = Arc::new(upstream.with_deadline(deadline.clone()));
+    let up = &config.process.upstream;
+    let sagemaker = Arc::new(SageMakerUpstreams::new(
+        connected.credentials,
+        connected.simulated,
+        up.region.clone(),
+        Timeouts {
+            connect: up.connect_timeout,
+            response: up.response_timeout,
+            idle: up.idle_timeout,
+        },
+        deadline.clone(),
+    ));
+    endpoint_clients(config, &sagemaker)?;
     let registry = options.registry.unwrap_or_default();
     let metrics = Arc::new(Metrics::new(&registry)?);
     let clock = options.clock.unwrap_or_default();
@@ -396,6 +427,7 @@ pub async fn assemble(config: &Config, options: GatewayOptions) -> Result<Assemb
     let state = Arc::new(AppState {
         policy: arc_swap::ArcSwap::from_pointee(policy),
         upstream,
+        sagemaker,
         metrics,
         registry,
         telemetry,
@@ -436,12 +468,21 @@ fn serve_options(
     }
 }
 
+/// The bedrock-runtime client, what it signs with, and the simulator it may talk to.
+struct Connected {
+    upstream: Upstream,
+    simulator: Option<SimulatorHandle>,
+    credentials: SharedCredentialsProvider,
+    /// The in-process simulator's base URL.
+    simulated: Option<http::Uri>,
+}
+
 /// The upstream client of `config`, signing with `credentials` (else the AWS default chain), and
 /// the in-process simulator when the endpoint is `"simulated"`.
 async fn connect_upstream(
     config: &Config,
     credentials: Option<SharedCredentialsProvider>,
-) -> Result<(Upstream, Option<SimulatorHandle>), StartError> {
+) -> Result<Connected, StartError> {
     let up = &config.process.upstream;
     let (base, simulator, default_credentials) = match &up.endpoint {
         Endpoint::Simulated => {
@@ -459,7 +500,7 @@ async fn connect_upstream(
         Some(p) => p,
         None => default_chain(&up.region).await?,
     };
-    let signer = Signer::new(provider, &up.region);
+    let signer = Signer::new(provider.clone(), &up.region);
     if let Err(e) = signer.credentials().await {
         let e = format!(
             "{e}. tokengate signs upstream requests with its own AWS credentials from the default chain \
@@ -467,15 +508,17 @@ async fn connect_upstream(
         );
         match &up.api_key {
             None => return Err(StartError::Credentials(e)),
-            // Only InvokeModelWithBidirectionalStream needs them then.
+            // Only InvokeModelWithBidirectionalStream and endpoint pools need them then.
             Some(key) => tracing::warn!(
                 error = %e,
                 "no AWS credentials: every operation goes upstream with the API key of {} but \
-                 InvokeModelWithBidirectionalStream (SigV4 only), which will fail",
+                 InvokeModelWithBidirectionalStream (SigV4 only) and SageMaker endpoint calls, \
+                 which will fail",
                 key.env
             ),
         }
     }
+    let simulated = simulator.as_ref().map(|_| base.clone());
     let mut upstream = Upstream::new(
         base,
         signer,
@@ -489,7 +532,32 @@ async fn connect_upstream(
             .with_api_key(&key.key.0)
             .map_err(|e| StartError::Upstream(e.to_string()))?;
     }
-    Ok((upstream, simulator))
+    Ok(Connected {
+        upstream,
+        simulator,
+        credentials: provider,
+        simulated,
+    })
+}
+
+/// Makes the sagemaker-runtime and control plane clients of every endpoint pool now, so that a
+/// destination that cannot be reached (no simulator to be `"simulated"`) fails the start, or the
+/// reload, rather than a request.
+fn endpoint_clients(config: &Config, upstreams: &SageMakerUpstreams) -> Result<(), StartError> {
+    for e in &config.policy.endpoints {
+        for (service, endpoint) in [
+            (Service::Runtime, &e.runtime),
+            (Service::Control, &e.control),
+        ] {
+            upstreams
+                .client(service, endpoint, &e.region)
+                .map_err(|error| StartError::Endpoint {
+                    pool: e.name.clone(),
+                    error: error.to_string(),
+                })?;
+        }
+    }
+    Ok(())
 }
 
 /// The built-in simulator on loopback, its URL, and the credentials it expects.

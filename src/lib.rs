@@ -13,6 +13,7 @@
 //! |---|---|
 //! | [`config`] | raw TOML config, validation into typed config, error messages that name the key |
 //! | [`bedrock`] | the wire format: operations and paths, modelId parsing, maxTokens and usage extraction, event-stream frames, AWS error shapes |
+//! | [`sagemaker`] | the `sagemaker-runtime` wire format (endpoint paths, container payloads, error names) and the control plane's describe calls |
 //! | [`admission`] | pool resolution, estimates, the admit/reject decision, retry hints, reconciliation |
 //! | [`ledger`] | the [`ledger::Ledger`] trait, bucket arithmetic, the memory and Redis backends, the local-share fallback |
 //! | [`upstream`] | SigV4 re-signing, the pooled HTTPS client, metered streaming pass-through |
@@ -27,6 +28,7 @@
 //! | [`calendar`] | UTC dates from day counts and back, for SigV4's dates and the quota report's minutes |
 //! | [`body_budget`] | the bytes of request bodies held in memory, bounded for all requests together |
 //! | [`gateway`] | assembling a running proxy from a config |
+//! | [`copies`] | following endpoint pools' copies from the SageMaker control plane |
 //! | [`server`] | the listener: HTTP/1.1 and h2c on one port, optional TLS, the connection cap, timeouts and header limits, graceful shutdown |
 //! | [`healthcheck`] | `tokengate healthcheck`: the container image's probe (no shell, no curl); the plain-HTTP GET `report` and `top` use |
 //! | [`top`] | `tokengate top`: the pools of a running proxy in a terminal |
@@ -39,12 +41,14 @@ pub mod bedrock;
 pub mod body_budget;
 pub mod calendar;
 pub mod config;
+pub mod copies;
 pub mod gateway;
 pub mod healthcheck;
 pub mod ledger;
 pub mod metrics;
 pub mod observe;
 pub mod proxy;
+pub mod sagemaker;
 pub mod server;
 pub mod simulator;
 pub mod state;

@@ -84,9 +84,10 @@ fn main() -> ExitCode {
                     eprintln!("{}: note: {note}", file.display());
                 }
                 println!(
-                    "{}: ok ({} pools)",
+                    "{}: ok ({} pools, {} endpoints)",
                     file.display(),
-                    config.policy.pools.len()
+                    config.policy.pools.len(),
+                    config.policy.endpoints.len()
                 );
                 for pool in &config.policy.pools {
                     println!("  {}", pool.in_force());

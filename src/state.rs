@@ -13,7 +13,7 @@ use crate::{
     ledger::Ledger,
     metrics::Metrics,
     observe::{Observer, Telemetry, publish::LedgerPublications},
-    upstream::Upstream,
+    upstream::{Upstream, sagemaker::SageMakerUpstreams},
 };
 
 /// What a config reload replaces: pools, routes, who may call, and the metric series that go
@@ -38,7 +38,7 @@ impl Policy {
         telemetry: &Arc<Telemetry>,
     ) -> Policy {
         let admission = Admission::new(
-            &config.pools,
+            &config.admission_pools(),
             &config.routes,
             config.admission.clone(),
             ledger,
@@ -59,6 +59,8 @@ impl Policy {
 pub struct AppState {
     pub policy: ArcSwap<Policy>,
     pub upstream: Arc<Upstream>,
+    /// The sagemaker-runtime and control plane clients of endpoint pools.
+    pub sagemaker: Arc<SageMakerUpstreams>,
     pub metrics: Arc<Metrics>,
     pub registry: Registry,
     /// The quota report and the other outputs that outlive reloads.

@@ -12,6 +12,9 @@ pub enum Op {
     Converse,
     ConverseStream,
     Invoke,
+    /// sagemaker-runtime (the endpoint scenario).
+    InvokeEndpoint,
+    InvokeEndpointWithResponseStream,
 }
 
 /// One call, before it is sent.

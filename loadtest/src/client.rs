@@ -66,9 +66,10 @@ pub fn sdk_client(addr: SocketAddr, attempts: u32, partition: &str) -> Client {
     Client::from_conf(config)
 }
 
-/// Counts the SDK's attempts of one operation.
+/// Counts the SDK's attempts of one operation (any AWS SDK's: the interceptor trait is the
+/// smithy runtime's).
 #[derive(Debug, Clone, Default)]
-struct AttemptCounter(Arc<AtomicU32>);
+pub struct AttemptCounter(pub Arc<AtomicU32>);
 
 impl Intercept for AttemptCounter {
     fn name(&self) -> &'static str {
@@ -118,6 +119,10 @@ pub async fn execute(
         Op::Converse => converse(client, model, call, counter.clone()).await,
         Op::ConverseStream => converse_stream(client, model, call, counter.clone()).await,
         Op::Invoke => invoke(client, model, call, counter.clone()).await,
+        // The endpoint scenario sends these with its sagemaker-runtime client (`endpoint`).
+        Op::InvokeEndpoint | Op::InvokeEndpointWithResponseStream => {
+            Done::failed("not_a_bedrock_call".into())
+        }
     };
     let end = Instant::now();
     let ms = |t: Instant| t.duration_since(epoch).as_secs_f64() * 1000.0;
@@ -259,7 +264,7 @@ async fn invoke(client: &Client, model: &str, call: &Call, c: AttemptCounter) ->
 }
 
 /// A short, bounded name for an SDK error.
-fn classify<E: ProvideErrorMetadata + std::fmt::Debug, R>(e: &SdkError<E, R>) -> String {
+pub fn classify<E: ProvideErrorMetadata + std::fmt::Debug, R>(e: &SdkError<E, R>) -> String {
     match e.code() {
         Some("ThrottlingException") => "throttled".into(),
         Some("ServiceUnavailableException") => "unavailable".into(),

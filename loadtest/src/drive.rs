@@ -57,6 +57,18 @@ impl Drop for InFlight {
 
 /// Sends one call and records it, or records it `unfinished` if cut off.
 pub async fn run_call(ctx: &Ctx, client: &Client, call: &Call, team: &str) -> Record {
+    let sent = execute(client, &ctx.model, call, team, ctx.burndown, ctx.epoch);
+    record_call(ctx, call, team, sent).await
+}
+
+/// Records what `sent` (one call's execution) returns, or the call as `unfinished` if it is
+/// cut off before it returns.
+pub async fn record_call(
+    ctx: &Ctx,
+    call: &Call,
+    team: &str,
+    sent: impl std::future::Future<Output = Record>,
+) -> Record {
     let start_ms = ctx.epoch.elapsed().as_secs_f64() * 1000.0;
     let mut guard = InFlight {
         sink: ctx.sink.clone(),
@@ -74,7 +86,7 @@ pub async fn run_call(ctx: &Ctx, client: &Client, call: &Call, team: &str) -> Re
             charged: 0,
         }),
     };
-    let record = execute(client, &ctx.model, call, team, ctx.burndown, ctx.epoch).await;
+    let record = sent.await;
     guard.pending = None;
     ctx.sink.push(record.clone());
     record

@@ -1,15 +1,18 @@
 //! `loadgen`: runs tokengate's load scenarios twice, straight at the simulator and through the
-//! proxy, with aws-sdk-bedrockruntime clients, and reports the difference.
+//! proxy, with aws-sdk-bedrockruntime clients (aws-sdk-sagemakerruntime for the endpoint
+//! scenario), and reports the difference.
 //!
 //! # Layout
 //! [`scenario`] the scenario files · [`arrivals`] what is sent and when · [`client`] the SDK
 //! caller and per-call records · [`drive`] one side's load · [`proxy`] tokengate as a child
 //! process · [`run`] both sides and the outputs · [`overhead`] the overhead scenario ·
-//! [`report`] the numbers · [`plot`] the PNGs · [`soak`] minutes of faults, checked at the end.
+//! [`report`] the numbers · [`plot`] the PNGs · [`soak`] minutes of faults, checked at the end ·
+//! [`endpoint`] a SageMaker endpoint scaled on a signal.
 
 mod arrivals;
 mod client;
 mod drive;
+mod endpoint;
 mod overhead;
 mod plot;
 mod proxy;
@@ -68,6 +71,12 @@ async fn main() -> anyhow::Result<()> {
         Command::All { dir } => scenario_files(&dir)?,
     };
     for file in files {
+        if endpoint::scenario::EndpointScenario::is_one(&file) {
+            endpoint::run(&file, &options)
+                .await
+                .with_context(|| format!("scenario {}", file.display()))?;
+            continue;
+        }
         let s = scenario::Scenario::load(&file, options.quick)?;
         run::run_scenario(&s, &options)
             .await

@@ -23,14 +23,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::client::Record;
 use crate::drive::drive;
 use crate::proxy::memory_of;
 use crate::report::Upstream;
 use crate::scenario::Scenario;
-use crate::stack::{Options, start_proxy, start_simulator};
+use crate::stack::{Options, http_get, start_proxy, start_simulator};
 
 /// Outcomes that are not an answer from the proxy.
 const UNANSWERED: [&str; 3] = ["unfinished", "dispatch_failure", "timeout"];
@@ -425,21 +424,6 @@ async fn ledger_at_rest(addr: SocketAddr) -> anyhow::Result<LedgerEnd> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// One `GET` over HTTP/1.1 (`connection: close`); the body of a response with a length.
-async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
-        .await
-        .context("GET timed out")??;
-    let text = String::from_utf8(response).context("response is not UTF-8")?;
-    let (head, body) = text.split_once("\r\n\r\n").context("no response head")?;
-    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
-    Ok(body.to_string())
 }
 
 /// The samples of counter `name` by the value of `label` (summed over the other labels).

@@ -1,9 +1,13 @@
-//! What a run stands on: its options, and the simulator and the proxy it starts.
+//! What a run stands on: its options, the simulator and the proxy it starts, and plain HTTP to
+//! their admin endpoints.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
+use anyhow::Context;
 use tokengate::simulator::{self, SimulatorHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::proxy::ProxyProcess;
 use crate::scenario::Scenario;
@@ -30,4 +34,34 @@ pub async fn start_proxy(
 ) -> anyhow::Result<ProxyProcess> {
     let path = o.out.join(format!("{}.proxy.toml", s.name));
     ProxyProcess::start(&o.tokengate_bin, &s.proxy_config(upstream), &path).await
+}
+
+/// One `GET` over HTTP/1.1 (`connection: close`); the body of a 200 response.
+pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    http(addr, "GET", path, "").await
+}
+
+/// One request over HTTP/1.1 (`connection: close`) with a JSON `body`; the body of a 200
+/// response.
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> anyhow::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+        .await
+        .context("the request timed out")??;
+    let text = String::from_utf8(response).context("response is not UTF-8")?;
+    let (head, body) = text.split_once("\r\n\r\n").context("no response head")?;
+    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "{method} {path}: {head}");
+    Ok(body.to_string())
 }

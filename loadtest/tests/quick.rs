@@ -44,6 +44,31 @@ fn check_side(name: &str, side: &Value) {
     );
 }
 
+/// The endpoint scenario: both sides made calls, completed them, and sampled the copies and
+/// the signal.
+fn check_endpoint(name: &str, report: &Value) {
+    for side in ["direct", "proxy"] {
+        let s = &report[side];
+        assert!(s["calls"].as_u64().unwrap() > 0, "{name} {side}: no calls");
+        assert!(
+            s["completed"].as_u64().unwrap() > 0,
+            "{name} {side}: none completed"
+        );
+        assert!(
+            !s["timeline"].as_array().unwrap().is_empty(),
+            "{name} {side}: no samples"
+        );
+        assert!(
+            s["endpoint"]["invocations"].as_u64().unwrap() > 0,
+            "{name} {side}"
+        );
+    }
+    assert_eq!(
+        report["proxy"]["endpoint"]["overloaded"], 0,
+        "{name}: the proxy overloaded the endpoint"
+    );
+}
+
 #[test]
 fn every_scenario_runs_quick_on_both_sides() {
     let out = std::env::temp_dir().join(format!("loadgen-quick-{}", std::process::id()));
@@ -67,7 +92,10 @@ fn every_scenario_runs_quick_on_both_sides() {
         )
         .unwrap();
         assert_eq!(report["quick"], true, "{name}");
-        if let Some(o) = report["overhead"].as_object() {
+        if scenario.contains_key("endpoint") {
+            check_endpoint(name, &report);
+            assert!(out.join(format!("{report_name}-scaling.png")).exists());
+        } else if let Some(o) = report["overhead"].as_object() {
             let steps = o["steps"].as_array().unwrap();
             assert!(steps.len() >= 3, "{name}: steps {steps:?}");
             for st in steps {
@@ -134,6 +162,6 @@ fn every_scenario_runs_quick_on_both_sides() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 6, "six scenarios");
+    assert_eq!(seen, 7, "seven scenarios");
     let _ = std::fs::remove_dir_all(&out);
 }

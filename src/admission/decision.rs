@@ -29,6 +29,12 @@ pub enum Decision {
     Invalid(Invalid),
     /// The model is in no pool, and unknown models are refused: 400.
     UnknownModel { model: String },
+    /// The endpoint (or inference component) is in no `[[endpoints]]` entry, and unknown
+    /// models are refused: 400.
+    UnknownEndpoint {
+        endpoint: String,
+        inference_component: Option<String>,
+    },
     /// Admission could not decide, or is shutting down: 503 with a retry hint.
     Unavailable(Unavailable),
 }
@@ -39,7 +45,9 @@ impl Decision {
         match self {
             Decision::Admit(a) => Some(a.hold.pool()),
             Decision::Pass(Pass::Shadow { pool, .. }) => pool.as_ref(),
-            Decision::Pass(_) | Decision::UnknownModel { .. } => None,
+            Decision::Pass(_)
+            | Decision::UnknownModel { .. }
+            | Decision::UnknownEndpoint { .. } => None,
             Decision::Throttle(t) => Some(&t.pool),
             Decision::NeverFits(n) => Some(&n.pool),
             Decision::NotAllowed(n) => n.pool.as_ref(),
@@ -251,6 +259,9 @@ pub enum Problem {
         pool: String,
         model_max: u64,
     },
+    /// An endpoint call's container payload, read for its output cap.
+    #[error("{0}; send max_tokens (or parameters.max_new_tokens) as a whole number")]
+    Payload(#[from] crate::sagemaker::payload::PayloadError),
     #[error("the streamed usage cannot be asked for on the caller's behalf: {reason}")]
     CannotAskUsage { reason: String },
     /// A field of an OpenAI or Anthropic API body that is missing, repeated or mistyped.

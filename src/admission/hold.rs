@@ -6,7 +6,7 @@
 //!
 //! | rule | when | charge |
 //! |---|---|---|
-//! | `usage` | upstream reported usage (Converse body, ConverseStream `metadata`, InvokeModel headers or body, the last chunk's invocation metrics, a bidirectional stream's last `usageEvent` when it ends) | `input + cacheWrite + output x burndown`, the moment it is seen |
+//! | `usage` | upstream reported usage (Converse body, ConverseStream `metadata`, InvokeModel headers or body, the last chunk's invocation metrics, a bidirectional stream's last `usageEvent` when it ends; an endpoint container's `usage` or `details`) | `input + cacheWrite + output x burndown`, the moment it is seen (an endpoint pool: the output) |
 //! | `not_charged` | upstream answered an error status, or was never reached, or refused a bidirectional stream in-band (a `throttlingException` before any usage) | 0: Bedrock does not charge failed requests |
 //! | `no_usage` | a response started but ended without usage: stream cut, idle timeout, corrupt frames, the client hung up | the larger of the reservation and `input estimate + output seen x burndown` (a bidirectional stream: its last running totals' charge): generation may have run to `maxTokens` and may still be running upstream |
 //! | `timeout` | no response head within `upstream.response_timeout_secs`, or by the shutdown drain deadline | the reservation |
@@ -200,7 +200,7 @@ impl Hold {
     /// Settles to Bedrock's charge for `usage`, and learns from it.
     pub fn settle_usage(&mut self, usage: &Usage) -> Option<Settled> {
         let reserved = self.reservation.as_ref().map(Reservation::tokens)?;
-        let charge = usage.charge(self.pool.config.output_burndown);
+        let charge = self.pool.charge(usage);
         let actual_input =
             usage.input_tokens + usage.cache_read_input_tokens + usage.cache_write_input_tokens;
         // One clock read serves both the pool's typical duration and the request's.
@@ -227,6 +227,9 @@ impl Hold {
 
     /// The response ended without usage; `output_seen` is the estimate of what was generated.
     pub fn settle_without_usage(&mut self, output_seen: u64) -> Option<Settled> {
+        if !self.is_settled() {
+            self.pool.learn_duration(self.admitted_at.elapsed());
+        }
         let seen = self.estimate.input
             + output_seen.saturating_mul(u64::from(self.pool.config.output_burndown));
         self.finish_now(|reserved| reserved.max(seen), SettlementRule::NoUsage)

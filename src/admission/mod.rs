@@ -11,6 +11,8 @@
 //! pool's queue when the wait is worth it ([`queue`]). Each pool counts what it admitted and
 //! throttled by API family. An InvokeModelWithBidirectionalStream session, decided from its head
 //! before any event arrives, reserves the pool's `bidirectional_reservation`.
+//! A sagemaker-runtime call is decided the same way in its endpoint pool, whose limits follow the
+//! endpoint's copies ([`endpoint`]).
 //!
 //! [`Admission::decide`] returns pure data ([`decision`]): an admitted request carries a [`Hold`]
 //! that settles it ([`hold`] has the rules); a refusal says why and, when retrying can help, when
@@ -24,6 +26,7 @@ pub mod budgets;
 mod candidates;
 mod ceiling;
 pub mod decision;
+pub mod endpoint;
 pub mod estimate;
 pub mod hint;
 pub mod hold;
@@ -46,6 +49,7 @@ use crate::{
     bedrock::{Api, ModelRef, Operation},
     config::{AdmissionConfig, InputEstimate, PoolConfig, RouteConfig, UnknownModels},
     ledger::{Ledger, PoolSnapshot},
+    sagemaker::EndpointTarget,
 };
 pub use decision::{
     Admitted, BudgetScope, Decision, Invalid, NeverFits, NotAllowed, Pass, Problem, QueueRefusal,
@@ -70,6 +74,8 @@ pub struct Facts<'a> {
     pub caller: &'a Caller,
     /// The `X-Amzn-Bedrock-Service-Tier` header (InvokeModel's tier), if sent.
     pub service_tier: Option<&'a str>,
+    /// A sagemaker-runtime call's endpoint and inference component (its `model_id` is `None`).
+    pub endpoint: Option<&'a EndpointTarget>,
 }
 
 /// A body read in one pass ([`body::read`]), or why it could not be.
@@ -158,6 +164,9 @@ impl Admission {
 
     /// Decides a request: admitted (holding a reservation), passed, or refused with the reason.
     pub async fn decide(&self, facts: &Facts<'_>) -> Decision {
+        if let Some(target) = facts.endpoint {
+            return self.decide_endpoint(facts, target).await;
+        }
         let read_here;
         let read = match facts.read {
             Some(read) => Some(read),
@@ -216,25 +225,15 @@ impl Admission {
             }
             Err(problem) => return invalid(problem),
         };
-        let estimate = prepared.estimate;
-        let granted = match shadow {
-            true => self.reserve_shadow(pool, estimate, facts.caller).await,
-            false => {
-                self.reserve(pool, estimate, facts.caller, ahead.as_slice())
-                    .await
-            }
-        };
-        let decision = match granted {
-            Ok((won, granted)) => {
-                Decision::Admit(self.admitted(&won, granted, prepared, facts.caller))
-            }
-            Err(refusal) => refusal,
-        };
-        if let Decision::Admit(_) | Decision::Throttle(_) = decision {
-            let admitted = matches!(decision, Decision::Admit(_));
-            pool.counts.api_decided(facts.operation.api(), admitted);
-        }
-        decision
+        let api = facts.operation.api();
+        self.take(
+            pool,
+            prepared,
+            facts.caller,
+            (shadow, api),
+            ahead.as_slice(),
+        )
+        .await
     }
 
     /// A model in no pool: passed uncounted, or refused, as `unknown_models` says.
@@ -347,7 +346,7 @@ impl Admission {
                 models: pool.config.models.clone(),
                 region: pool.config.region.clone(),
                 tokens_per_minute: pool.config.tokens_per_minute,
-                usable_tokens_per_minute: pool.config.usable_tokens_per_minute(),
+                usable_tokens_per_minute: pool.capacity(),
                 effective_tokens_per_minute: limits.tokens_per_minute,
                 requests_per_minute: limits.requests_per_minute,
                 tokens_per_day: limits.tokens_per_day,
@@ -382,6 +381,7 @@ impl Admission {
                 queue: pool.queue.view(),
                 max_tokens_advice: pool.advice.view(),
                 routes: pool.shares.views(),
+                endpoint: pool.endpoint_view(),
             });
         }
         out
@@ -508,7 +508,8 @@ pub struct PoolView {
     pub rejected: RejectedCounts,
     pub upstream_throttles: u64,
     /// Admitted and throttled requests by API family (`bedrock`, `openai_chat`,
-    /// `openai_responses`, `anthropic_messages`): every API draws on the same pool.
+    /// `openai_responses`, `anthropic_messages`; `sagemaker` in an endpoint pool): every API
+    /// draws on the same pool.
     pub apis: std::collections::BTreeMap<&'static str, ApiCountsView>,
     /// What streams in flight will be charged beyond their reservations, from the output seen
     /// so far (burndown); kept free in the bucket until they settle.
@@ -519,6 +520,9 @@ pub struct PoolView {
     pub max_tokens_advice: Vec<advice::MaxTokensAdvice>,
     /// Each route's share of this pool and what it used, in slot order.
     pub routes: Vec<routes::RouteView>,
+    /// An endpoint pool's copies and scaling signal; absent for a Bedrock pool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<endpoint::EndpointView>,
 }
 
 /// One API family's requests in a pool, in `GET /v1/pools`.

@@ -1,5 +1,6 @@
 //! Pools at run time: resolving a modelId to its pool, and each pool's live feedback state
 //! (effective limit after upstream throttles, input-estimate calibration, typical duration).
+//! (Over 500 lines: one pool type and one table for Bedrock and endpoint pools alike.)
 
 use std::{
     collections::HashMap,
@@ -13,7 +14,13 @@ use std::{
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::{advice::PoolAdvice, hint::PoolHistory, queue::AdmissionQueue, routes::PoolShares};
+use super::{
+    advice::PoolAdvice,
+    endpoint::{self, EndpointCopies, EndpointIndex},
+    hint::PoolHistory,
+    queue::AdmissionQueue,
+    routes::PoolShares,
+};
 use crate::{
     bedrock::{Api, ModelRef, model_id::application_profile_id},
     config::{AdmissionConfig, PoolConfig, PoolTier, RouteConfig},
@@ -63,6 +70,8 @@ pub struct Pool {
     /// Burndown excess of streams in flight: what their output so far will cost beyond their
     /// reservations (see [`Pool::pending_excess`]).
     pending_excess: AtomicU64,
+    /// An endpoint pool's copies serving now ([`super::endpoint`]); `None` for Bedrock pools.
+    pub(super) copies: Option<EndpointCopies>,
 }
 
 #[derive(Debug)]
@@ -198,6 +207,10 @@ impl Pool {
         routes: &[RouteConfig],
         admission: &AdmissionConfig,
     ) -> Pool {
+        let copies = config
+            .endpoint
+            .as_ref()
+            .map(|e| EndpointCopies::new(e.copies));
         Pool {
             name: Arc::from(config.name.as_str()),
             id,
@@ -217,6 +230,7 @@ impl Pool {
             }),
             counts: PoolCounts::default(),
             pending_excess: AtomicU64::new(0),
+            copies,
         }
     }
 
@@ -253,6 +267,7 @@ impl Pool {
         for (to, from) in self.counts.all().into_iter().zip(previous.counts.all()) {
             to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
         }
+        self.inherit_copies(previous);
     }
 
     /// The limit factor now: 1.0, or less while regrowing after upstream throttles.
@@ -264,14 +279,15 @@ impl Pool {
         }
     }
 
-    /// The limits admission applies now.
+    /// The limits admission applies now. An endpoint pool's follow its copies; throttle
+    /// feedback shrinks its concurrency as well as its tokens.
     pub fn limits(&self) -> Limits {
-        let usable = self.config.usable_tokens_per_minute();
-        let tokens = ((usable as f64) * self.limit_factor()).floor() as u64;
+        let factor = self.limit_factor();
+        let tokens = ((self.capacity() as f64) * factor).floor() as u64;
         Limits {
             tokens_per_minute: tokens.max(1),
             requests_per_minute: self.config.requests_per_minute,
-            max_concurrency: self.config.max_concurrency,
+            max_concurrency: self.concurrency(factor),
             tokens_per_day: self.config.tokens_per_day,
         }
     }
@@ -327,6 +343,15 @@ impl Pool {
         }
     }
 
+    /// Learns a typical duration from a request settled without usage: an endpoint's container
+    /// may report none, and concurrency hints need the duration all the same.
+    pub fn learn_duration(&self, duration: Duration) {
+        if self.config.endpoint.is_some() {
+            let mut l = lock(&self.learned);
+            l.duration_secs = ewma(l.duration_secs, duration.as_secs_f64());
+        }
+    }
+
     pub fn calibration_ratio(&self) -> f64 {
         lock(&self.learned).input_multiplier
     }
@@ -374,10 +399,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Every pool, and the map from model ids to them.
 #[derive(Debug)]
 pub struct PoolTable {
-    pools: Vec<Arc<Pool>>,
+    pub(super) pools: Vec<Arc<Pool>>,
     by_model: HashMap<String, usize>,
     /// Pools of reserved capacity (`tier = "reserved"`), by model.
     reserved_by_model: HashMap<String, usize>,
+    /// Endpoint pools by endpoint and inference component ([`super::endpoint`]).
+    pub(super) by_endpoint: EndpointIndex,
     /// Application inference profile (ARN or id) -> model id.
     profiles: HashMap<String, String>,
 }
@@ -390,16 +417,24 @@ impl PoolTable {
     ) -> PoolTable {
         let mut by_model = HashMap::new();
         let mut reserved_by_model = HashMap::new();
+        let mut by_endpoint = EndpointIndex::new();
         let pools: Vec<Arc<Pool>> = pools
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                let table = match p.tier {
-                    PoolTier::OnDemand => &mut by_model,
-                    PoolTier::Reserved => &mut reserved_by_model,
-                };
-                for m in &p.models {
-                    table.insert(m.clone(), i);
+                match endpoint::index_key(p) {
+                    Some(key) => {
+                        by_endpoint.insert(key, i);
+                    }
+                    None => {
+                        let table = match p.tier {
+                            PoolTier::OnDemand => &mut by_model,
+                            PoolTier::Reserved => &mut reserved_by_model,
+                        };
+                        for m in &p.models {
+                            table.insert(m.clone(), i);
+                        }
+                    }
                 }
                 Arc::new(Pool::new(i, p.clone(), routes, admission))
             })
@@ -413,6 +448,7 @@ impl PoolTable {
             pools,
             by_model,
             reserved_by_model,
+            by_endpoint,
             profiles,
         }
     }

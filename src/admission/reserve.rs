@@ -10,7 +10,10 @@ use super::{
     Admission, Admitted, Caller, Decision, Estimate, Hold, NeverFits, Pool, ShadowReason, Throttle,
     ThrottleWhy, Unavailability, Unavailable, budgets::TakenBudgets, hint,
 };
-use crate::ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict};
+use crate::{
+    bedrock::Api,
+    ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict},
+};
 
 /// What admission prepared before reserving: the estimate and the body to forward.
 #[derive(Debug)]
@@ -38,6 +41,34 @@ pub(super) struct Granted {
 }
 
 impl Admission {
+    /// Reserves what `prepared` estimated in `pool`, or the first of the pools `ahead` that
+    /// admits it now (in shadow mode, in `pool` without waiting or refusing), and admits the
+    /// request holding it, or refuses it; the pool counts an admission or a throttle under the
+    /// call's `api`.
+    pub(super) async fn take(
+        &self,
+        pool: &Arc<Pool>,
+        prepared: Prepared<'_>,
+        caller: &Caller,
+        (shadow, api): (bool, Api),
+        ahead: &[usize],
+    ) -> Decision {
+        let granted = if shadow {
+            self.reserve_shadow(pool, prepared.estimate, caller).await
+        } else {
+            self.reserve(pool, prepared.estimate, caller, ahead).await
+        };
+        let decision = match granted {
+            Ok((won, granted)) => Decision::Admit(self.admitted(&won, granted, prepared, caller)),
+            Err(refusal) => refusal,
+        };
+        if let Decision::Admit(_) | Decision::Throttle(_) = decision {
+            pool.counts
+                .api_decided(api, matches!(decision, Decision::Admit(_)));
+        }
+        decision
+    }
+
     /// Reserves `estimate`: the budgets it draws on (the account's day, its route's budgets),
     /// then the first of the pools `ahead` (ids) that admits it now ([`super::candidates`]),
     /// else `pool`, at once or after waiting in its queue. The budgets go back if no pool
@@ -50,7 +81,7 @@ impl Admission {
         ahead: &[usize],
     ) -> Result<(Arc<Pool>, Granted), Decision> {
         let tokens = estimate.reservation();
-        if !pool.config.can_ever_hold(tokens) {
+        if !pool.can_ever_hold(tokens) {
             return Err(self.never_fits(pool, &estimate));
         }
         let outcome = match self.take_budgets(pool, tokens, caller).await {
@@ -125,7 +156,7 @@ impl Admission {
                 reason,
             })
         };
-        if !pool.config.can_ever_hold(estimate.reservation()) {
+        if !pool.can_ever_hold(estimate.reservation()) {
             return Err(waived(ShadowReason::NeverFits));
         }
         match self.try_reserve(pool, estimate.reservation(), caller).await {
@@ -225,7 +256,7 @@ impl Admission {
             input: estimate.input,
             max_tokens: estimate.max_tokens,
             max_tokens_missing: estimate.max_tokens_missing,
-            capacity: pool.config.usable_tokens_per_minute(),
+            capacity: pool.capacity(),
         })
     }
 

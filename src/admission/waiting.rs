@@ -14,6 +14,8 @@ use crate::ledger::{Limit, Rejection};
 
 /// A queued request's wait is never hinted shorter than this.
 const MIN_QUEUE_HINT: Duration = Duration::from_millis(100);
+/// The projected wait while a pool has no concurrency at all (an endpoint scaled to zero).
+const NO_CAPACITY_WAIT: Duration = Duration::from_secs(3600);
 
 impl Admission {
     /// Waits in the pool's queue for up to its `max_wait`, unless the projection says that
@@ -108,6 +110,10 @@ impl Admission {
         let depth = pool.queue.depth();
         let queued_tokens = pool.queue.queued_tokens();
         let limits = pool.limits();
+        if limits.max_concurrency == 0 {
+            // An endpoint with no copies serving: new ones take minutes, not a queue's wait.
+            return NO_CAPACITY_WAIT;
+        }
         let history = pool.history();
         let free_now = rejection.map_or(0, |r| tokens.saturating_sub(r.token_deficit));
         // Those ahead each need their whole reservation to fit when their turn comes, but over

@@ -15,7 +15,8 @@
 //! Every mode identifies the caller from the request head, before any body byte is read
 //! ([`Authenticator::identify`]): in `sigv4` mode the `Authorization` header must parse and sign
 //! `host` and `x-amz-date`, the date must be within the skew window, the access key id must be a
-//! route's, and the credential scope must name service `bedrock` and a Region this proxy serves.
+//! route's, and the credential scope must name the call's service (`bedrock`, or `sagemaker` for an
+//! endpoint call) and a Region this proxy serves.
 //! Only then is the body read, and the signature checked over head and body
 //! ([`Authenticator::verify_body`]). So an unknown caller costs a header parse, never a buffered
 //! body.
@@ -241,8 +242,14 @@ impl Authenticator {
 
     /// Identifies the caller of `operation` from the request head alone, before any body byte is
     /// read. In mode `sigv4` the signature itself is checked later, by
-    /// [`Authenticator::verify_body`].
-    pub fn identify(&self, parts: &Parts, operation: Operation) -> Result<Identity, BedrockError> {
+    /// [`Authenticator::verify_body`], and its credential scope must name `service` (`bedrock`,
+    /// or `sagemaker` for an endpoint call).
+    pub fn identify(
+        &self,
+        parts: &Parts,
+        operation: Operation,
+        service: &str,
+    ) -> Result<Identity, BedrockError> {
         let known = |route: Arc<str>| Identity {
             route,
             pending: None,
@@ -257,7 +264,7 @@ impl Authenticator {
             AuthMode::Bearer => by_key(),
             // The OpenAI and Anthropic SDKs send keys, not signatures.
             AuthMode::SigV4 if operation.model_in_body() && !is_signed(parts) => by_key(),
-            AuthMode::SigV4 => self.signed_head(parts, SystemTime::now(), Payload::Body),
+            AuthMode::SigV4 => self.signed_head(parts, SystemTime::now(), Payload::Body, service),
         }
     }
 
@@ -280,18 +287,24 @@ impl Authenticator {
     /// from its head, which is all its own signature covers. In mode `sigv4` the head must be
     /// signed as [`Payload::EventStream`] says and its signature is checked at once; the
     /// [`ChainVerifier`] returned checks each event that follows. The other modes identify the
-    /// caller as for any request, and return no verifier.
+    /// caller as for any request, and return no verifier. `service` is the credential scope's
+    /// service the caller must have signed for (`bedrock`).
     pub fn identify_stream(
         &self,
         parts: &Parts,
+        service: &str,
     ) -> Result<(Identity, Option<ChainVerifier>), BedrockError> {
         if self.mode != AuthMode::SigV4 {
             return self
-                .identify(parts, Operation::InvokeModelWithBidirectionalStream)
+                .identify(
+                    parts,
+                    Operation::InvokeModelWithBidirectionalStream,
+                    service,
+                )
                 .map(|identity| (identity, None));
         }
         let now = SystemTime::now();
-        let identity = self.signed_head(parts, now, Payload::EventStream)?;
+        let identity = self.signed_head(parts, now, Payload::EventStream, service)?;
         let verifier = self.verify_signature(parts, now, Payload::EventStream, &[])?;
         Ok((identity, verifier))
     }
@@ -346,6 +359,7 @@ impl Authenticator {
         parts: &Parts,
         now: SystemTime,
         payload: Payload,
+        service: &str,
     ) -> Result<Identity, BedrockError> {
         let head = sigv4::SignedHead::check_for(&parts.headers, now, payload)
             .map_err(|e| self.sigv4_failed(&e))?;
@@ -354,9 +368,7 @@ impl Authenticator {
             .keys
             .get(auth.access_key_id)
             .ok_or_else(|| self.sigv4_failed(&SigV4Error::UnknownKey(auth.access_key_id.into())))?;
-        if auth.service != crate::upstream::signer::SIGNING_NAME
-            || !self.regions.iter().any(|r| r == auth.region)
-        {
+        if auth.service != service || !self.regions.iter().any(|r| r == auth.region) {
             tracing::debug!(
                 region = auth.region,
                 service = auth.service,

@@ -23,14 +23,19 @@ pub enum Api {
     OpenAIChat,
     OpenAIResponses,
     AnthropicMessages,
+    /// `sagemaker-runtime`'s calls to real-time endpoints (endpoint pools). Its error shape is
+    /// restJson1 as Bedrock's, with the service's own error names
+    /// ([`crate::sagemaker::error::own_answer`]).
+    SageMaker,
 }
 
 impl Api {
-    pub const ALL: [Api; 4] = [
+    pub const ALL: [Api; 5] = [
         Api::Bedrock,
         Api::OpenAIChat,
         Api::OpenAIResponses,
         Api::AnthropicMessages,
+        Api::SageMaker,
     ];
 
     /// The `api` label value.
@@ -40,6 +45,7 @@ impl Api {
             Api::OpenAIChat => "openai_chat",
             Api::OpenAIResponses => "openai_responses",
             Api::AnthropicMessages => "anthropic_messages",
+            Api::SageMaker => "sagemaker",
         }
     }
 
@@ -51,7 +57,7 @@ impl Api {
     /// The error shape its clients read.
     pub fn dialect(self) -> Dialect {
         match self {
-            Api::Bedrock => Dialect::Bedrock,
+            Api::Bedrock | Api::SageMaker => Dialect::Bedrock,
             Api::OpenAIChat | Api::OpenAIResponses => Dialect::OpenAI,
             Api::AnthropicMessages => Dialect::Anthropic,
         }
@@ -137,7 +143,8 @@ mod tests {
                 "bedrock",
                 "openai_chat",
                 "openai_responses",
-                "anthropic_messages"
+                "anthropic_messages",
+                "sagemaker"
             ]
         );
         for (i, api) in Api::ALL.into_iter().enumerate() {
@@ -145,5 +152,6 @@ mod tests {
         }
         assert_eq!(Api::AnthropicMessages.dialect(), Dialect::Anthropic);
         assert_eq!(Api::OpenAIResponses.dialect(), Dialect::OpenAI);
+        assert_eq!(Api::SageMaker.dialect(), Dialect::Bedrock);
     }
 }

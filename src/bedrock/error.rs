@@ -171,6 +171,7 @@ impl BedrockError {
     pub fn into_response_in(self, dialect: Dialect) -> Response {
         let body = self.body_in(dialect);
         let mut response = (self.code.status(), body).into_response();
+        response.extensions_mut().insert(OwnAnswer(self.code));
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,
@@ -225,6 +226,12 @@ impl std::fmt::Display for BedrockError {
         write!(f, "{}: {}", self.code.name(), self.message)
     }
 }
+
+/// Marks a response tokengate answered itself (never upstream's), in its extensions: an answer
+/// to a `sagemaker-runtime` call is renamed to that service's error names on its way out
+/// ([`crate::sagemaker::error::own_answer`]).
+#[derive(Debug, Clone, Copy)]
+pub struct OwnAnswer(pub ErrorCode);
 
 impl IntoResponse for BedrockError {
     fn into_response(self) -> Response {

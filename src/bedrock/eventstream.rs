@@ -34,9 +34,15 @@ pub fn encode_message(message: &Message) -> Result<Bytes, FrameError> {
 
 /// An event frame: `:message-type=event`, `:event-type={event_type}`, JSON payload.
 pub fn event_frame(event_type: &str, payload: &[u8]) -> Bytes {
+    typed_event_frame(event_type, "application/json", payload)
+}
+
+/// An event frame whose payload is of `content_type` (SageMaker's `PayloadPart` carries the
+/// container's raw bytes as `application/octet-stream`).
+pub fn typed_event_frame(event_type: &str, content_type: &str, payload: &[u8]) -> Bytes {
     let message = Message::new(Bytes::copy_from_slice(payload))
         .add_header(string_header(":event-type", event_type))
-        .add_header(string_header(":content-type", "application/json"))
+        .add_header(string_header(":content-type", content_type.to_string()))
         .add_header(string_header(":message-type", "event"));
     encode(&message)
 }
@@ -44,8 +50,14 @@ pub fn event_frame(event_type: &str, payload: &[u8]) -> Bytes {
 /// An exception frame: `:message-type=exception`, `:exception-type={member}`, `{"message": ...}`.
 pub fn exception_frame(code: ErrorCode, message: &str) -> Bytes {
     let payload = serde_json::json!({ "message": message }).to_string();
-    let message = Message::new(Bytes::from(payload))
-        .add_header(string_header(":exception-type", code.event_member()))
+    member_exception_frame(&code.event_member(), payload.as_bytes())
+}
+
+/// An exception frame for the event-stream member `member` with a JSON `payload` (SageMaker's
+/// members are PascalCase and carry fields of their own).
+pub fn member_exception_frame(member: &str, payload: &[u8]) -> Bytes {
+    let message = Message::new(Bytes::copy_from_slice(payload))
+        .add_header(string_header(":exception-type", member.to_string()))
         .add_header(string_header(":content-type", "application/json"))
         .add_header(string_header(":message-type", "exception"));
     encode(&message)
@@ -144,6 +156,21 @@ impl FrameReader {
     /// Bytes received that do not yet form a whole frame.
     pub fn pending(&self) -> usize {
         self.buffer.len()
+    }
+
+    /// Appends `chunk` and returns the frames it completes, and whether the stream is broken:
+    /// bad framing, or a partial frame grown past `cap` bytes (the decoder trusts the length a
+    /// prelude claims). A broken reader yields nothing more worth reading.
+    pub fn frames_of(&mut self, chunk: &[u8], cap: usize) -> (Vec<Frame>, bool) {
+        self.push(chunk);
+        let mut frames = Vec::new();
+        loop {
+            match self.next_frame() {
+                Ok(Some(frame)) => frames.push(frame),
+                Ok(None) => return (frames, self.pending() > cap),
+                Err(_) => return (frames, true),
+            }
+        }
     }
 }
 

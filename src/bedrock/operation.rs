@@ -1,5 +1,9 @@
 //! Operations and their REST paths.
 //!
+//! The list also holds the two `sagemaker-runtime` invocations tokengate admits for endpoint
+//! pools (InvokeEndpoint, InvokeEndpointWithResponseStream): they are metered, observed and
+//! labelled like the model calls; their paths are parsed in [`crate::sagemaker::operation`].
+//!
 //! SDKs percent-encode the modelId in the path (`:` as `%3A`, `/` as `%2F`, so ARNs stay one
 //! segment). We route on the raw path: the model segment is everything between `/model/` and the
 //! last `/{operation}`, decoded exactly once. The raw path is forwarded upstream unchanged.
@@ -35,10 +39,14 @@ pub enum Operation {
     OpenAIResponses,
     /// Anthropic Messages (`/anthropic/v1/messages`).
     AnthropicMessages,
+    /// sagemaker-runtime `POST /endpoints/{EndpointName}/invocations`.
+    InvokeEndpoint,
+    /// sagemaker-runtime `POST /endpoints/{EndpointName}/invocations-response-stream`.
+    InvokeEndpointWithResponseStream,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 14] = [
+    pub const ALL: [Operation; 16] = [
         Operation::Converse,
         Operation::ConverseStream,
         Operation::InvokeModel,
@@ -53,6 +61,8 @@ impl Operation {
         Operation::OpenAIChatCompletions,
         Operation::OpenAIResponses,
         Operation::AnthropicMessages,
+        Operation::InvokeEndpoint,
+        Operation::InvokeEndpointWithResponseStream,
     ];
 
     /// The position of this operation in [`Operation::ALL`].
@@ -77,6 +87,8 @@ impl Operation {
             Operation::OpenAIChatCompletions => "OpenAIChatCompletions",
             Operation::OpenAIResponses => "OpenAIResponses",
             Operation::AnthropicMessages => "AnthropicMessages",
+            Operation::InvokeEndpoint => "InvokeEndpoint",
+            Operation::InvokeEndpointWithResponseStream => "InvokeEndpointWithResponseStream",
         }
     }
 
@@ -86,6 +98,9 @@ impl Operation {
             Operation::OpenAIChatCompletions => Api::OpenAIChat,
             Operation::OpenAIResponses => Api::OpenAIResponses,
             Operation::AnthropicMessages => Api::AnthropicMessages,
+            Operation::InvokeEndpoint | Operation::InvokeEndpointWithResponseStream => {
+                Api::SageMaker
+            }
             _ => Api::Bedrock,
         }
     }
@@ -93,7 +108,7 @@ impl Operation {
     /// Whether the body's `model` names the model (the OpenAI and Anthropic APIs): whether it
     /// streams is the body's `stream` too.
     pub fn model_in_body(self) -> bool {
-        self.api() != Api::Bedrock
+        !matches!(self.api(), Api::Bedrock | Api::SageMaker)
     }
 
     /// The trailing path segment of a `/model/{modelId}/{segment}` operation.
@@ -112,7 +127,8 @@ impl Operation {
     }
 
     /// Whether the call draws on the model's tokens-per-minute quota (Bedrock's on-demand
-    /// throughput). CountTokens is free of charge; guardrails and async jobs are billed apart.
+    /// throughput), or on an endpoint's copies. CountTokens is free of charge; guardrails and
+    /// async jobs are billed apart.
     pub fn consumes_quota(self) -> bool {
         matches!(
             self,
@@ -124,6 +140,14 @@ impl Operation {
                 | Operation::OpenAIChatCompletions
                 | Operation::OpenAIResponses
                 | Operation::AnthropicMessages
+        ) || self.is_endpoint()
+    }
+
+    /// Whether it is a sagemaker-runtime call to a real-time endpoint.
+    pub fn is_endpoint(self) -> bool {
+        matches!(
+            self,
+            Operation::InvokeEndpoint | Operation::InvokeEndpointWithResponseStream
         )
     }
 
@@ -134,13 +158,15 @@ impl Operation {
             Operation::ConverseStream
                 | Operation::InvokeModelWithResponseStream
                 | Operation::InvokeModelWithBidirectionalStream
+                | Operation::InvokeEndpointWithResponseStream
         )
     }
 
     /// Whether bedrock-runtime accepts a Bedrock API key (`Authorization: Bearer`) for it: every
     /// operation but the bidirectional stream, which takes SigV4 only (V, BEDROCK-APIS.md).
+    /// sagemaker-runtime's endpoint calls take SigV4 only.
     pub fn accepts_api_key(self) -> bool {
-        self != Operation::InvokeModelWithBidirectionalStream
+        self != Operation::InvokeModelWithBidirectionalStream && !self.is_endpoint()
     }
 
     /// The IAM action that authorizes the call, as AWS documents it: the API reference says
@@ -170,6 +196,10 @@ impl Operation {
             Operation::ApplyGuardrail => Some("bedrock:ApplyGuardrail"),
             Operation::GetAsyncInvoke => Some("bedrock:GetAsyncInvoke"),
             Operation::ListAsyncInvokes => Some("bedrock:ListAsyncInvokes"),
+            // The sagemaker-runtime service model documents both as needing this one action.
+            Operation::InvokeEndpoint | Operation::InvokeEndpointWithResponseStream => {
+                Some("sagemaker:InvokeEndpoint")
+            }
             Operation::InvokeGuardrailChecks => None,
         }
     }

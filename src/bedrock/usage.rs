@@ -366,27 +366,20 @@ impl UsageObserver {
         if self.corrupt {
             return None;
         }
-        self.frames.push(chunk);
+        let (frames, broken) = self.frames.frames_of(chunk, FRAME_CAP);
         let mut found = None;
-        loop {
-            match self.frames.next_frame() {
-                Ok(Some(frame)) => {
-                    if let Some(usage) = self.on_frame(&frame) {
-                        found = found.or(self.report(usage));
-                    }
-                }
-                Ok(None) => {
-                    if self.frames.pending() > FRAME_CAP {
-                        self.mark_corrupt();
-                    }
-                    return found;
-                }
-                Err(_) => {
-                    self.mark_corrupt();
-                    return found;
-                }
+        for frame in &frames {
+            if let Some(usage) = self.on_frame(frame) {
+                found = found.or(self.report(usage));
+            }
+            if self.corrupt {
+                return found;
             }
         }
+        if broken {
+            self.mark_corrupt();
+        }
+        found
     }
 
     fn on_frame(&mut self, frame: &Frame) -> Option<Usage> {
@@ -490,13 +483,13 @@ impl UsageObserver {
 
 /// A copy of the body up to [`BODY_CAP`]; past the cap it is dropped for good.
 #[derive(Debug, Default)]
-struct BoundedBody {
+pub(crate) struct BoundedBody {
     bytes: Vec<u8>,
     overflowed: bool,
 }
 
 impl BoundedBody {
-    fn push(&mut self, chunk: &[u8]) {
+    pub(crate) fn push(&mut self, chunk: &[u8]) {
         if self.overflowed {
             return;
         }
@@ -509,7 +502,7 @@ impl BoundedBody {
     }
 
     /// The whole body, or `None` if it outgrew the cap.
-    fn take(&mut self) -> Option<Vec<u8>> {
+    pub(crate) fn take(&mut self) -> Option<Vec<u8>> {
         if self.overflowed {
             return None;
         }
@@ -521,7 +514,7 @@ impl BoundedBody {
 
 /// Where one usage shape keeps its four counts. Cache counts are optional (0 when absent);
 /// each lists the names it goes by.
-struct UsageKeys {
+pub(crate) struct UsageKeys {
     input: &'static str,
     output: &'static str,
     cache_read: &'static [&'static str],
@@ -554,7 +547,7 @@ const ANTHROPIC_KEYS: UsageKeys = UsageKeys {
     cache_read: &["cache_read_input_tokens"],
     cache_write: &["cache_creation_input_tokens"],
 };
-const OPENAI_KEYS: UsageKeys = UsageKeys {
+pub(crate) const OPENAI_KEYS: UsageKeys = UsageKeys {
     input: "prompt_tokens",
     output: "completion_tokens",
     cache_read: &[],
@@ -562,7 +555,7 @@ const OPENAI_KEYS: UsageKeys = UsageKeys {
 };
 
 /// Usage from an object holding `keys`; `None` unless input and output are both counts.
-fn usage_in(object: &Value, keys: &UsageKeys) -> Option<Usage> {
+pub(crate) fn usage_in(object: &Value, keys: &UsageKeys) -> Option<Usage> {
     let count = |k: &str| object.get(k).and_then(Value::as_u64);
     let first = |names: &[&str]| names.iter().find_map(|k| count(k)).unwrap_or(0);
     Some(Usage {
@@ -751,7 +744,7 @@ fn native_delta_len(event: &Value) -> u64 {
 }
 
 /// OpenAI-style `choices[]`: streamed `delta.content` (and reasoning), or whole `text`/`message`.
-pub(super) fn choice_text_len(choice: &Value) -> u64 {
+pub(crate) fn choice_text_len(choice: &Value) -> u64 {
     text_len_at(
         choice,
         &[

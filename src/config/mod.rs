@@ -14,6 +14,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod endpoints;
 pub mod ledger;
 pub mod log;
 pub mod pools;
@@ -28,6 +29,7 @@ use std::path::Path;
 
 pub use admission::{AdmissionConfig, UnknownModels};
 pub use auth::{AuthConfig, AuthMode, Secret};
+pub use endpoints::EndpointConfig;
 pub use ledger::{LedgerConfig, OnLedgerError, RedisLedgerConfig};
 pub use log::{LogConfig, LogFormat};
 pub use pools::{InputEstimate, PoolConfig, PoolTier, Source, WhenMaxTokensMissing};
@@ -85,6 +87,8 @@ pub struct PolicyConfig {
     pub auth: AuthConfig,
     /// At least one: a config without `[[routes]]` has the implicit default route.
     pub routes: Vec<RouteConfig>,
+    /// `[[endpoints]]`: SageMaker endpoint pools.
+    pub endpoints: Vec<EndpointConfig>,
 }
 
 /// A fraction in `[0, max)`.
@@ -140,6 +144,7 @@ impl Config {
             pools: raw.pools,
             auth: raw.auth,
             routes: raw.routes,
+            endpoints: raw.endpoints,
         };
         let policy = PolicyConfig::validate(policy, &process, env)?;
         Ok(Config { process, policy })
@@ -166,7 +171,17 @@ impl PolicyConfig {
         for (i, pool) in raw.pools.into_iter().enumerate() {
             pools.push(pools::validate(i, pool, &process.upstream.region)?);
         }
-        pools::check_disjoint(&pools)?;
+        let endpoints = endpoints::validate(
+            raw.endpoints,
+            &process.upstream.region,
+            &process.upstream.endpoint,
+        )?;
+        let all_pools: Vec<PoolConfig> = pools
+            .iter()
+            .cloned()
+            .chain(endpoints.iter().map(EndpointConfig::pool))
+            .collect();
+        pools::check_disjoint(&all_pools)?;
         admission::check_profiles(&admission, &pools)?;
         let mode = raw.auth.mode.unwrap_or(AuthMode::None);
         auth::check_plaintext_bearer(
@@ -177,7 +192,7 @@ impl PolicyConfig {
         let mut routes = routes::validate(
             raw.routes,
             mode,
-            &pools,
+            &all_pools,
             &admission.application_profiles,
             env,
         )?;
@@ -188,14 +203,24 @@ impl PolicyConfig {
         let auth = AuthConfig {
             mode,
             default_route,
-            regions: auth::served_regions(&process.upstream, &pools),
+            regions: auth::served_regions(&process.upstream, &all_pools),
         };
         Ok(PolicyConfig {
             admission,
             pools,
             auth,
             routes,
+            endpoints,
         })
+    }
+
+    /// Every pool admission holds: the `[[pools]]`, then one per `[[endpoints]]` entry.
+    pub fn admission_pools(&self) -> Vec<PoolConfig> {
+        self.pools
+            .iter()
+            .cloned()
+            .chain(self.endpoints.iter().map(EndpointConfig::pool))
+            .collect()
     }
 }
 

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use serde::Deserialize;
 
-use super::{ConfigError, fraction, invalid};
+use super::{ConfigError, EndpointConfig, fraction, invalid};
 use crate::bedrock::{catalogue, max_tokens::MAX_TOKENS_LIMIT};
 
 /// Default admission-queue wait: long enough to ride out a refill or a completion, short
@@ -15,7 +15,7 @@ const DEFAULT_MAX_WAIT_MS: u64 = 2_000;
 const MAX_WAIT_LIMIT_MS: u64 = 30_000;
 const DEFAULT_MAX_QUEUE: usize = 1_000;
 /// The largest bucket the ledgers keep exact.
-const MAX_TOKENS_PER_MINUTE: u64 = 1_000_000_000;
+pub const MAX_TOKENS_PER_MINUTE: u64 = 1_000_000_000;
 /// The largest daily bucket the ledgers keep exact (see `ledger::window`).
 pub use crate::ledger::units::MAX_TOKENS_PER_WINDOW;
 
@@ -156,6 +156,8 @@ pub struct PoolConfig {
     pub retry_reserve: f64,
     /// Decide and count, but forward everything.
     pub shadow: bool,
+    /// An endpoint pool's endpoint (`[[endpoints]]`); `None` for a Bedrock pool.
+    pub endpoint: Option<EndpointConfig>,
 }
 
 /// Where a pool's model facts come from.
@@ -243,7 +245,7 @@ pub(super) fn validate(
             "must be a fraction in [0, 0.9), e.g. 0.05",
         ));
     }
-    let (max_wait, max_queue) = queue_settings(&raw, &key)?;
+    let (max_wait, max_queue) = queue_settings(raw.max_wait_ms, raw.max_queue, &key)?;
     let retry_reserve = fraction(&key("retry_reserve"), raw.retry_reserve.unwrap_or(0.0), 0.5)?;
     let pool = PoolConfig {
         name: raw.name.clone(),
@@ -271,6 +273,7 @@ pub(super) fn validate(
         max_queue,
         retry_reserve,
         shadow: raw.shadow.unwrap_or(false),
+        endpoint: None,
     };
     reservations_fit(&pool, &key)?;
     day_holds_a_minute(&pool, &key)?;
@@ -404,12 +407,7 @@ fn reservations_fit(pool: &PoolConfig, key: &dyn Fn(&str) -> String) -> Result<(
 
 /// The pool's name and model list.
 fn check_identity(raw: &RawPool, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
-    if raw.name.is_empty()
-        || !raw
-            .name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    {
+    if !is_pool_name(&raw.name) {
         return Err(invalid(
             key("name"),
             "must be non-empty letters, digits, '-', '_' or '.'",
@@ -428,12 +426,21 @@ fn check_identity(raw: &RawPool, key: &dyn Fn(&str) -> String) -> Result<(), Con
     Ok(())
 }
 
-/// `max_wait_ms` and `max_queue`.
-fn queue_settings(
-    raw: &RawPool,
+/// A pool's name (also its metrics label): letters, digits, '-', '_' and '.'.
+pub(super) fn is_pool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// `max_wait_ms` and `max_queue` of a pool or an endpoint; `key` names a field of its table.
+pub(super) fn queue_settings(
+    max_wait_ms: Option<u64>,
+    max_queue: Option<usize>,
     key: &dyn Fn(&str) -> String,
 ) -> Result<(Duration, usize), ConfigError> {
-    let max_wait_ms = raw.max_wait_ms.unwrap_or(DEFAULT_MAX_WAIT_MS);
+    let max_wait_ms = max_wait_ms.unwrap_or(DEFAULT_MAX_WAIT_MS);
     if max_wait_ms > MAX_WAIT_LIMIT_MS {
         return Err(invalid(
             key("max_wait_ms"),
@@ -442,7 +449,7 @@ fn queue_settings(
             ),
         ));
     }
-    let max_queue = raw.max_queue.unwrap_or(DEFAULT_MAX_QUEUE);
+    let max_queue = max_queue.unwrap_or(DEFAULT_MAX_QUEUE);
     if max_queue == 0 && max_wait_ms > 0 {
         return Err(invalid(
             key("max_queue"),
@@ -452,22 +459,33 @@ fn queue_settings(
     Ok((Duration::from_millis(max_wait_ms), max_queue))
 }
 
-/// Pool names are unique; a model belongs to one pool of each tier, and a model with reserved
-/// capacity has an on-demand pool too (reserved capacity overflows to it).
+/// Pool names are unique, and a model (or an endpoint pool's name, which route allow-lists
+/// share with model ids) belongs to one pool of each tier; a model with reserved capacity has an
+/// on-demand pool too (reserved capacity overflows to it). `pools` holds `[[pools]]` then
+/// `[[endpoints]]`.
 pub(super) fn check_disjoint(pools: &[PoolConfig]) -> Result<(), ConfigError> {
     let mut seen: BTreeMap<(&str, PoolTier), &str> = BTreeMap::new();
     let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+    let bedrock = pools.iter().filter(|p| p.endpoint.is_none()).count();
     for (i, pool) in pools.iter().enumerate() {
+        // An endpoint pool's one "model" is its name.
+        let (table, models_key) = match pool.endpoint {
+            None => (format!("pools[{i}]"), "models"),
+            Some(_) => (format!("endpoints[{}]", i - bedrock), "name"),
+        };
         if names.insert(&pool.name, i).is_some() {
             return Err(invalid(
-                format!("pools[{i}].name"),
-                format!("{:?} names two pools; pool names must be unique", pool.name),
+                format!("{table}.name"),
+                format!(
+                    "{:?} names two pools (or endpoints); pool names must be unique",
+                    pool.name
+                ),
             ));
         }
         for model in &pool.models {
             if let Some(other) = seen.insert((model, pool.tier), &pool.name) {
                 return Err(invalid(
-                    format!("pools[{i}] ({}).models", pool.name),
+                    format!("{table} ({}).{models_key}", pool.name),
                     format!(
                         "{model:?} is already in pool {other:?}; a model belongs to one pool (of each tier)"
                     ),

@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 pub use super::admission::RawAdmission;
 pub use super::auth::RawAuth;
+pub use super::endpoints::RawEndpoint;
 pub use super::ledger::RawLedger;
 pub use super::log::RawLog;
 pub use super::pools::RawPool;
@@ -38,13 +39,17 @@ pub struct RawConfig {
     pub auth: RawAuth,
     #[serde(default)]
     pub routes: Vec<RawRoute>,
+    #[serde(default)]
+    pub endpoints: Vec<RawEndpoint>,
 }
 
-/// The policy sections of the file: `[admission]`, `[[pools]]`, `[auth]` and `[[routes]]`.
+/// The policy sections of the file: `[admission]`, `[[pools]]`, `[auth]`, `[[routes]]` and
+/// `[[endpoints]]`.
 #[derive(Debug)]
 pub struct RawPolicy {
     pub admission: RawAdmission,
     pub pools: Vec<RawPool>,
     pub auth: RawAuth,
     pub routes: Vec<RawRoute>,
+    pub endpoints: Vec<RawEndpoint>,
 }

@@ -412,10 +412,23 @@ fn shares(
     let mut shares = BTreeMap::new();
     for (pool, share) in raw {
         let field = format!("shares.{pool}");
-        if !pools.iter().any(|p| &p.name == pool) {
+        let Some(target) = pools.iter().find(|p| &p.name == pool) else {
             return Err(invalid(
                 key(&field),
                 format!("there is no pool named {pool:?}"),
+            ));
+        };
+        if target
+            .endpoint
+            .as_ref()
+            .is_some_and(|e| e.tokens_per_second_per_copy.is_none())
+        {
+            return Err(invalid(
+                key(&field),
+                format!(
+                    "shares divide a pool's tokens, and endpoint pool {pool:?} has no token envelope: \
+                     set its tokens_per_second_per_copy, or remove this share"
+                ),
             ));
         }
         let min = share.min.unwrap_or(0.0);

@@ -62,6 +62,8 @@ pub struct SimulatorConfig {
     pub max_output_tokens: Option<u64>,
     /// When set, every request must be SigV4-signed (service `bedrock`) with this key.
     pub verify_sigv4: Option<SigV4Key>,
+    /// SageMaker endpoints, `[[simulator.endpoints]]` (`simulator::sagemaker`).
+    pub endpoints: Vec<EndpointSimConfig>,
 }
 
 impl Default for SimulatorConfig {
@@ -89,6 +91,7 @@ impl Default for SimulatorConfig {
             stall_ms: 5000,
             max_output_tokens: None,
             verify_sigv4: None,
+            endpoints: Vec::new(),
         }
     }
 }
@@ -125,4 +128,45 @@ impl std::fmt::Debug for SigV4Key {
             .field("secret_access_key", &"<redacted>")
             .finish()
     }
+}
+
+/// One simulated endpoint, or one inference component on an endpoint.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointSimConfig {
+    /// The endpoint name.
+    pub name: String,
+    /// The inference component: calls must name it (`X-Amzn-SageMaker-Inference-Component`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inference_component: Option<String>,
+    /// Copies serving at start (instances of a single-model endpoint).
+    pub copies: u32,
+    /// Requests one copy serves at once; past that on every copy, a call is refused as the
+    /// container refuses it (429 inside a `ModelError`).
+    pub max_concurrency_per_copy: u32,
+    /// Delay before the first token. Default 200.
+    #[serde(default = "default_ttft_ms")]
+    pub time_to_first_token_ms: u64,
+    /// Generation speed of one request, in tokens per second (0: instant). Default 50.
+    #[serde(default = "default_tokens_per_second")]
+    pub tokens_per_second: f64,
+    /// How long copies asked for by `POST /_sim/sagemaker` take to arrive or leave (new
+    /// instances take minutes on AWS). Default 0.
+    #[serde(default)]
+    pub scale_delay_ms: u64,
+    /// The output cap of a request that names none. Default 1024.
+    #[serde(default = "default_max_new_tokens")]
+    pub default_max_new_tokens: u64,
+}
+
+fn default_ttft_ms() -> u64 {
+    200
+}
+
+fn default_tokens_per_second() -> f64 {
+    50.0
+}
+
+fn default_max_new_tokens() -> u64 {
+    1024
 }

@@ -61,53 +61,11 @@ pub struct UpstreamApiKey {
 }
 
 pub(super) fn validate(raw: RawUpstream, env: &Env) -> Result<UpstreamConfig, ConfigError> {
-    if raw.region.is_empty()
-        || !raw
-            .region
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-    {
-        return Err(invalid(
-            "upstream.region",
-            format!("{:?} is not a Region name like \"us-east-1\"", raw.region),
-        ));
-    }
-    let endpoint = match raw.endpoint.as_deref() {
-        None => Endpoint::Aws,
-        Some("simulated") => Endpoint::Simulated,
-        Some(url) => {
-            // Never echo what may be a password.
-            let shown = redact_userinfo(url);
-            let uri: Uri = url
-                .parse()
-                .map_err(|_| invalid("upstream.endpoint", format!("{shown:?} is not a URL")))?;
-            match (uri.scheme_str(), uri.authority()) {
-                (_, Some(authority)) if authority.as_str().contains('@') => {
-                    return Err(invalid(
-                        "upstream.endpoint",
-                        format!(
-                            "{shown:?} carries credentials (user:password@): tokengate signs upstream requests \
-                             with its own AWS credentials (SigV4) and never sends these; write the URL without them"
-                        ),
-                    ));
-                }
-                (Some("http" | "https"), Some(_)) if uri.path() == "/" || uri.path().is_empty() => {
-                    Endpoint::Url(uri)
-                }
-                _ => {
-                    return Err(invalid(
-                        "upstream.endpoint",
-                        format!(
-                            "{shown:?}: write \"simulated\" or a base URL such as \"http://127.0.0.1:9000\" (no path)"
-                        ),
-                    ));
-                }
-            }
-        }
-    };
+    let region = region("upstream.region", raw.region)?;
+    let endpoint = parse_endpoint("upstream.endpoint", raw.endpoint.as_deref())?;
     Ok(UpstreamConfig {
         api_key: api_key(raw.api_key_env.as_deref(), env)?,
-        region: raw.region,
+        region,
         endpoint,
         connect_timeout: Duration::from_secs(positive(
             "upstream.connect_timeout_secs",
@@ -122,6 +80,55 @@ pub(super) fn validate(raw: RawUpstream, env: &Env) -> Result<UpstreamConfig, Co
             raw.idle_timeout_secs.unwrap_or(300),
         )?),
     })
+}
+
+/// `region` if it looks like a Region name.
+pub(super) fn region(key: &str, region: String) -> Result<String, ConfigError> {
+    let ok = !region.is_empty()
+        && region
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if ok {
+        Ok(region)
+    } else {
+        Err(invalid(
+            key,
+            format!("{region:?} is not a Region name like \"us-east-1\""),
+        ))
+    }
+}
+
+/// A base URL: absent for AWS, `"simulated"`, or a URL without a path or credentials.
+pub(super) fn parse_endpoint(key: &str, value: Option<&str>) -> Result<Endpoint, ConfigError> {
+    let Some(url) = value else {
+        return Ok(Endpoint::Aws);
+    };
+    if url == "simulated" {
+        return Ok(Endpoint::Simulated);
+    }
+    // Never echo what may be a password.
+    let shown = redact_userinfo(url);
+    let uri: Uri = url
+        .parse()
+        .map_err(|_| invalid(key, format!("{shown:?} is not a URL")))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (_, Some(authority)) if authority.as_str().contains('@') => Err(invalid(
+            key,
+            format!(
+                "{shown:?} carries credentials (user:password@): tokengate signs upstream requests \
+                 with its own AWS credentials (SigV4) and never sends these; write the URL without them"
+            ),
+        )),
+        (Some("http" | "https"), Some(_)) if uri.path() == "/" || uri.path().is_empty() => {
+            Ok(Endpoint::Url(uri))
+        }
+        _ => Err(invalid(
+            key,
+            format!(
+                "{shown:?}: write \"simulated\" or a base URL such as \"http://127.0.0.1:9000\" (no path)"
+            ),
+        )),
+    }
 }
 
 /// The API key in the environment variable `name`, if one is named.

@@ -3,7 +3,8 @@
 //!
 //! Labels are bounded: `pool` comes from config (plus `none` for calls outside any pool),
 //! `operation` from the fixed operation list, `api` from the fixed API families
-//! ([`crate::bedrock::Api`]: `bedrock`, `openai_chat`, `openai_responses`, `anthropic_messages`), `outcome`, `reason` and `rule` from fixed enums,
+//! ([`crate::bedrock::Api`]: `bedrock`, `openai_chat`, `openai_responses`, `anthropic_messages`,
+//! `sagemaker`), `outcome`, `reason` and `rule` from fixed enums,
 //! `status` from upstream status codes.
 
 use std::{
@@ -105,6 +106,13 @@ pub struct Metrics {
     pub connections_shed: IntCounterVec,
     /// Connections closed by a timeout, by listener and kind: `first_request`, `header`, `idle`.
     pub connection_timeouts: IntCounterVec,
+    // === Endpoint pools (see `admission::endpoint`, `copies`) ===
+    /// Copies serving an endpoint pool now.
+    pub endpoint_copies: IntGaugeVec,
+    /// (In flight + queued) / copies: the scaling signal.
+    pub endpoint_demand_per_copy: GaugeVec,
+    /// Reads of the copies from the control plane, by result: ok, error.
+    pub endpoint_copy_refreshes: IntCounterVec,
     /// Every metric registered, for [`Metrics::families`].
     families: Arc<[Family]>,
 }
@@ -208,6 +216,9 @@ impl Metrics {
             open_connections: r.int_gauge("tokengate_open_connections", "Open client connections, by listener.", &["listener"])?,
             connections_shed: r.counter("tokengate_connections_shed_total", "Connections shed at server.max_connections: closed_idle (an idle one closed to make room), refused (none idle: the newcomer closed).", &["listener", "action"])?,
             connection_timeouts: r.counter("tokengate_connection_timeouts_total", "Connections closed by a timeout: first_request, header (an HTTP/1.1 head), idle.", &["listener", "kind"])?,
+            endpoint_copies: r.int_gauge("tokengate_endpoint_copies", "Copies serving an endpoint pool now (the concurrency limit is copies x max_concurrency_per_copy).", &["pool"])?,
+            endpoint_demand_per_copy: r.gauge("tokengate_endpoint_demand_per_copy", "An endpoint pool's requests in flight plus queued, per copy serving: the signal to scale the endpoint on.", &["pool"])?,
+            endpoint_copy_refreshes: r.counter("tokengate_endpoint_copy_refreshes_total", "Reads of an endpoint pool's copies from the SageMaker control plane, by result: ok, error.", &["pool", "result"])?,
             families: r.families.take().into(),
         })
         .inspect(Metrics::init_global_series)

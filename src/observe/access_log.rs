@@ -17,7 +17,7 @@
 //! | `request_id` | the `x-amzn-RequestId` the client received: upstream's, or the one tokengate put on its own answer |
 //! | `pool` | the pool, absent outside any pool |
 //! | `route` | the caller's application route, once identified |
-//! | `api` | the API family: `bedrock`, `openai_chat`, `openai_responses`, `anthropic_messages`; absent for an unknown path |
+//! | `api` | the API family: `bedrock`, `openai_chat`, `openai_responses`, `anthropic_messages`, `sagemaker`; absent for an unknown path |
 //! | `operation` | `Converse`, `ConverseStream`, `InvokeModel`, ..., `OpenAIChatCompletions`, `OpenAIResponses`, `AnthropicMessages`; absent for an unknown path |
 //! | `model` | the modelId as the caller sent it (decoded from the path; the OpenAI and Anthropic APIs' body `model`) |
 //! | `decision` | `admitted`, `queued_then_admitted`, `rejected` (429), `invalid` (4xx), `unavailable` (503: ledger or shutdown), `passthrough` (forwarded uncounted) |

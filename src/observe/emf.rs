@@ -8,7 +8,8 @@
 //! or `[["Pool", "Route"]]`, `Metrics` with `Name` and `Unit`), and every dimension and metric as
 //! a top-level member. Counts cover the interval since the previous line (the observer's
 //! [`Event`]s, the same the quota report counts); `InFlight`, `QueueDepth`, `QueuedTokens` and
-//! `ReservedInFlight` are read from live state when the line is written.
+//! `ReservedInFlight` are read from live state when the line is written, as are an endpoint
+//! pool's `Copies` and `DemandPerCopy`.
 //!
 //! Failure semantics: a line that cannot be written (a full disk, a closed stdout) is logged and
 //! dropped, and its counts are lost; the proxy never waits on it beyond the write itself. At
@@ -49,6 +50,10 @@ const POOL_GAUGES: [(&str, &str); 5] = [
     ("QueueDepth", "Count"),
     ("QueuedTokens", "Count"),
 ];
+
+/// An endpoint pool's line ends with its copies serving and its scaling signal, demand per copy
+/// ((in flight + queued) / copies: [`Pool::demand_per_copy`]), the metric to scale it on.
+const ENDPOINT_GAUGES: [(&str, &str); 2] = [("Copies", "Count"), ("DemandPerCopy", "None")];
 
 /// The rest of a route's line.
 const ROUTE_GAUGES: [(&str, &str); 1] = [("ReservedInFlight", "Count")];
@@ -155,17 +160,27 @@ impl Emf {
                 pool.queue.depth() as u64,
                 pool.queue.queued_tokens(),
             ];
+            let endpoint = pool.copies().zip(pool.demand_per_copy());
             let values = counts(&t)
                 .into_iter()
                 .chain([t.peak_in_flight, t.queue_wait_max_ms])
-                .chain(gauges);
-            let metrics = [&COUNTS[..], &POOL_GAUGES];
-            let line = self.line(timestamp, &[("Pool", &pool.name)], &metrics, values);
+                .chain(gauges)
+                .map(Value::from)
+                .chain(
+                    endpoint
+                        .into_iter()
+                        .flat_map(|(copies, demand)| [Value::from(copies), Value::from(demand)]),
+                );
+            let metrics: &[&[(&str, &str)]] = match endpoint {
+                Some(_) => &[&COUNTS, &POOL_GAUGES, &ENDPOINT_GAUGES],
+                None => &[&COUNTS, &POOL_GAUGES],
+            };
+            let line = self.line(timestamp, &[("Pool", &pool.name)], metrics, values);
             out.push_str(&line);
             for route in pool.shares.views() {
                 let t = std::mem::take(&mut *lock(&tallies.route(&route.name)));
                 let reserved = u64::try_from(route.reserved_tokens).unwrap_or(0);
-                let values = counts(&t).into_iter().chain([reserved]);
+                let values = counts(&t).into_iter().chain([reserved]).map(Value::from);
                 let dims = [("Pool", &*pool.name), ("Route", route.name.as_str())];
                 let metrics = [&COUNTS[..], &ROUTE_GAUGES];
                 out.push_str(&self.line(timestamp, &dims, &metrics, values));
@@ -180,7 +195,7 @@ impl Emf {
         timestamp: u64,
         dimensions: &[(&str, &str)],
         metrics: &[&[(&str, &str)]],
-        values: impl Iterator<Item = u64>,
+        values: impl Iterator<Item = Value>,
     ) -> String {
         let metrics = || metrics.iter().flat_map(|m| m.iter());
         let mut root = Map::new();
@@ -199,7 +214,7 @@ impl Emf {
             root.insert((*k).into(), Value::from(*v));
         }
         for ((name, _), value) in metrics().zip(values) {
-            root.insert((*name).into(), Value::from(value));
+            root.insert((*name).into(), value);
         }
         let mut line = Value::Object(root).to_string();
         line.push('\n');

@@ -206,6 +206,10 @@ impl Observer {
                 obs.verdict = Some(Verdict::Invalid);
                 count(NO_POOL, "unknown_model");
             }
+            Decision::UnknownEndpoint { .. } => {
+                obs.verdict = Some(Verdict::Invalid);
+                count(NO_POOL, "unknown_endpoint");
+            }
             Decision::Unavailable(u) => self.unavailable(obs, u),
         }
     }

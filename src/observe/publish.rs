@@ -58,6 +58,14 @@ impl Observer {
             for (route, series) in view.routes.iter().zip(s.routes()) {
                 series.reserved_tokens.set(route.reserved_tokens);
             }
+            if let (Some(series), Some(endpoint)) = (&s.endpoint, &view.endpoint) {
+                series.copies.set(i64::from(endpoint.copies));
+                series.demand_per_copy.set(endpoint.demand_per_copy);
+                let (counter, published) = &series.refreshes_ok;
+                published.publish(counter, endpoint.refreshes);
+                let (counter, published) = &series.refreshes_error;
+                published.publish(counter, endpoint.refresh_errors);
+            }
             self.publish_advice(&pool.name, view);
         }
     }

@@ -45,6 +45,8 @@ pub struct RouteSeries {
 pub struct PoolSeries {
     /// Publishes the queue's count of waiters whose caller left.
     pub queue_cancelled: Publication,
+    /// An endpoint pool's: its copies, demand per copy, and published refresh counts.
+    pub endpoint: Option<EndpointSeries>,
     pub reserved_tokens: IntGauge,
     pub inflight_requests: IntGauge,
     pub reserved_tokens_total: IntCounter,
@@ -67,6 +69,33 @@ pub struct PoolSeries {
     operations: Vec<OperationSeries>,
     /// By route slot, in the pool's route order.
     routes: Vec<RouteSeries>,
+}
+
+/// Series of an endpoint pool.
+#[derive(Debug)]
+pub struct EndpointSeries {
+    pub copies: IntGauge,
+    pub demand_per_copy: Gauge,
+    /// Publish the pool's counts of successful and failed refreshes.
+    pub refreshes_ok: (IntCounter, Publication),
+    pub refreshes_error: (IntCounter, Publication),
+}
+
+impl EndpointSeries {
+    fn new(m: &Metrics, pool: &str) -> EndpointSeries {
+        let refreshes = |result| {
+            (
+                m.endpoint_copy_refreshes.with_label_values(&[pool, result]),
+                Publication::default(),
+            )
+        };
+        EndpointSeries {
+            copies: m.endpoint_copies.with_label_values(&[pool]),
+            demand_per_copy: m.endpoint_demand_per_copy.with_label_values(&[pool]),
+            refreshes_ok: refreshes("ok"),
+            refreshes_error: refreshes("error"),
+        }
+    }
 }
 
 /// The `outcome` labels of `tokengate_queue_outcomes_total`.
@@ -116,6 +145,7 @@ impl PoolSeries {
             .collect();
         PoolSeries {
             queue_cancelled: Publication::default(),
+            endpoint: pool.endpoint_config().map(|_| EndpointSeries::new(m, name)),
             reserved_tokens: m.reserved_tokens.with_label_values(&one),
             inflight_requests: m.inflight_requests.with_label_values(&one),
             reserved_tokens_total: m.reserved_tokens_total.with_label_values(&one),

@@ -3,7 +3,8 @@
 //!
 //! # Spans
 //! One `SERVER` span per request, named `{gen_ai.operation.name} {model}`, with the GenAI
-//! semantic conventions (`gen_ai.system` and `gen_ai.provider.name` = `aws.bedrock`,
+//! semantic conventions (`gen_ai.system` and `gen_ai.provider.name` = `aws.bedrock`, or
+//! `aws.sagemaker` for an endpoint call,
 //! `gen_ai.operation.name`, `gen_ai.request.model`, `gen_ai.request.max_tokens`,
 //! `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`) and tokengate's own
 //! (`tokengate.pool`, `.route`, `.decision`, `.reservation`, `.charge`, `.settlement_rule`,
@@ -37,7 +38,7 @@ use tokio::time::Instant;
 use super::{Observation, Verdict};
 use crate::{
     admission::{Decision, Settled},
-    bedrock::Operation,
+    bedrock::{Api, Operation},
 };
 
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
@@ -357,9 +358,14 @@ fn request_attributes(
 }
 
 fn gen_ai_attributes(obs: &Observation, settled: Option<&Settled>) -> Vec<KeyValue> {
+    // The semantic conventions name `aws.bedrock`; a SageMaker endpoint is AWS's other runtime.
+    let provider = match obs.operation.map(Operation::api) {
+        Some(Api::SageMaker) => "aws.sagemaker",
+        _ => "aws.bedrock",
+    };
     let mut a = vec![
-        string("gen_ai.system", "aws.bedrock"),
-        string("gen_ai.provider.name", "aws.bedrock"),
+        string("gen_ai.system", provider),
+        string("gen_ai.provider.name", provider),
     ];
     if let (Some(op), Some(model)) = (obs.operation, obs.model.as_deref()) {
         a.push(string("gen_ai.operation.name", operation_name(op, model)));

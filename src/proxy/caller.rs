@@ -16,15 +16,22 @@ use crate::{
     auth::Identity,
     bedrock::{BedrockError, Operation},
     state::Policy,
+    upstream::{SAGEMAKER_SIGNING_NAME, signer::SIGNING_NAME},
 };
 
-/// Who is calling `operation`, from the head alone.
+/// Who is calling `operation`, from the head alone; a SigV4 caller must have signed for the
+/// operation's service (`bedrock`, or `sagemaker` for an endpoint call).
 pub fn identify_head(
     policy: &Policy,
     parts: &Parts,
     operation: Operation,
 ) -> Result<Identity, BedrockError> {
-    policy.auth.identify(parts, operation)
+    let service = if operation.is_endpoint() {
+        SAGEMAKER_SIGNING_NAME
+    } else {
+        SIGNING_NAME
+    };
+    policy.auth.identify(parts, operation, service)
 }
 
 /// The caller, once the body is read: a SigV4 signature checked over it, the route looked up, and

@@ -53,10 +53,10 @@ use super::{
 use crate::{
     admission::{Decision, Facts},
     answer,
-    bedrock::{Dialect, Operation, eventstream::exception_frame, operation::raw_path_and_query},
+    bedrock::{Operation, eventstream::exception_frame, operation::raw_path_and_query},
     observe::Observation,
     state::{AppState, Policy},
-    upstream::headers::BEDROCK_RUNTIME,
+    upstream::{headers::BEDROCK_RUNTIME, signer::SIGNING_NAME},
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -76,7 +76,7 @@ pub async fn proxy(
     if parts.version != Version::HTTP_2 {
         return answer::needs_http2(OPERATION);
     }
-    let (identity, verifier) = match policy.auth.identify_stream(&parts) {
+    let (identity, verifier) = match policy.auth.identify_stream(&parts, SIGNING_NAME) {
         Ok(identified) => identified,
         Err(refusal) => return refusal.into_response(),
     };
@@ -97,6 +97,7 @@ pub async fn proxy(
             read: None,
             caller: &caller,
             service_tier: None,
+            endpoint: None,
         })
         .await;
     policy.observer.decided(record, &decision);
@@ -139,7 +140,7 @@ pub async fn proxy(
     match sent {
         Ok(response) => forward::respond(state, policy, OPERATION, in_flight, response, false)
             .map(|body| Body::new(DuplexResponse::new(body, link))),
-        Err(e) => forward::unreachable(policy, in_flight, &e, Dialect::Bedrock),
+        Err(e) => forward::unreachable(policy, in_flight, &e, OPERATION),
     }
 }
 

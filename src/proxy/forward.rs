@@ -13,17 +13,21 @@ use axum::{body::Body, response::Response};
 use http::{StatusCode, header, request::Parts};
 use hyper::body::Incoming;
 
-use super::meter::{InFlight, Meter, MeteredBody};
+use super::{
+    meter::{ExceptionFrame, InFlight, Meter, MeteredBody},
+    usage_reader::UsageReader,
+};
 use crate::{
     admission::{Admitted, hint},
     answer,
     bedrock::{
-        Dialect, ErrorCode, Operation, UsageObserver, eventstream, operation::raw_path_and_query,
-        sse::UsageChunkFilter, usage::ResponseKind,
+        ErrorCode, Operation, eventstream, operation::raw_path_and_query, sse::UsageChunkFilter,
+        usage::ResponseKind,
     },
     observe::Observation,
+    sagemaker,
     state::{AppState, Policy},
-    upstream::{UpstreamError, headers::strip_hop_by_hop},
+    upstream::{Upstream, UpstreamError, headers::strip_hop_by_hop},
 };
 
 /// The request to send upstream.
@@ -35,6 +39,8 @@ pub struct Outgoing<'a> {
     pub operation: Operation,
     /// The caller's body (replaced by admission's rewrite, if it made one).
     pub body: bytes::Bytes,
+    /// Where it goes: bedrock-runtime, or the endpoint's sagemaker-runtime.
+    pub upstream: &'a Upstream,
 }
 
 /// Forwards `request`; an `admitted` request takes `obs` along, to be written at settlement.
@@ -57,7 +63,7 @@ pub async fn forward(
     let operation = request.operation;
     let parts = request.parts;
     let path_and_query = raw_path_and_query(&parts.uri);
-    let sent = state
+    let sent = request
         .upstream
         .send(
             operation,
@@ -79,7 +85,7 @@ pub async fn forward(
             response,
             strip_usage_chunk,
         ),
-        (Err(e), in_flight) => unreachable(policy, in_flight, &e, operation.api().dialect()),
+        (Err(e), in_flight) => unreachable(policy, in_flight, &e, operation),
     }
 }
 
@@ -175,13 +181,20 @@ pub fn respond(
         };
         meter(policy, f, response)
     });
+    let exception: ExceptionFrame = if operation.is_endpoint() {
+        sagemaker::error::stream_exception_frame
+    } else {
+        eventstream::exception_frame
+    };
+    // Every upstream client shares the idle timeout and the drain deadline: bedrock-runtime's
+    // stands for them all.
     let body = MeteredBody::new(
         incoming,
         meter,
         policy.observer.clone(),
         pool,
         &state.upstream,
-        event_stream,
+        event_stream.then_some(exception),
     )
     .with_filter(filter);
     Response::from_parts(head, Body::new(body))
@@ -209,7 +222,7 @@ fn meter(policy: &Policy, mut in_flight: InFlight, response: Answered<'_>) -> Op
         return None;
     }
     in_flight.answered(status, headers);
-    let mut usage = UsageObserver::new(kind?);
+    let mut usage = UsageReader::for_response(operation, kind)?;
     if let Some(u) = usage.on_headers(headers) {
         in_flight.settle_usage(&u);
     }
@@ -240,18 +253,24 @@ pub fn unreachable(
     policy: &Policy,
     in_flight: Option<InFlight>,
     error: &UpstreamError,
-    dialect: Dialect,
+    operation: Operation,
 ) -> Response {
     let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     policy
         .observer
         .upstream_error(pool.as_deref(), error.kind(), error);
+    let service = if operation.is_endpoint() {
+        "sagemaker-runtime"
+    } else {
+        "bedrock-runtime"
+    };
+    let dialect = operation.api().dialect();
     let Some(mut in_flight) = in_flight else {
-        return answer::upstream_unreachable(error, None, hint::UNAVAILABLE_WAIT, dialect);
+        return answer::upstream_unreachable(service, error, None, hint::UNAVAILABLE_WAIT, dialect);
     };
     let hint = policy.admission.hint(hint::UNAVAILABLE_WAIT);
     let pool_name = pool.as_deref().map(|p| &*p.name);
-    let response = answer::upstream_unreachable(error, pool_name, hint, dialect);
+    let response = answer::upstream_unreachable(service, error, pool_name, hint, dialect);
     in_flight.answered(response.status(), response.headers());
     match error {
         // No answer yet, but the request may be running upstream: charge the reservation.

@@ -1,9 +1,11 @@
 //! Step 5: the response body on its way back to the client, metered as it passes.
 //! (Over 500 lines: the guards, the body and its end-of-stream paths settle one hold, side by side.)
 //!
-//! Each frame from upstream is handed to the client as is. On the way, a [`UsageObserver`] reads
-//! it, and the request's reservation is settled the moment usage is known, not when the
-//! connection closes. The body also enforces the idle timeout between chunks.
+//! Each frame from upstream is handed to the client as is. On the way, a [`UsageReader`] reads
+//! it (Bedrock's [`crate::bedrock::UsageObserver`], or an endpoint container's
+//! [`crate::sagemaker::PayloadUsage`]), and the
+//! request's reservation is settled the moment usage is known, not when the connection closes.
+//! The body also enforces the idle timeout between chunks.
 //!
 //! An event stream is passed on in whole frames ([`WholeFrames`]): a chunk that ends inside a frame
 //! passes on up to the last frame boundary, and the rest waits for the next chunk (at most one
@@ -15,7 +17,8 @@
 //!
 //! When the upstream fails mid-body (connection reset, stream cut, idle timeout, a stream that
 //! ends inside a frame, framing that is not event-stream), an event stream drops any partial
-//! frame held and ends with a `modelStreamErrorException` frame, the only way a stream that
+//! frame held and ends with a `modelStreamErrorException` frame (an endpoint's: `ModelStreamError`),
+//! the only way a stream that
 //! answered 200 can report an error, and one that starts on a frame boundary; a plain body ends
 //! with an error, which aborts the response so the client sees a truncated body rather than a
 //! complete-looking one. Either way the reservation is settled by the `no_usage` rule. If the
@@ -52,16 +55,17 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use crate::{
     admission::{Hold, Pool, Settled},
     bedrock::{
-        ErrorCode, Usage, UsageObserver,
-        eventstream::{WholeFrames, exception_frame},
-        sse::UsageChunkFilter,
-        usage::{FRAME_CAP, ResponseKind},
+        ErrorCode, Usage, eventstream::WholeFrames, sse::UsageChunkFilter, usage::FRAME_CAP,
     },
     observe::{Observation, Observer},
     upstream::Upstream,
 };
 
+use super::usage_reader::UsageReader;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// The frame that ends an event stream early, in the dialect of the API that streams it.
+pub type ExceptionFrame = fn(ErrorCode, &str) -> Bytes;
 
 /// An admitted request on its way: its reservation and its record. Every settlement goes
 /// through here and is observed once.
@@ -167,12 +171,12 @@ impl Drop for InFlight {
 /// Reads usage out of a response in flight and settles its reservation with it.
 #[derive(Debug)]
 pub struct Meter {
-    usage: UsageObserver,
+    usage: UsageReader,
     in_flight: InFlight,
 }
 
 impl Meter {
-    pub fn new(usage: UsageObserver, in_flight: InFlight) -> Meter {
+    pub fn new(usage: UsageReader, in_flight: InFlight) -> Meter {
         Meter { usage, in_flight }
     }
 
@@ -205,17 +209,9 @@ impl Meter {
         }
         match usage {
             Some(usage) => self.in_flight.settle_usage(&usage),
-            None if self.refused_in_band() => self.in_flight.throttled_in_band(),
+            None if self.usage.refused_in_band() => self.in_flight.throttled_in_band(),
             None => self.cut(),
         }
-    }
-
-    /// A bidirectional stream that ended on a `throttlingException` before any usage: upstream
-    /// never started the session (Bedrock reserves when the session starts).
-    fn refused_in_band(&self) -> bool {
-        self.usage.kind() == ResponseKind::BidirectionalStream
-            && self.usage.running_usage().is_none()
-            && self.usage.stream_exception() == Some(ErrorCode::Throttling.event_member().as_str())
     }
 
     fn cut(&mut self) {
@@ -254,8 +250,8 @@ pin_project! {
         deadline: CancellationToken,
         #[pin]
         deadline_passed: WaitForCancellationFutureOwned,
-        // Event streams only: what is passed on, whole frames.
-        frames: Option<WholeFrames>,
+        // Event streams only: what is passed on, whole frames, and how the stream ends early.
+        frames: Option<(WholeFrames, ExceptionFrame)>,
         // Takes out of a Chat Completions stream the usage chunk the client did not ask for.
         filter: Option<UsageChunkFilter>,
         finished: bool,
@@ -273,14 +269,14 @@ impl std::fmt::Debug for MeteredBody {
 impl MeteredBody {
     /// Wraps `inner`, a response of `upstream` (whose idle timeout and drain deadline apply).
     /// `meter` is `None` for responses that settle nothing (uncounted calls, error responses
-    /// already settled).
+    /// already settled). `event_stream` is how an event stream ends early (`None`: a plain body).
     pub fn new(
         inner: Incoming,
         meter: Option<Meter>,
         observer: Arc<Observer>,
         pool: Option<Arc<Pool>>,
         upstream: &Upstream,
-        event_stream: bool,
+        event_stream: Option<ExceptionFrame>,
     ) -> MeteredBody {
         let idle_timeout = upstream.idle_timeout;
         let deadline = upstream.deadline().clone();
@@ -293,7 +289,7 @@ impl MeteredBody {
             idle_timeout,
             deadline_passed: deadline.clone().cancelled_owned(),
             deadline,
-            frames: event_stream.then(|| WholeFrames::new(FRAME_CAP)),
+            frames: event_stream.map(|exception| (WholeFrames::new(FRAME_CAP), exception)),
             filter: None,
             finished: false,
         }
@@ -386,7 +382,7 @@ impl Body for MeteredBody {
                 .as_mut()
                 .reset(Instant::now() + *this.idle_timeout);
             let last = this.inner.is_end_stream();
-            let frame = match whole_frames(this.frames.as_mut(), frame) {
+            let frame = match whole_frames(this.frames.as_mut().map(|(f, _)| f), frame) {
                 Ok(Some(frame)) => frame,
                 // Nothing whole yet: read on.
                 Ok(None) if !last => continue,
@@ -427,7 +423,7 @@ impl Body for MeteredBody {
 
 /// The body ended: settle on its usage, unless it is an event stream that ended inside a frame.
 fn end(this: &mut MeteredBodyProj<'_>) -> Result<(), Failure> {
-    if let Some(broken) = unfinished_frame(this.frames.as_ref()) {
+    if let Some(broken) = unfinished_frame(this.frames.as_ref().map(|(f, _)| f)) {
         return Err(broken);
     }
     *this.finished = true;
@@ -455,11 +451,12 @@ fn end_early(
     if let Some(meter) = this.meter.as_mut() {
         meter.cut();
     }
-    if this.frames.is_some() {
+    match *this.frames {
         // Any partial frame held is dropped: the exception starts on a frame boundary.
-        Poll::Ready(Some(Ok(Frame::data(exception_frame(code, &message)))))
-    } else {
-        Poll::Ready(Some(Err(message.into())))
+        Some((_, exception_frame)) => {
+            Poll::Ready(Some(Ok(Frame::data(exception_frame(code, &message)))))
+        }
+        None => Poll::Ready(Some(Err(message.into()))),
     }
 }
 

@@ -1,7 +1,9 @@
 //! The life of a proxied request, step by step (see ARCHITECTURE.md, "The life of a request"):
 //!
-//! 1. **Target**: the operation and modelId from the raw path ([`crate::bedrock::Target`]); a
-//!    path that could name another resource upstream is refused.
+//! 1. **Target**: the operation and modelId from the raw path ([`crate::bedrock::Target`]), or
+//!    for a sagemaker-runtime call the endpoint and inference component
+//!    ([`crate::sagemaker::EndpointTarget`]): a [`Call`]; a path that could name another
+//!    resource upstream is refused.
 //! 2. **Caller**: who is calling, from the head before any body byte is read, and in sigv4 mode
 //!    from the signature over the body too ([`caller`]); the body is read (bounded) in between.
 //! 3. **Decide**: [`crate::admission::Admission::decide`] returns a pure [`Decision`].
@@ -13,7 +15,8 @@
 //! its answer is ready. A 429 or 5xx answered to an identified caller is remembered
 //! ([`crate::admission::retries`]), so that the SDK's retry of that call may use the retry reserve.
 //! Only the headers the API defines (and a SigV4 caller signed) go upstream
-//! ([`crate::upstream::headers`]).
+//! ([`crate::upstream::headers`]). tokengate's own answers to endpoint calls carry
+//! sagemaker-runtime's error names ([`crate::sagemaker::error::own_answer`]).
 //!
 //! Every answer of tokengate's own is in the error shape of the path's clients
 //! ([`crate::bedrock::Dialect`]): Bedrock's for the native operations, OpenAI's under `/openai/`
@@ -29,6 +32,7 @@ pub mod duplex;
 pub mod forward;
 pub mod meter;
 pub mod relay;
+pub mod usage_reader;
 
 use std::sync::Arc;
 
@@ -38,25 +42,78 @@ use axum::{
     response::Response,
 };
 use bytes::Bytes;
-use http::StatusCode;
+use http::{StatusCode, request::Parts};
 
 use crate::{
     admission::{self, Caller, Decision, Facts},
     answer,
-    bedrock::{Dialect, Operation, Target},
+    bedrock::{Dialect, Operation, Target, TargetError},
     observe::{Observation, Verdict},
+    sagemaker::{self, EndpointTarget},
     state::{AppState, Policy},
-    upstream::headers,
+    upstream::{Upstream, UpstreamError, headers, sagemaker::Service},
 };
 
-/// Handles every `bedrock-runtime` call.
+/// What a request calls: a `bedrock-runtime` operation, or a SageMaker endpoint.
+#[derive(Debug)]
+pub enum Call {
+    Model(Target),
+    Endpoint(EndpointTarget),
+}
+
+/// Why a request line is not a call tokengate serves.
+#[derive(Debug)]
+enum CallError {
+    Model(TargetError),
+    Endpoint(sagemaker::EndpointTargetError),
+}
+
+impl Call {
+    /// Reads the call from the request line (and the inference component header).
+    fn parse(parts: &Parts) -> Result<Call, CallError> {
+        let path = parts.uri.path();
+        if let Some(endpoint) = EndpointTarget::parse(&parts.method, path, &parts.headers) {
+            return endpoint.map(Call::Endpoint).map_err(CallError::Endpoint);
+        }
+        Target::parse(&parts.method, path)
+            .map(Call::Model)
+            .map_err(CallError::Model)
+    }
+
+    pub fn operation(&self) -> Operation {
+        match self {
+            Call::Model(t) => t.operation,
+            Call::Endpoint(t) => t.operation,
+        }
+    }
+
+    /// What the access log records as the model: the modelId, or `endpoint[/component]`.
+    fn label(&self) -> Option<String> {
+        match self {
+            Call::Model(t) => t.model_id.clone(),
+            Call::Endpoint(t) => Some(match &t.inference_component {
+                Some(ic) => format!("{}/{ic}", t.endpoint),
+                None => t.endpoint.clone(),
+            }),
+        }
+    }
+}
+
+/// Handles every `bedrock-runtime` and `sagemaker-runtime` call.
 pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
     // One policy generation for the whole request, whatever a reload does meanwhile.
     let policy = state.policy();
     let mut obs = Some(Observation::start());
     let invocation = caller::invocation_id(request.headers()).map(str::to_owned);
+    let endpoint_call = request
+        .uri()
+        .path()
+        .starts_with(sagemaker::operation::PATH_PREFIX);
     let mut route = None;
-    let response = proxy(&state, &policy, request, &mut obs, &mut route).await;
+    let mut response = proxy(&state, &policy, request, &mut obs, &mut route).await;
+    if endpoint_call {
+        response = sagemaker::error::own_answer(response);
+    }
     if let Some(mut obs) = obs {
         obs.answered(response.status(), response.headers());
         policy.observer.finished(obs);
@@ -90,13 +147,16 @@ async fn proxy(
     // credentials, its body), in the error shape of the path's clients.
     record.refused(Verdict::Invalid);
     let dialect = Dialect::of_path(parts.uri.path());
-    let target = match Target::parse(&parts.method, parts.uri.path()) {
-        Ok(t) => t,
-        Err(e) => return answer::target_error(e, dialect),
+    let call = match Call::parse(&parts) {
+        Ok(call) => call,
+        Err(CallError::Model(e)) => return answer::target_error(e, dialect),
+        Err(CallError::Endpoint(e)) => return answer::endpoint_target_error(&e),
     };
-    let operation = target.operation;
-    record.target(operation, target.model_id.as_deref());
-    if operation == Operation::InvokeModelWithBidirectionalStream {
+    let operation = call.operation();
+    record.target(operation, call.label().as_deref());
+    if let Call::Model(target) = &call
+        && operation == Operation::InvokeModelWithBidirectionalStream
+    {
         let model_id = target.model_id.as_deref();
         return duplex::proxy(state, policy, parts, body, model_id, obs, route).await;
     }
@@ -122,10 +182,17 @@ async fn proxy(
         .headers
         .get(SERVICE_TIER)
         .and_then(|v| v.to_str().ok());
-    let decision = decide(policy, &target, (&body, tier), &caller, record).await;
+    let decision = decide(policy, &call, (&body, tier), &caller, record).await;
     if let Some(refusal) = answer::refusal(&decision, operation) {
         return refusal;
     }
+    let upstream = match upstream_of(state, &call, &decision) {
+        Ok(upstream) => upstream,
+        Err(e) => {
+            let (hint, dialect) = (Default::default(), Dialect::Bedrock);
+            return answer::upstream_unreachable("sagemaker-runtime", &e, None, hint, dialect);
+        }
+    };
     let admitted = match decision {
         Decision::Admit(admitted) => Some(admitted),
         _ => None,
@@ -138,6 +205,7 @@ async fn proxy(
         headers,
         operation,
         body,
+        upstream: &upstream,
     };
     forward::forward(state, policy, request, admitted, obs).await
 }
@@ -145,17 +213,39 @@ async fn proxy(
 /// InvokeModel's service tier header.
 const SERVICE_TIER: &str = "x-amzn-bedrock-service-tier";
 
+/// Where a call goes: bedrock-runtime, or the sagemaker-runtime of its endpoint's pool (of
+/// `upstream.region` for an endpoint in no pool).
+fn upstream_of(
+    state: &AppState,
+    call: &Call,
+    decision: &Decision,
+) -> Result<Arc<Upstream>, UpstreamError> {
+    if let Call::Model(_) = call {
+        return Ok(state.upstream.clone());
+    }
+    match decision.pool().and_then(|p| p.endpoint_config()) {
+        Some(e) => state
+            .sagemaker
+            .client(Service::Runtime, &e.runtime, &e.region),
+        None => state.sagemaker.default_runtime(),
+    }
+}
+
 /// Step 3: admission decides, and the observer counts it. The OpenAI and Anthropic APIs name
 /// their model in the body: admission's one pass reads it, and the record takes it.
 /// `service_tier` is the request's `X-Amzn-Bedrock-Service-Tier` header, as plain data.
 async fn decide(
     policy: &Policy,
-    target: &Target,
+    call: &Call,
     (body, service_tier): (&Bytes, Option<&str>),
     caller: &Caller,
     record: &mut Observation,
 ) -> Decision {
-    let operation = target.operation;
+    let operation = call.operation();
+    let (model_id, endpoint) = match call {
+        Call::Model(t) => (t.model_id.as_deref(), None),
+        Call::Endpoint(t) => (None, Some(t)),
+    };
     let read = operation
         .model_in_body()
         .then(|| admission::read_body(operation, body));
@@ -171,11 +261,12 @@ async fn decide(
         .admission
         .decide(&Facts {
             operation,
-            model_id: target.model_id.as_deref(),
+            model_id,
             body,
             read: read.as_ref(),
             caller,
             service_tier,
+            endpoint,
         })
         .await;
     policy.observer.decided(record, &decision);

@@ -57,7 +57,17 @@ fn api_key(parts: &Parts) -> Option<&str> {
 
 /// Checks the request's credential; `body` is what the payload hash covers.
 pub(crate) fn check(sim: &Inner, parts: &Parts, body: &[u8]) -> Result<(), BedrockError> {
-    check_as(sim, parts, body, Payload::Body).map(|_| ())
+    check_as(sim, parts, body, Payload::Body, "bedrock").map(|_| ())
+}
+
+/// [`check`] for a request that must be signed for `service` (`sagemaker` for endpoints).
+pub(crate) fn check_for(
+    sim: &Inner,
+    parts: &Parts,
+    body: &[u8],
+    service: &str,
+) -> Result<(), BedrockError> {
+    check_as(sim, parts, body, Payload::Body, service).map(|_| ())
 }
 
 /// Checks a bidirectional stream's head (SigV4 only); with `verify_sigv4` set, returns the
@@ -66,7 +76,7 @@ pub(crate) fn check_stream(
     sim: &Inner,
     parts: &Parts,
 ) -> Result<Option<ChainVerifier>, BedrockError> {
-    check_as(sim, parts, &[], Payload::EventStream)
+    check_as(sim, parts, &[], Payload::EventStream, "bedrock")
 }
 
 fn check_as(
@@ -74,6 +84,7 @@ fn check_as(
     parts: &Parts,
     body: &[u8],
     payload: Payload,
+    service: &str,
 ) -> Result<Option<ChainVerifier>, BedrockError> {
     let sigv4_only = payload == Payload::EventStream;
     let authorization = parts
@@ -132,9 +143,9 @@ fn check_as(
             }
             head.verify(&request, &key.secret_access_key)?;
             // Signed for another service (e.g. `bedrock-runtime`): refused, as AWS refuses it.
-            if auth.service != "bedrock" {
+            if auth.service != service {
                 return Err(SigV4Error::Malformed(format!(
-                    "Credential should be scoped to correct service: 'bedrock', not '{}'.",
+                    "Credential should be scoped to correct service: '{service}', not '{}'.",
                     auth.service
                 )));
             }

@@ -45,6 +45,7 @@ impl SimulatorConfig {
         }
         self.validate_quotas()?;
         self.validate_credentials()?;
+        super::sagemaker::config::validate(&self.endpoints)?;
         if self.output_tokens_min > self.output_tokens_max {
             return key(
                 "output_tokens_min",

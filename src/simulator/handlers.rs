@@ -93,6 +93,15 @@ pub(super) async fn handle(State(sim): State<Arc<Inner>>, req: Request) -> Respo
         })),
         Operation::GetAsyncInvoke => get_async_invoke(parts.uri.path()),
         Operation::ListAsyncInvokes => json_ok(&json!({"asyncInvokeSummaries": []})),
+        // Endpoint calls are routed to `super::sagemaker` before this handler; the Bedrock path
+        // parser never yields them.
+        Operation::InvokeEndpoint | Operation::InvokeEndpointWithResponseStream => {
+            BedrockError::new(
+                ErrorCode::ResourceNotFound,
+                "not a bedrock-runtime operation",
+            )
+            .into_response()
+        }
         // Their paths are answered by `apis::handle` above; a path reaches here only unmatched.
         Operation::OpenAIChatCompletions
         | Operation::OpenAIResponses

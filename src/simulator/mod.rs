@@ -45,6 +45,10 @@
 //!   never checked.
 //! - **Stats**: `GET /_sim/stats` ([`stats`]): every bucket (Region, model, route, tier
 //!   capacity, minute and day), quota-counted calls by API, by requested tier and by Region.
+//! - **SageMaker endpoints** ([`sagemaker`]): fleets of copies with a per-copy concurrency cap
+//!   behind InvokeEndpoint and InvokeEndpointWithResponseStream, scaled with a delay through
+//!   `/_sim/sagemaker`, described by the control plane's DescribeEndpoint and
+//!   DescribeInferenceComponent.
 //!
 //! Readings of uncertain facts (U in BEDROCK-APIS.md) are stated where they are taken: the body
 //! of a 429 on the body-model APIs (`apis`), the daily count's reservation ([`quota`]), the
@@ -57,7 +61,8 @@
 //! [`generate`] output and faults · [`quota`] buckets and days · `charge` one call's charge ·
 //! [`shapes`] native response bodies and frames · [`stream`] the paced streaming body ·
 //! `handlers` the HTTP edge · `apis` the body-model APIs · `bidi`/[`sonic`] the
-//! bidirectional stream · `auth` credentials · `control` `/_sim/daily` · [`stats`] counters.
+//! bidirectional stream · `auth` credentials · `control` `/_sim/daily` · [`stats`] counters ·
+//! [`sagemaker`] endpoints.
 
 mod apis;
 mod auth;
@@ -73,6 +78,7 @@ pub mod quota;
 pub mod region;
 pub mod request;
 mod reset;
+pub mod sagemaker;
 pub mod shapes;
 pub mod sonic;
 pub mod stats;
@@ -118,6 +124,8 @@ pub(crate) struct Inner {
     faults: [AtomicU64; generate::Fault::ALL.len()],
     /// Days started by `POST /_sim/daily`, added to the clock's day number.
     new_days: AtomicU64,
+    /// SageMaker endpoints' copies ([`sagemaker`]).
+    fleets: sagemaker::Fleets,
     traceparents: stats::TraceParents,
 }
 
@@ -171,6 +179,7 @@ impl Simulator {
     pub fn new(config: SimulatorConfig) -> Simulator {
         Simulator {
             inner: Arc::new(Inner {
+                fleets: sagemaker::Fleets::new(&config.endpoints),
                 config,
                 buckets: quota::Buckets::default(),
                 tallies: stats::Tallies::default(),
@@ -192,10 +201,10 @@ impl Simulator {
     }
 
     /// Every `bedrock-runtime` operation and body-model API, plus `GET /_sim/stats` and
-    /// `POST /_sim/daily`.
+    /// `POST /_sim/daily`; SageMaker endpoints and their control plane ([`sagemaker`]).
     pub fn router(&self) -> Router {
         let (stats, daily) = (self.clone(), self.clone());
-        Router::new()
+        sagemaker::routes(Router::new())
             .route(
                 "/_sim/stats",
                 get(move || {
@@ -212,6 +221,11 @@ impl Simulator {
             )
             .fallback(handlers::handle)
             .with_state(Arc::clone(&self.inner))
+    }
+
+    /// Every SageMaker fleet's figures (as `GET /_sim/sagemaker` reports them).
+    pub fn endpoint_stats(&self) -> Vec<sagemaker::FleetStats> {
+        self.inner.fleets.stats()
     }
 
     /// Starts a new quota day for every bucket and Region (as `POST /_sim/daily` does).

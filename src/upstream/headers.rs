@@ -40,6 +40,28 @@ pub const BEDROCK_RUNTIME: Api = Api {
     ],
 };
 
+/// `sagemaker-runtime`: every request member with `"location": "header"` of InvokeEndpoint and
+/// InvokeEndpointWithResponseStream in botocore's service model
+/// (`botocore/data/sagemaker-runtime/2017-05-13/service-2.json`, botocore 1.44.8), with
+/// `content-type` and `accept` (InvokeEndpoint's `ContentType` and `Accept` members).
+pub const SAGEMAKER_RUNTIME: Api = Api {
+    name: "sagemaker-runtime",
+    request_headers: &[
+        "accept",
+        "content-type",
+        "x-amzn-sagemaker-accept",
+        "x-amzn-sagemaker-custom-attributes",
+        "x-amzn-sagemaker-enable-explanations",
+        "x-amzn-sagemaker-inference-component",
+        "x-amzn-sagemaker-inference-id",
+        "x-amzn-sagemaker-prefix-aware-id",
+        "x-amzn-sagemaker-session-id",
+        "x-amzn-sagemaker-target-container-hostname",
+        "x-amzn-sagemaker-target-model",
+        "x-amzn-sagemaker-target-variant",
+    ],
+};
+
 /// OpenAI Chat Completions and Responses on `bedrock-runtime`: content negotiation only. The
 /// OpenAI SDK's own headers (`openai-organization`, `openai-project`, `x-stainless-*`, ...) mean
 /// nothing to Bedrock, and its `Authorization` is the caller's credential.
@@ -66,6 +88,7 @@ pub fn table(api: crate::bedrock::Api) -> &'static Api {
         crate::bedrock::Api::Bedrock => &BEDROCK_RUNTIME,
         crate::bedrock::Api::OpenAIChat | crate::bedrock::Api::OpenAIResponses => &OPENAI,
         crate::bedrock::Api::AnthropicMessages => &ANTHROPIC,
+        crate::bedrock::Api::SageMaker => &SAGEMAKER_RUNTIME,
     }
 }
 
@@ -160,6 +183,32 @@ mod tests {
         ]);
         let out = BEDROCK_RUNTIME.forwarded(&client, None);
         assert_eq!(names(&out), ["content-type", "x-amzn-bedrock-trace"]);
+    }
+
+    #[test]
+    fn each_api_forwards_its_own_headers() {
+        let client = headers(&[
+            ("content-type", "application/json"),
+            ("x-amzn-sagemaker-inference-component", "ic-1"),
+            ("x-amzn-sagemaker-custom-attributes", "trace=1"),
+            ("x-amzn-bedrock-trace", "ENABLED"),
+            ("x-amzn-sagemaker-made-up", "1"),
+        ]);
+        let out = SAGEMAKER_RUNTIME.forwarded(&client, None);
+        assert_eq!(
+            names(&out),
+            [
+                "content-type",
+                "x-amzn-sagemaker-custom-attributes",
+                "x-amzn-sagemaker-inference-component"
+            ]
+        );
+        let out = BEDROCK_RUNTIME.forwarded(&client, None);
+        assert_eq!(names(&out), ["content-type", "x-amzn-bedrock-trace"]);
+        assert_eq!(
+            table(crate::bedrock::Api::SageMaker).name,
+            SAGEMAKER_RUNTIME.name
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@
 //! show the upstream URL's userinfo (config refuses it; [`redact_userinfo`] guards the messages anyway).
 
 pub mod headers;
+pub mod sagemaker;
 pub mod signer;
 
 use std::time::Duration;
@@ -35,7 +36,7 @@ use hyper_util::{
 };
 use tokio_util::sync::CancellationToken;
 
-pub use signer::{EventSigner, Signer};
+pub use signer::{EventSigner, SAGEMAKER_SIGNING_NAME, Signer};
 
 /// The request body of a duplex call: frames as they come.
 pub type DuplexBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
@@ -227,17 +228,21 @@ impl Upstream {
 
     /// Sends one request of `operation` upstream and waits for the response head. `headers` go
     /// as they are (choose them with [`headers::Api::forwarded`]); the proxy adds `host` and its
-    /// credential ([`Upstream::authorize`]).
+    /// credential ([`Upstream::authorize`]). `None` for a call that is no proxied operation
+    /// (SageMaker's control plane): always signed with SigV4.
     pub async fn send(
         &self,
-        operation: Operation,
+        operation: impl Into<Option<Operation>>,
         method: Method,
         path_and_query: &str,
         headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let mut request = self.request(method, path_and_query, headers, body)?;
-        self.authorize(&mut request, operation).await?;
+        match operation.into() {
+            Some(operation) => self.authorize(&mut request, operation).await?,
+            None => self.signer.sign(&mut request).await?,
+        }
         // `host` is signed but hyper derives it (or `:authority`) from the URI.
         request.headers_mut().remove(header::HOST);
         self.answer(self.client.request(request.map(Full::new)))

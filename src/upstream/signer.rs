@@ -38,11 +38,15 @@ use super::UpstreamError;
 const REFRESH_MARGIN: Duration = Duration::from_secs(300);
 /// The SigV4 signing name of bedrock-runtime.
 pub const SIGNING_NAME: &str = "bedrock";
+/// The SigV4 signing name of sagemaker-runtime and the SageMaker control plane.
+pub const SAGEMAKER_SIGNING_NAME: &str = "sagemaker";
 
 #[derive(Debug)]
 pub struct Signer {
     provider: SharedCredentialsProvider,
     region: String,
+    /// The service the signature is scoped to: `bedrock` unless [`Signer::for_service`] says.
+    service: &'static str,
     cached: RwLock<Option<Credentials>>,
     refresh: tokio::sync::Mutex<()>,
 }
@@ -52,9 +56,16 @@ impl Signer {
         Signer {
             provider,
             region: region.into(),
+            service: SIGNING_NAME,
             cached: RwLock::new(None),
             refresh: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Signs for `service` instead of `bedrock` (`sagemaker` for endpoint calls).
+    pub fn for_service(mut self, service: &'static str) -> Signer {
+        self.service = service;
+        self
     }
 
     fn fresh(&self) -> Option<Credentials> {
@@ -94,7 +105,8 @@ impl Signer {
         request: &mut http::Request<bytes::Bytes>,
     ) -> Result<(), UpstreamError> {
         let identity: Identity = self.credentials().await?.into();
-        sign_as(&identity, &self.region, SystemTime::now(), request).map(|_| ())
+        let scope = (self.region.as_str(), self.service);
+        sign_as(&identity, scope, SystemTime::now(), request).map(|_| ())
     }
 
     /// Signs the head of an event stream in place, over an empty payload (`request`'s body must
@@ -105,7 +117,8 @@ impl Signer {
         request: &mut http::Request<bytes::Bytes>,
     ) -> Result<EventSigner, UpstreamError> {
         let identity: Identity = self.credentials().await?.into();
-        let seed = sign_as(&identity, &self.region, SystemTime::now(), request)?;
+        let scope = (self.region.as_str(), self.service);
+        let seed = sign_as(&identity, scope, SystemTime::now(), request)?;
         Ok(EventSigner {
             identity,
             region: self.region.clone(),
@@ -166,17 +179,17 @@ pub fn signing_settings() -> SigningSettings {
     settings
 }
 
-/// Signs `request` in place; returns the signature (hex).
+/// Signs `request` in place, scoped to `(region, service)`; returns the signature (hex).
 fn sign_as(
     identity: &Identity,
-    region: &str,
+    (region, service): (&str, &str),
     at: SystemTime,
     request: &mut http::Request<bytes::Bytes>,
 ) -> Result<String, UpstreamError> {
     let params = v4::SigningParams::builder()
         .identity(identity)
         .region(region)
-        .name(SIGNING_NAME)
+        .name(service)
         .time(at)
         .settings(signing_settings())
         .build()
@@ -318,7 +331,7 @@ mod tests {
                 .header("host", "bedrock-runtime.us-east-1.amazonaws.com")
                 .body(bytes::Bytes::from_static(b"{}"))
                 .unwrap();
-            sign_as(&identity, "us-east-1", at, &mut request).unwrap();
+            sign_as(&identity, ("us-east-1", SIGNING_NAME), at, &mut request).unwrap();
             request
         };
         let verify = |request: &http::Request<bytes::Bytes>, path: &str| {

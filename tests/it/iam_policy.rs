@@ -19,11 +19,12 @@ fn readme_section(heading: &str) -> String {
 }
 
 /// The actions every operation needs (tokengate forwards them all; operations AWS documents no
-/// action for apart).
+/// action for apart), and what endpoint pools need beyond them (`sagemaker::IAM_ACTIONS`).
 fn needed_actions() -> BTreeSet<&'static str> {
     Operation::ALL
         .into_iter()
         .filter_map(Operation::iam_action)
+        .chain(tokengate::sagemaker::IAM_ACTIONS)
         .collect()
 }
 

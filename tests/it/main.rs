@@ -22,6 +22,7 @@
 //! | `security_request`, `security_transport`, `security_bodies` | the attacks of issue #14, one test each |
 //! | `iam_policy` | the README's IAM policy against the forwarded operations |
 //! | `simulator` | the simulator on its own: Bedrock's arithmetic and wire shapes, with real clients |
+//! | `endpoints` | SageMaker endpoint pools with aws-sdk-sagemakerruntime: the per-copy limit, the queue, hints, the copies from the control plane |
 //! | `bidi`, `bidi_raw` | InvokeModelWithBidirectionalStream through the proxy: the Rust SDK's sessions, and raw HTTP/2 where the SDK cannot say it |
 
 mod common;
@@ -40,6 +41,7 @@ mod daily_quota;
 mod dashboard_prometheus;
 mod dashboards;
 mod emf;
+mod endpoints;
 mod iam_policy;
 mod ledger_contract;
 mod ledger_differential;

@@ -24,7 +24,8 @@ fn pools() -> String {
          [[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 1\n\
          output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 5000\ntokens_per_day = 100000000\n\n\
          [[pools]]\nname = \"nova\"\nmodels = [\"{NOVA}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 8\n\
-         output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n",
+         output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n\n\
+         [[endpoints]]\nname = \"llm\"\nendpoint = \"llm-prod\"\ncopies = 2\nmax_concurrency_per_copy = 4\n",
         sonnet_pool(20_000, 8)
     )
 }
@@ -420,6 +421,13 @@ async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
     assert!(
         (1e9 - 1e6..1e9).contains(&account),
         "the account's day {account}"
+    );
+    // An endpoint pool nobody called: its copies, and no demand on them.
+    m.expect("tokengate_endpoint_copies", &[("pool", "llm")], 2.0);
+    m.expect(
+        "tokengate_endpoint_demand_per_copy",
+        &[("pool", "llm")],
+        0.0,
     );
 
     // ... every metric the proxy registers is in the scrape ...

@@ -62,6 +62,7 @@ async fn admit(adm: &Admission, max_tokens: u64) -> Result<Hold, Refused> {
             read: None,
             caller: &caller,
             service_tier: None,
+            endpoint: None,
         })
         .await;
     match decision {

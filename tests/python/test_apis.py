@@ -239,7 +239,7 @@ def test_check_config_says_a_sonic_pool_still_needs_sigv4_with_an_api_key(tmp_pa
     run = subprocess.run([str(tokengate_bin()), "check-config", str(path)], capture_output=True,
                          text=True, timeout=30, env={**env, "TG_TEST_BEDROCK_KEY": "a-key"})
     assert run.returncode == 0, run.stderr
-    assert "ok (2 pools)" in run.stdout
+    assert "ok (2 pools, 0 endpoints)" in run.stdout
     assert 'note: upstream.api_key_env (TG_TEST_BEDROCK_KEY): pool "sonic"' in run.stderr, run.stderr
     assert "accepts only SigV4" in run.stderr
     assert "a-key" not in run.stdout + run.stderr, "the key is never printed"

@@ -2,6 +2,7 @@
 //! ledger-returns-to-zero check every test ends with.
 
 pub mod apis;
+pub mod endpoints;
 pub mod fleet;
 pub mod h2raw;
 pub mod log_capture;
