@@ -14,31 +14,25 @@ async fn pools_json(stack: &Stack) -> Value {
     serde_json::from_slice(&r.body).expect("json")
 }
 
-fn converse_path() -> String {
-    model_path(SONNET_US, "converse")
-}
-
 #[tokio::test]
 async fn an_upstream_daily_429_leaves_the_minute_limit_alone_and_says_daily_quota() {
     // Upstream's day holds 5,000 tokens; the proxy knows no daily quota.
     let sim = format!("{FAST_SIM}default_tokens_per_day = 5000\n");
     let stack = Stack::start(&sim, &sonnet_pool(100_000, 8), "").await;
-    let ok = raw_request(
+    let ok = converse(
         stack.proxy.addr,
-        "POST",
-        &converse_path(),
-        converse_body("[sim:output=900] hi", Some(1_000)),
-        false,
+        SONNET_US,
+        "[sim:output=900] hi",
+        Some(1_000),
     )
     .await;
     assert_eq!(ok.status, 200, "{}", ok.message());
     // 900 x 5 + input charged to upstream's day, about 490 left: 4,000 does not fit.
-    let r = raw_request(
+    let r = converse(
         stack.proxy.addr,
-        "POST",
-        &converse_path(),
-        converse_body("[sim:output=10] again", Some(4_000)),
-        false,
+        SONNET_US,
+        "[sim:output=10] again",
+        Some(4_000),
     )
     .await;
     assert_eq!(
@@ -107,12 +101,11 @@ async fn a_pools_own_day_refuses_with_daily_quota_and_shows_what_is_left() {
         "the minute and the day both hold it: {}",
         r.message()
     );
-    let r = raw_request(
+    let r = converse(
         stack.proxy.addr,
-        "POST",
-        &converse_path(),
-        converse_body("[sim:output=19000] long", Some(19_000)),
-        false,
+        SONNET_US,
+        "[sim:output=19000] long",
+        Some(19_000),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.message());

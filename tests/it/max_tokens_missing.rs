@@ -36,15 +36,7 @@ async fn by_default_the_model_maximum_is_reserved_and_a_pool_too_small_for_it_sa
  {
     // Sonnet 4's maximum output is 64,000 (the catalogue): a 20,000-token pool can never hold it.
     let stack = Stack::start(FAST_SIM, &pool(20_000, ""), "").await;
-    let path = model_path(SONNET_US, "converse");
-    let r = raw_request(
-        stack.proxy.addr,
-        "POST",
-        &path,
-        converse_body("hi", None),
-        false,
-    )
-    .await;
+    let r = converse(stack.proxy.addr, SONNET_US, "hi", None).await;
     assert_eq!((r.status, r.error_type()), (400, "ValidationException"));
     let says = r.message();
     assert!(
@@ -53,28 +45,14 @@ async fn by_default_the_model_maximum_is_reserved_and_a_pool_too_small_for_it_sa
         "{says}"
     );
     // With maxTokens it fits.
-    let r = raw_request(
-        stack.proxy.addr,
-        "POST",
-        &path,
-        converse_body("hi", Some(500)),
-        false,
-    )
-    .await;
+    let r = converse(stack.proxy.addr, SONNET_US, "hi", Some(500)).await;
     assert_eq!(r.status, 200, "{}", r.message());
     assert_eq!(missing(&stack, "reserve_model_max").await, 1.0);
     stack.assert_ledger_zero().await;
 
     // A pool that holds it reserves 64,000 and forwards the body as sent.
     let stack = Stack::start(FAST_SIM, &pool(1_000_000, ""), "").await;
-    let r = raw_request(
-        stack.proxy.addr,
-        "POST",
-        &path,
-        converse_body("[sim:output=3000] hi", None),
-        false,
-    )
-    .await;
+    let r = converse(stack.proxy.addr, SONNET_US, "[sim:output=3000] hi", None).await;
     assert_eq!(r.status, 200, "{}", r.message());
     let body: serde_json::Value = serde_json::from_slice(&r.body).expect("json");
     assert_eq!(body["usage"]["outputTokens"], 3000, "upstream read no cap");
@@ -127,14 +105,7 @@ async fn inject_writes_the_pools_default_into_what_upstream_reads() {
         (&serde_json::json!(40), &serde_json::json!("max_tokens"))
     );
     // A caller's own maxTokens is left alone.
-    let r = raw_request(
-        stack.proxy.addr,
-        "POST",
-        &model_path(SONNET_US, "converse"),
-        converse_body("[sim:output=100] hi", Some(90)),
-        false,
-    )
-    .await;
+    let r = converse(stack.proxy.addr, SONNET_US, "[sim:output=100] hi", Some(90)).await;
     let body: serde_json::Value = serde_json::from_slice(&r.body).expect("json");
     assert_eq!(body["usage"]["outputTokens"], 90);
     assert_eq!(missing(&stack, "inject").await, 2.0);
@@ -179,14 +150,7 @@ async fn reject_names_the_field_to_send_and_forwards_nothing() {
         );
     }
     assert_eq!(upstream_calls(&stack), 0);
-    let r = raw_request(
-        stack.proxy.addr,
-        "POST",
-        &model_path(SONNET_US, "converse"),
-        converse_body("hi", Some(100)),
-        false,
-    )
-    .await;
+    let r = converse(stack.proxy.addr, SONNET_US, "hi", Some(100)).await;
     assert_eq!(r.status, 200, "{}", r.message());
     assert_eq!(missing(&stack, "reject").await, 2.0);
     stack.assert_ledger_zero().await;
