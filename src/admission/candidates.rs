@@ -1,6 +1,7 @@
 //! An ordered list of candidate pools for one request: the first that admits it *now* wins, all
 //! or nothing (a pool that refuses takes nothing; the next is asked). Service tiers use it
-//! (`reserved` capacity first, overflowing to the on-demand pool as Bedrock does); spillover
+//! (`reserved` capacity first, overflowing to the on-demand pool as Bedrock does:
+//! [`crate::bedrock::tier`]); spillover
 //! across pools (issue #18) is the same mechanism with a longer list.
 //!
 //! Only immediate admission is tried here: when no candidate admits now, the caller falls back

@@ -250,6 +250,15 @@ pub enum Problem {
     },
     #[error("maxTokens cannot be limited to the route's ceiling of {ceiling}: {reason}")]
     CannotClamp { ceiling: u64, reason: String },
+    /// The route's `allowed_tiers` leave out the tier the call asks for.
+    #[error(
+        "route {route:?} may not use service tier {tier:?} (a call that names none is \"default\"): send serviceTier (Converse) or X-Amzn-Bedrock-Service-Tier (InvokeModel) with one of: {allowed}"
+    )]
+    TierNotAllowed {
+        route: String,
+        tier: &'static str,
+        allowed: String,
+    },
     #[error(
         "this request names no maximum output, so Bedrock would reserve the model's maximum ({model_max} tokens), and tokengate pool {pool:?} refuses such requests (when_max_tokens_missing = \"reject\"): send {field} with the most output tokens you need"
     )]

@@ -37,7 +37,6 @@ mod reserve;
 pub mod retries;
 mod rewrite;
 pub mod routes;
-pub mod tier;
 mod waiting;
 
 use std::sync::Arc;
@@ -46,6 +45,7 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use crate::{
+    bedrock::tier::ServiceTier,
     bedrock::{Api, ModelRef, Operation},
     config::{AdmissionConfig, InputEstimate, PoolConfig, RouteConfig, UnknownModels},
     ledger::{Ledger, PoolSnapshot},
@@ -217,7 +217,10 @@ impl Admission {
             Ok(estimated) => estimated,
             Err(problem) => return invalid(problem),
         };
-        let ahead = self.reserved_ahead(estimated.tier, facts, configured);
+        let ahead = match self.reserved_ahead(estimated.tier, facts, configured) {
+            Ok(ahead) => ahead,
+            Err(problem) => return invalid(problem),
+        };
         let prepared = match prepare(route, &pool.config, facts, &model, configured, estimated) {
             Ok(prepared) => prepared,
             Err(problem @ (Problem::AboveCeiling { .. } | Problem::CannotClamp { .. })) => {
@@ -247,18 +250,34 @@ impl Admission {
     }
 
     /// The pool to try before the on-demand one: reserved capacity for a `reserved` call (its
-    /// tier from the body, else the header), which overflows to on-demand.
+    /// tier from the body, else the header), which overflows to on-demand; or the refusal of a
+    /// tier the route's `allowed_tiers` leaves out (a call naming none is `default`).
     fn reserved_ahead(
         &self,
-        body_tier: Option<tier::ServiceTier>,
+        body_tier: Option<ServiceTier>,
         facts: &Facts<'_>,
         configured: &str,
-    ) -> Option<usize> {
-        let tier = body_tier.or_else(|| facts.service_tier.and_then(tier::ServiceTier::parse));
-        match tier {
-            Some(tier::ServiceTier::Reserved) => self.table.reserved_for(configured).map(|p| p.id),
-            _ => None,
+    ) -> Result<Option<usize>, Problem> {
+        let tier = body_tier.or_else(|| facts.service_tier.and_then(ServiceTier::parse));
+        let route = &facts.caller.route;
+        if let Some(allowed) = &route.config.allowed_tiers {
+            let asked = tier.unwrap_or(ServiceTier::Default);
+            if !allowed.contains(&asked) {
+                return Err(Problem::TierNotAllowed {
+                    route: route.name.to_string(),
+                    tier: asked.label(),
+                    allowed: allowed
+                        .iter()
+                        .map(|t| t.label())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
         }
+        Ok(match tier {
+            Some(ServiceTier::Reserved) => self.table.reserved_for(configured).map(|p| p.id),
+            _ => None,
+        })
     }
 
     /// The reservation's estimate: `maxTokens` from the body (or the model's maximum) and the
@@ -325,10 +344,7 @@ impl Admission {
             requested: read.max_tokens,
             api: read.api.clone(),
             count_failed,
-            tier: read
-                .service_tier
-                .as_deref()
-                .and_then(tier::ServiceTier::parse),
+            tier: read.service_tier.as_deref().and_then(ServiceTier::parse),
         })
     }
 
@@ -479,7 +495,7 @@ struct Estimated {
     /// Exact counting failed, and why.
     count_failed: Option<String>,
     /// The service tier the body names (Converse's `serviceTier.type`).
-    tier: Option<tier::ServiceTier>,
+    tier: Option<ServiceTier>,
 }
 
 /// One pool in `GET /v1/pools`.

@@ -15,6 +15,7 @@ pub mod model_id;
 pub mod operation;
 pub mod session_start;
 pub mod sse;
+pub mod tier;
 pub mod usage;
 
 pub use api::{Api, Dialect};

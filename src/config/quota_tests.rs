@@ -180,6 +180,14 @@ fn budgets_that_make_no_sense_are_errors_naming_the_key() {
             "[[routes]]\nname = \"batch\"\nmax_concurrency = 0\n".to_string(),
             "routes[0] (batch).max_concurrency: must be greater than zero",
         ),
+        (
+            "[[routes]]\nname = \"batch\"\nallowed_tiers = []\n".to_string(),
+            "routes[0] (batch).allowed_tiers: is empty",
+        ),
+        (
+            "[[routes]]\nname = \"batch\"\nallowed_tiers = [\"gold\"]\n".to_string(),
+            "unknown variant `gold`, expected one of `priority`, `default`, `flex`, `reserved`",
+        ),
     ];
     for (extra, says) in cases {
         let e = Config::parse(&with_sonnet(&extra))

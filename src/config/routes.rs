@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::{AuthMode, ConfigError, Env, PoolConfig, Secret, invalid};
+use crate::bedrock::tier::ServiceTier;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,6 +26,7 @@ pub struct RawRoute {
     pub shares: BTreeMap<String, RawShare>,
     pub budgets: Option<RawBudgets>,
     pub max_concurrency: Option<u32>,
+    pub allowed_tiers: Option<Vec<ServiceTier>>,
 }
 
 /// `routes[].budgets`: tokens the route may use per hour, day and 30 days, across pools.
@@ -114,6 +116,8 @@ pub struct RouteConfig {
     pub budgets: RouteBudgets,
     /// Calls of this route in flight at once, across pools and replicas.
     pub max_concurrency: Option<u32>,
+    /// The service tiers it may ask for; `None`: any.
+    pub allowed_tiers: Option<Vec<ServiceTier>>,
 }
 
 impl RouteConfig {
@@ -133,6 +137,7 @@ impl RouteConfig {
             shares: BTreeMap::new(),
             budgets: RouteBudgets::default(),
             max_concurrency: None,
+            allowed_tiers: None,
         }
     }
 }
@@ -252,6 +257,15 @@ fn validate_route(
     }
     let shares = shares(&raw.shares, pools, &key)?;
     let budgets = budgets(raw.budgets.as_ref(), &key)?;
+    let allowed_tiers = match raw.allowed_tiers {
+        Some(tiers) if tiers.is_empty() => {
+            return Err(invalid(
+                key("allowed_tiers"),
+                "is empty: list the tiers the route may use (priority, default, flex, reserved), or remove the key",
+            ));
+        }
+        tiers => tiers,
+    };
     if raw.max_concurrency == Some(0) {
         return Err(invalid(
             key("max_concurrency"),
@@ -272,6 +286,7 @@ fn validate_route(
         shares,
         budgets,
         max_concurrency: raw.max_concurrency,
+        allowed_tiers,
     })
 }
 

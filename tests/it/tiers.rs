@@ -109,3 +109,45 @@ async fn a_reserved_pool_needs_an_on_demand_one_and_a_tier_must_be_known() {
         .to_string();
     assert!(e.contains("tier") && e.contains("on_demand"), "{e}");
 }
+
+#[tokio::test]
+async fn a_routes_allowed_tiers_refuse_the_others_saying_which_to_send() {
+    let routes = "[[routes]]\nname = \"batch\"\nallowed_tiers = [\"flex\", \"default\"]\n\
+                  [auth]\ndefault_route = \"batch\"\n";
+    let stack = Stack::start(SIM, &pools(), routes).await;
+    let (addr, path) = (stack.proxy.addr, model_path(SONNET_US, "converse"));
+    for (tier, status) in [(None, 200), (Some("flex"), 200), (Some("priority"), 400)] {
+        let r = raw_request(
+            addr,
+            "POST",
+            &path,
+            tiered("[sim:output=5] hi", tier, 100),
+            false,
+        )
+        .await;
+        assert_eq!(r.status, status, "{tier:?}: {}", r.message());
+        if status == 400 {
+            assert_eq!(r.error_type(), "ValidationException");
+            assert!(
+                r.message()
+                    .contains("route \"batch\" may not use service tier \"priority\"")
+                    && r.message().contains("one of: flex, default"),
+                "{}",
+                r.message()
+            );
+        }
+    }
+    let invoke = r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = raw_request_with(
+        addr,
+        "POST",
+        &model_path(SONNET_US, "invoke"),
+        invoke,
+        false,
+        &[("x-amzn-bedrock-service-tier", "reserved")],
+    )
+    .await;
+    assert_eq!((r.status, r.error_type()), (400, "ValidationException"));
+    assert_eq!(admitted(&stack).await, (0, 2));
+    stack.assert_ledger_zero().await;
+}
