@@ -95,7 +95,14 @@ pub async fn describe(pool: &Pool, upstreams: &SageMakerUpstreams) -> Result<Cop
     headers.insert(control::TARGET_HEADER, target);
     let answer = async {
         let response = client
-            .send(None, Method::POST, "/", &headers, Bytes::from(call.body()))
+            .send(
+                None,
+                client.signer().default_region(),
+                Method::POST,
+                "/",
+                &headers,
+                Bytes::from(call.body()),
+            )
             .await
             .map_err(|e| e.to_string())?;
         let status = response.status();

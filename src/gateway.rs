@@ -527,6 +527,10 @@ async fn connect_upstream(
         up.idle_timeout,
     )
     .map_err(|e| StartError::Upstream(e.to_string()))?;
+    if up.endpoint == Endpoint::Aws {
+        // Each pool's Region has its own endpoint.
+        upstream = upstream.with_aws_endpoints();
+    }
     if let Some(key) = &up.api_key {
         upstream = upstream
             .with_api_key(&key.key.0)

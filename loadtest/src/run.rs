@@ -116,12 +116,12 @@ async fn run_side(
     };
     let addr = proxy.as_ref().map_or(sim.addr, |p| p.addr);
     let records = drive(s, addr, side).await;
-    let mut report = SideReport::new(
-        side,
-        &records,
-        (s.warmup_secs, s.duration_secs),
-        s.quota_tpm,
-    );
+    let quota = if through_proxy {
+        s.proxy_quota_tpm()
+    } else {
+        s.quota_tpm
+    };
+    let mut report = SideReport::new(side, &records, (s.warmup_secs, s.duration_secs), quota);
     report.upstream = (&sim.simulator.stats()).into();
     if let Some(p) = proxy {
         report.proxy_memory = Some(p.memory());
@@ -157,6 +157,8 @@ fn plots(s: &Scenario, o: &Options, direct: &[Record], proxy: &[Record]) -> anyh
         color,
     };
     let quota = vec![(0.0, s.quota_tpm as f64), (until, s.quota_tpm as f64)];
+    let combined = s.proxy_quota_tpm() as f64;
+    let combined = vec![(0.0, combined), (until, combined)];
     plot::lines(
         &o.plots.join(format!("{}-tokens.png", s.name)),
         &format!(
@@ -176,7 +178,16 @@ fn plots(s: &Scenario, o: &Options, direct: &[Record], proxy: &[Record]) -> anyh
                 plot::PROXY,
             ),
             line("quota", quota, plot::QUOTA),
-        ],
+        ]
+        .into_iter()
+        .chain((s.spill_pools > 0).then(|| {
+            line(
+                "combined quota (spill chain)",
+                combined,
+                plotters::style::RGBColor(90, 90, 90),
+            )
+        }))
+        .collect::<Vec<_>>(),
     )?;
     let bins = 12;
     let lat = |r: &[Record], q| plot::latency_over_time(r, q, bins, s.duration_secs);

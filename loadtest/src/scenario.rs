@@ -21,6 +21,11 @@ pub struct Scenario {
     pub burndown: u64,
     /// Tokens per minute, the same for the simulator's bucket and the proxy's pool.
     pub quota_tpm: u64,
+    /// 1: the proxy's pool spills to a second pool of the same quota, the model's `global.`
+    /// profile (the simulator gives every bucket `quota_tpm`); the callers still call `model`,
+    /// so the direct side has one bucket. 0 (the default): one pool.
+    #[serde(default)]
+    pub spill_pools: u32,
     pub duration_secs: f64,
     /// Goodput counts completions after this point (the bucket starts full).
     #[serde(default)]
@@ -319,26 +324,17 @@ impl Scenario {
         Ok(c)
     }
 
-    /// The proxy's configuration file, in front of `upstream`. A soak sets the idle timeout and
-    /// logs tokengate's own info lines (the last one reports the ledger at shutdown), not the
-    /// access log.
-    pub fn proxy_config(&self, upstream: std::net::SocketAddr) -> String {
+    /// The quota the proxy side may use: its pool's, plus the pools of its spill chain.
+    pub fn proxy_quota_tpm(&self) -> u64 {
+        self.quota_tpm * (1 + u64::from(self.spill_pools.min(1)))
+    }
+
+    /// A `[[pools]]` entry of the scenario's quota and `[pool]` settings, for `model`.
+    fn pool_entry(&self, name: &str, model: &str, extra: &str) -> String {
         let p = &self.pool;
-        let (idle, level) = match &self.soak {
-            Some(soak) => (
-                soak.idle_timeout_secs
-                    .map_or(String::new(), |s| format!("idle_timeout_secs = {s}\n")),
-                "warn,tokengate=info,tokengate::access=off",
-            ),
-            None => (String::new(), "warn"),
-        };
         format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
-             endpoint = \"http://{upstream}\"\n{idle}\n[ledger]\nbackend = \"memory\"\n\n\
-             [log]\nlevel = \"{level}\"\n\n[[pools]]\nname = \"pool\"\nmodels = [\"{}\"]\n\
-             tokens_per_minute = {}\nmax_concurrency = {}\noutput_burndown = {}\n\
-             default_max_tokens = {}\nheadroom = {}\n{}{}",
-            self.model,
+            "\n[[pools]]\nname = \"{name}\"\nmodels = [\"{model}\"]\ntokens_per_minute = {}\n\
+             max_concurrency = {}\noutput_burndown = {}\ndefault_max_tokens = {}\nheadroom = {}\n{}{}{extra}",
             self.quota_tpm,
             p.max_concurrency,
             self.burndown,
@@ -352,5 +348,81 @@ impl Scenario {
                     "when_max_tokens_missing = {w:?}\n"
                 )),
         )
+    }
+
+    /// The proxy's pools: `pool` for `model` and, with `spill_pools = 1`, `spill` for the
+    /// `global.` profile of `model`'s base model, in `pool`'s chain.
+    fn pools(&self) -> String {
+        if self.spill_pools == 0 {
+            return self.pool_entry("pool", &self.model, "");
+        }
+        let base = self
+            .model
+            .split_once('.')
+            .filter(|(prefix, rest)| prefix.len() <= 6 && rest.contains('.'))
+            .map_or(self.model.as_str(), |(_, base)| base);
+        let home = self.pool_entry("pool", &self.model, "spill_to = [\"spill\"]\n");
+        home + &self.pool_entry("spill", &format!("global.{base}"), "")
+    }
+
+    /// The proxy's configuration file, in front of `upstream`. A soak sets the idle timeout and
+    /// logs tokengate's own info lines (the last one reports the ledger at shutdown), not the
+    /// access log.
+    pub fn proxy_config(&self, upstream: std::net::SocketAddr) -> String {
+        let (idle, level) = match &self.soak {
+            Some(soak) => (
+                soak.idle_timeout_secs
+                    .map_or(String::new(), |s| format!("idle_timeout_secs = {s}\n")),
+                "warn,tokengate=info,tokengate::access=off",
+            ),
+            None => (String::new(), "warn"),
+        };
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
+             endpoint = \"http://{upstream}\"\n{idle}\n[ledger]\nbackend = \"memory\"\n\n\
+             [log]\nlevel = \"{level}\"\n{}",
+            self.pools()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every shipped scenario's proxy config (and its variants', `variants/`) is one tokengate
+    /// accepts; with `spill_pools = 1`, its pool spills to the `global.` profile of the same
+    /// model, of the same quota.
+    #[test]
+    fn every_scenario_s_proxy_config_parses() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut spilling = 0;
+        let entries = ["scenarios", "variants"]
+            .into_iter()
+            .flat_map(|dir| std::fs::read_dir(root.join(dir)).unwrap());
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if crate::endpoint::scenario::EndpointScenario::is_one(&path) {
+                continue;
+            }
+            let s = Scenario::load(&path, false).unwrap();
+            let text = s.proxy_config("127.0.0.1:9".parse().unwrap());
+            let config = tokengate::config::Config::parse(&text)
+                .unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()));
+            let pools = &config.policy.pools;
+            if s.spill_pools == 1 {
+                spilling += 1;
+                assert_eq!(pools[0].spill_to, ["spill"]);
+                assert_eq!(
+                    pools[1].models,
+                    ["global.anthropic.claude-sonnet-4-20250514-v1:0"]
+                );
+                assert_eq!(pools[1].tokens_per_minute, s.quota_tpm);
+                assert_eq!(s.proxy_quota_tpm(), 2 * s.quota_tpm);
+            } else {
+                assert_eq!(pools.len(), 1, "{}", path.display());
+            }
+        }
+        assert_eq!(spilling, 2);
     }
 }

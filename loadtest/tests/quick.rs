@@ -162,6 +162,6 @@ fn every_scenario_runs_quick_on_both_sides() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 7, "seven scenarios");
+    assert_eq!(seen, 9, "nine scenarios");
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -1,44 +1,58 @@
-//! An ordered list of candidate pools for one request: the first that admits it *now* wins, all
-//! or nothing (a pool that refuses takes nothing; the next is asked). Service tiers use it
-//! (`reserved` capacity first, overflowing to the on-demand pool as Bedrock does:
-//! [`crate::bedrock::tier`]); spillover
-//! across pools (issue #18) is the same mechanism with a longer list.
+//! Ordered candidate pools: the first that admits now wins.
 //!
-//! Only immediate admission is tried here: when no candidate admits now, the caller falls back
-//! to its home pool's usual path (its queue, its refusal and hint).
+//! One mechanism for every "this pool, else that one" of admission: a spill chain (issue #18: the
+//! home pool, then its `spill_to` chain) and, once merged, the service tiers (reserved capacity,
+//! then the standard pool). The caller decides which pools are candidates and in what order
+//! (fixed by the config, so every replica tries the same ones in the same order); this walks
+//! them.
+//!
+//! Each candidate gets one ledger call (one Redis round trip), in order, and the walk stops at
+//! the first grant. A ledger decision takes all of a pool's limits or none, and the walk never
+//! asks another pool after a grant, so no reservation is ever held in two pools, whatever runs
+//! at the same time. A refusal holds nothing. A ledger error counts as that pool not admitting
+//! now: the walk goes on to the next candidate, and the caller sees the error among the
+//! refusals (all failed: the ledger is out, as for a single pool).
 
-use std::sync::Arc;
+use std::future::Future;
 
-use super::{Admission, Caller, Pool, reserve::Granted};
-use crate::ledger::Verdict;
+use crate::ledger::{LedgerError, Rejection, Reservation, Verdict};
 
-impl Admission {
-    /// The first pool of `candidates` (pool ids, in order) that admits `tokens` now, and its
-    /// reservation; `None` when none does. A pool that can never hold `tokens`, or whose ledger
-    /// fails, is passed over.
-    pub(super) async fn first_admitting_now(
-        &self,
-        candidates: &[usize],
-        tokens: u64,
-        caller: &Caller,
-    ) -> Option<(Arc<Pool>, Granted)> {
-        for &id in candidates {
-            let Some(pool) = self.pools().get(id) else {
-                continue;
-            };
-            if !pool.config.can_ever_hold(tokens) {
-                continue;
+/// Why one candidate did not admit.
+#[derive(Debug)]
+pub enum Refusal {
+    /// No room now.
+    NoRoom(Rejection),
+    /// The ledger could not decide.
+    Failed(LedgerError),
+}
+
+/// What the walk found, for candidates of type `P` (a pool, or its id).
+#[derive(Debug)]
+pub enum FirstAdmitting<P> {
+    /// `pool` admitted (the refusals of the candidates before it are dropped: they hold nothing).
+    Admitted { pool: P, reservation: Reservation },
+    /// No candidate admits now: each one's refusal, in the order tried.
+    Refused(Vec<(P, Refusal)>),
+}
+
+/// Tries `candidates` (pools, in order) with `try_now` (one ledger decision each) and stops at
+/// the first that grants.
+pub async fn first_admitting<P: Clone, Fut>(
+    candidates: Vec<P>,
+    mut try_now: impl FnMut(P) -> Fut,
+) -> FirstAdmitting<P>
+where
+    Fut: Future<Output = Result<Verdict, LedgerError>>,
+{
+    let mut refused = Vec::new();
+    for pool in candidates {
+        match try_now(pool.clone()).await {
+            Ok(Verdict::Granted(reservation)) => {
+                return FirstAdmitting::Admitted { pool, reservation };
             }
-            if let Ok(Verdict::Granted(reservation)) = self.try_reserve(pool, tokens, caller).await
-            {
-                let granted = Granted {
-                    reservation,
-                    queued_for: None,
-                    budgets: None,
-                };
-                return Some((pool.clone(), granted));
-            }
+            Ok(Verdict::Refused(rejection)) => refused.push((pool, Refusal::NoRoom(rejection))),
+            Err(error) => refused.push((pool, Refusal::Failed(error))),
         }
-        None
     }
+    FirstAdmitting::Refused(refused)
 }

@@ -60,8 +60,11 @@ impl Decision {
 /// An admitted request.
 #[derive(Debug)]
 pub struct Admitted {
-    /// The reservation, until settled.
+    /// The reservation, until settled; its pool is where the request runs.
     pub hold: Hold,
+    /// The request's own pool, when it could not admit now and the request spilled to the
+    /// hold's pool ([`super::spill`]): sent as that pool's model, in its Region.
+    pub spilled_from: Option<Arc<Pool>>,
     /// The body to forward instead of the caller's (maxTokens rewritten to the route's ceiling,
     /// streamed usage asked for: [`super::rewrite`]).
     pub body: Option<Bytes>,

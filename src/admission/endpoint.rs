@@ -265,9 +265,7 @@ impl Admission {
             strip_usage_chunk: false,
             count_tokens_failed: None,
         };
-        let api = facts.operation.api();
-        self.take(pool, prepared, facts.caller, (shadow, api), &[])
-            .await
+        self.take(pool, prepared, facts, (shadow, None)).await
     }
 }
 

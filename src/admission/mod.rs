@@ -23,7 +23,7 @@ pub mod advice;
 mod allow;
 pub mod body;
 pub mod budgets;
-mod candidates;
+pub mod candidates;
 mod ceiling;
 pub mod decision;
 pub mod endpoint;
@@ -37,6 +37,7 @@ mod reserve;
 pub mod retries;
 mod rewrite;
 pub mod routes;
+pub mod spill;
 mod waiting;
 
 use std::sync::Arc;
@@ -105,6 +106,7 @@ pub struct Admission {
 pub trait InputCounter: Send + Sync + std::fmt::Debug {
     async fn count_input_tokens(
         &self,
+        region: &str,
         model_id: &str,
         operation: Operation,
         body: &Bytes,
@@ -228,15 +230,8 @@ impl Admission {
             }
             Err(problem) => return invalid(problem),
         };
-        let api = facts.operation.api();
-        self.take(
-            pool,
-            prepared,
-            facts.caller,
-            (shadow, api),
-            ahead.as_slice(),
-        )
-        .await
+        let ahead = ahead.and_then(|id| self.pools().get(id));
+        self.take(pool, prepared, facts, (shadow, ahead)).await
     }
 
     /// A model in no pool: passed uncounted, or refused, as `unknown_models` says.
@@ -332,7 +327,7 @@ impl Admission {
             operation.model_in_body(),
         ) {
             match counter
-                .count_input_tokens(model_id, operation, facts.body)
+                .count_input_tokens(&pool.config.region, model_id, operation, facts.body)
                 .await
             {
                 Ok(n) => estimate.input = n.max(1),
@@ -348,6 +343,17 @@ impl Admission {
         })
     }
 
+    /// The Region a decided request goes to: its pool's (the pool it was admitted in, for an
+    /// admitted request), else the pool of `model_id`; `None` for a model in no pool (it goes to
+    /// `upstream.region`).
+    pub fn region_of(&self, decision: &Decision, model_id: Option<&str>) -> Option<String> {
+        let pool = match decision.pool() {
+            Some(pool) => pool,
+            None => self.table.resolve(&ModelRef::parse(model_id?))?.0,
+        };
+        Some(pool.config.region.clone())
+    }
+
     /// Live state of every pool, for `GET /v1/pools`.
     pub async fn pool_views(&self) -> Vec<PoolView> {
         let mut out = Vec::with_capacity(self.pools().len());
@@ -361,6 +367,14 @@ impl Admission {
                 name: pool.name.to_string(),
                 models: pool.config.models.clone(),
                 region: pool.config.region.clone(),
+                spill_chain: self
+                    .table
+                    .chain(pool.id)
+                    .iter()
+                    .filter_map(|&i| self.pools().get(i))
+                    .map(|p| p.name.to_string())
+                    .collect(),
+                spill_cached: pool.config.spill_cached,
                 tokens_per_minute: pool.config.tokens_per_minute,
                 usable_tokens_per_minute: pool.capacity(),
                 effective_tokens_per_minute: limits.tokens_per_minute,
@@ -504,6 +518,11 @@ pub struct PoolView {
     pub name: String,
     pub models: Vec<String>,
     pub region: String,
+    /// Where a request of this pool runs when the pool cannot admit it now, in the order tried
+    /// (its `spill_to`, then theirs: [`crate::config::spill`]), for routes with `spill = true`.
+    pub spill_chain: Vec<String>,
+    /// Whether a request with a prompt-cache point may spill.
+    pub spill_cached: bool,
     pub tokens_per_minute: u64,
     pub usable_tokens_per_minute: u64,
     pub effective_tokens_per_minute: u64,

@@ -407,18 +407,20 @@ pub struct PoolTable {
     pub(super) by_endpoint: EndpointIndex,
     /// Application inference profile (ARN or id) -> model id.
     profiles: HashMap<String, String>,
+    /// Each pool's spill chain, as indexes into `pools` ([`crate::config::spill::chain`]).
+    chains: Vec<Vec<usize>>,
 }
 
 impl PoolTable {
     pub fn new(
-        pools: &[PoolConfig],
+        configs: &[PoolConfig],
         routes: &[RouteConfig],
         admission: &AdmissionConfig,
     ) -> PoolTable {
         let mut by_model = HashMap::new();
         let mut reserved_by_model = HashMap::new();
         let mut by_endpoint = EndpointIndex::new();
-        let pools: Vec<Arc<Pool>> = pools
+        let pools: Vec<Arc<Pool>> = configs
             .iter()
             .enumerate()
             .map(|(i, p)| {
@@ -445,6 +447,9 @@ impl PoolTable {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         PoolTable {
+            chains: (0..configs.len())
+                .map(|i| crate::config::spill::chain(configs, i))
+                .collect(),
             pools,
             by_model,
             reserved_by_model,
@@ -455,6 +460,11 @@ impl PoolTable {
 
     pub fn pools(&self) -> &[Arc<Pool>] {
         &self.pools
+    }
+
+    /// Pool `id`'s spill chain, in order (empty for none).
+    pub fn chain(&self, id: usize) -> &[usize] {
+        self.chains.get(id).map_or(&[], Vec::as_slice)
     }
 
     /// The pool a modelId draws on, if any, with the model id from the pool's config it draws

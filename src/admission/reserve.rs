@@ -7,13 +7,13 @@ use bytes::Bytes;
 use rand::{SeedableRng, rngs::SmallRng};
 
 use super::{
-    Admission, Admitted, Caller, Decision, Estimate, Hold, NeverFits, Pool, ShadowReason, Throttle,
-    ThrottleWhy, Unavailability, Unavailable, budgets::TakenBudgets, hint,
+    Admission, Admitted, Caller, Decision, Estimate, Facts, Hold, NeverFits, Pool, ShadowReason,
+    Throttle, ThrottleWhy, Unavailability, Unavailable,
+    budgets::TakenBudgets,
+    candidates::{FirstAdmitting, Refusal, first_admitting},
+    hint, spill,
 };
-use crate::{
-    bedrock::Api,
-    ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict},
-};
+use crate::ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict};
 
 /// What admission prepared before reserving: the estimate and the body to forward.
 #[derive(Debug)]
@@ -31,74 +31,128 @@ pub(super) struct Prepared<'a> {
     pub count_tokens_failed: Option<String>,
 }
 
-/// A reservation taken, how long the request waited in the queue for it, and the budgets it
-/// took beforehand.
+/// A reservation taken, the pool it was taken in, and how long the request waited in the queue
+/// for it.
 #[derive(Debug)]
 pub(super) struct Granted {
+    pub pool: Arc<Pool>,
     pub reservation: Reservation,
     pub queued_for: Option<Duration>,
+    /// The budgets taken before the reservation ([`super::budgets`]), settled with it.
     pub budgets: Option<TakenBudgets>,
 }
 
 impl Admission {
-    /// Reserves what `prepared` estimated in `pool`, or the first of the pools `ahead` that
-    /// admits it now (in shadow mode, in `pool` without waiting or refusing), and admits the
-    /// request holding it, or refuses it; the pool counts an admission or a throttle under the
-    /// call's `api`.
+    /// Reserves what `prepared` estimated in `pool` (in shadow mode, without waiting or
+    /// refusing; else trying the reserved-capacity pool `ahead` first, for a `reserved` call) and
+    /// admits the request holding it, or refuses it; the pool counts an admission or a throttle
+    /// under the call's API.
     pub(super) async fn take(
         &self,
         pool: &Arc<Pool>,
         prepared: Prepared<'_>,
-        caller: &Caller,
-        (shadow, api): (bool, Api),
-        ahead: &[usize],
+        facts: &Facts<'_>,
+        (shadow, ahead): (bool, Option<&Arc<Pool>>),
     ) -> Decision {
         let granted = if shadow {
-            self.reserve_shadow(pool, prepared.estimate, caller).await
+            self.reserve_shadow(pool, prepared.estimate, facts.caller)
+                .await
         } else {
-            self.reserve(pool, prepared.estimate, caller, ahead).await
+            self.reserve(pool, prepared.estimate, facts, ahead).await
         };
         let decision = match granted {
-            Ok((won, granted)) => Decision::Admit(self.admitted(&won, granted, prepared, caller)),
+            Ok(g) => spill::sent_as_its_pool(self.admitted(pool, g, prepared, facts.caller), facts),
             Err(refusal) => refusal,
         };
         if let Decision::Admit(_) | Decision::Throttle(_) = decision {
-            pool.counts
-                .api_decided(api, matches!(decision, Decision::Admit(_)));
+            pool.counts.api_decided(
+                facts.operation.api(),
+                matches!(decision, Decision::Admit(_)),
+            );
         }
         decision
     }
 
-    /// Reserves `estimate`: the budgets it draws on (the account's day, its route's budgets),
-    /// then the first of the pools `ahead` (ids) that admits it now ([`super::candidates`]),
-    /// else `pool`, at once or after waiting in its queue. The budgets go back if no pool
-    /// admits. Returns the pool that admitted.
+    /// Reserves `estimate`: first the budgets it draws on besides its pool (the account's day,
+    /// its route's budgets and concurrency: [`super::budgets`]), then in the reserved-capacity
+    /// pool `ahead` (a `reserved` call), or `pool`, or, when neither can admit now, the first pool
+    /// of its spill chain that can ([`super::spill`]); else after waiting in `pool`'s queue. The
+    /// budgets go back if no pool admits.
     pub(super) async fn reserve(
         &self,
         pool: &Arc<Pool>,
         estimate: Estimate,
-        caller: &Caller,
-        ahead: &[usize],
-    ) -> Result<(Arc<Pool>, Granted), Decision> {
+        facts: &Facts<'_>,
+        ahead: Option<&Arc<Pool>>,
+    ) -> Result<Granted, Decision> {
+        let caller = facts.caller;
         let tokens = estimate.reservation();
         if !pool.can_ever_hold(tokens) {
             return Err(self.never_fits(pool, &estimate));
         }
-        let outcome = match self.take_budgets(pool, tokens, caller).await {
-            Ok(budgets) => {
-                let won = match self.first_admitting_now(ahead, tokens, caller).await {
-                    Some(won) => Ok(won),
-                    None => self
-                        .reserve_in_pool(pool, tokens, caller)
-                        .await
-                        .map(|granted| (pool.clone(), granted)),
-                };
-                won.map(|(won, granted)| {
-                    let budgets = Some(budgets);
-                    (won, Granted { budgets, ..granted })
-                })
+        let budgets = match self.take_budgets(pool, tokens, caller).await {
+            Ok(budgets) => budgets,
+            Err(refusal) => {
+                if let Some(slot) = pool.shares.slot(&caller.route.name) {
+                    pool.shares.counts(slot).rejected();
+                }
+                return Err(refusal);
             }
-            Err(refused) => Err(refused),
+        };
+        self.reserve_in_pools(pool, tokens, facts, ahead)
+            .await
+            .map(|granted| Granted {
+                budgets: Some(budgets),
+                ..granted
+            })
+    }
+
+    /// [`Self::reserve`] after the budgets: the candidate pools, then `pool`'s queue.
+    async fn reserve_in_pools(
+        &self,
+        pool: &Arc<Pool>,
+        tokens: u64,
+        facts: &Facts<'_>,
+        ahead: Option<&Arc<Pool>>,
+    ) -> Result<Granted, Decision> {
+        let caller = facts.caller;
+        let spill = self.spill_candidates(pool, facts, tokens);
+        // While requests wait in this pool, newcomers queue behind them instead of taking the
+        // capacity freed for them.
+        let queue_busy = pool.queue.enabled() && !pool.queue.is_empty();
+        let home = (!queue_busy).then_some(pool);
+        let reserved = ahead.filter(|p| p.can_ever_hold(tokens));
+        let candidates: Vec<Arc<Pool>> = reserved
+            .into_iter()
+            .chain(home)
+            .chain(spill.iter().copied())
+            .cloned()
+            .collect();
+        let walk = first_admitting(candidates, |p: Arc<Pool>| async move {
+            self.try_reserve(&p, tokens, caller).await
+        })
+        .await;
+        let refused = match walk {
+            FirstAdmitting::Admitted { pool, reservation } => {
+                return Ok(Granted {
+                    pool,
+                    reservation,
+                    queued_for: None,
+                    budgets: None,
+                });
+            }
+            FirstAdmitting::Refused(refused) => refused,
+        };
+        let rejection = match spill::home_refusal(pool, &refused) {
+            Some(Refusal::Failed(e)) => return Err(self.ledger_unavailable(pool, e)),
+            Some(Refusal::NoRoom(rejection)) => Some(rejection),
+            None => None,
+        };
+        let outcome = match (rejection, pool.queue.enabled()) {
+            (Some(rejection), false) => {
+                Err(self.throttle_soonest(pool, rejection, &refused, tokens))
+            }
+            _ => self.wait_in_queue(pool, tokens, rejection, caller).await,
         };
         if outcome.is_err()
             && let Some(slot) = pool.shares.slot(&caller.route.name)
@@ -108,40 +162,6 @@ impl Admission {
         outcome
     }
 
-    /// The pool's reservation, at once or through its queue.
-    async fn reserve_in_pool(
-        &self,
-        pool: &Arc<Pool>,
-        tokens: u64,
-        caller: &Caller,
-    ) -> Result<Granted, Decision> {
-        // While requests wait in this pool, newcomers queue behind them instead of taking the
-        // capacity freed for them.
-        let queue_busy = pool.queue.enabled() && !pool.queue.is_empty();
-        let rejection = if queue_busy {
-            None
-        } else {
-            match self.try_reserve(pool, tokens, caller).await {
-                Ok(Verdict::Granted(reservation)) => {
-                    return Ok(Granted {
-                        reservation,
-                        queued_for: None,
-                        budgets: None,
-                    });
-                }
-                Ok(Verdict::Refused(rejection)) => Some(rejection),
-                Err(e) => return Err(self.ledger_unavailable(pool, &e)),
-            }
-        };
-        match (&rejection, pool.queue.enabled()) {
-            (Some(rejection), false) => Err(self.throttle(pool, rejection, tokens)),
-            _ => {
-                self.wait_in_queue(pool, tokens, rejection.as_ref(), caller)
-                    .await
-            }
-        }
-    }
-
     /// Shadow mode: decide at once (no queueing) and take the reservation when it fits, so the
     /// ledger sees the real load; when it does not, say what enforcement would have done.
     pub(super) async fn reserve_shadow(
@@ -149,7 +169,7 @@ impl Admission {
         pool: &Arc<Pool>,
         estimate: Estimate,
         caller: &Caller,
-    ) -> Result<(Arc<Pool>, Granted), Decision> {
+    ) -> Result<Granted, Decision> {
         let waived = |reason| {
             Decision::Pass(super::Pass::Shadow {
                 pool: Some(pool.clone()),
@@ -160,14 +180,12 @@ impl Admission {
             return Err(waived(ShadowReason::NeverFits));
         }
         match self.try_reserve(pool, estimate.reservation(), caller).await {
-            Ok(Verdict::Granted(reservation)) => Ok((
-                pool.clone(),
-                Granted {
-                    reservation,
-                    queued_for: None,
-                    budgets: None,
-                },
-            )),
+            Ok(Verdict::Granted(reservation)) => Ok(Granted {
+                pool: pool.clone(),
+                reservation,
+                queued_for: None,
+                budgets: None,
+            }),
             Ok(Verdict::Refused(rejection)) => Err(waived(ShadowReason::Limit(rejection.limit))),
             Err(_) => Err(waived(ShadowReason::LedgerError)),
         }
@@ -192,15 +210,17 @@ impl Admission {
             .await
     }
 
-    /// The admitted request, holding `granted` until it settles.
+    /// The admitted request, holding `granted` until it settles; `home` is the pool its model
+    /// resolved to (another than `granted`'s when it spilled).
     pub(super) fn admitted(
         &self,
-        pool: &Arc<Pool>,
+        home: &Arc<Pool>,
         granted: Granted,
         prepared: Prepared<'_>,
         caller: &Caller,
     ) -> Admitted {
         let Granted {
+            pool,
             reservation,
             queued_for,
             budgets,
@@ -213,6 +233,16 @@ impl Admission {
             strip_usage_chunk,
             count_tokens_failed,
         } = prepared;
+        // Reserved capacity for the call's own model (a `reserved` tier call) is no spill.
+        let spilled =
+            pool.id != home.id && !pool.config.models.iter().any(|m| m == configured_model);
+        let spilled_from = spilled.then(|| home.clone());
+        // A spilled request runs as the pool's own model.
+        let configured_model = match spilled_from {
+            Some(_) => pool.config.model_id(),
+            None => configured_model,
+        };
+        let pool = &pool;
         pool.counts
             .admitted
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -236,6 +266,7 @@ impl Admission {
         .with_budgets(budgets);
         Admitted {
             hold,
+            spilled_from,
             clamped,
             strip_usage_chunk,
             body,
@@ -323,8 +354,8 @@ impl Admission {
     }
 
     /// Upstream throttled a request this proxy admitted in `pool` with its per-minute limits
-    /// (other traffic shares the account quota): the pool's limit shrinks. Returns the hint to
-    /// pass on: about half a typical request, at least a second, jittered.
+    /// (other traffic shares the account quota): the pool's limit shrinks. Returns the hint to pass on: about half a
+    /// typical request, at least a second, jittered.
     pub fn upstream_throttled(&self, pool: &Pool) -> Duration {
         pool.upstream_throttled();
         let wait = (pool.history().typical_duration / 2).max(hint::UNAVAILABLE_WAIT);

@@ -1,7 +1,8 @@
 //! The forwarded body, when it must say what the caller's does not: the one place the proxy
 //! re-serialises a request body (parsed once into a `Value`, edited, written once).
 //!
-//! Two edits, each for what upstream reads:
+//! Two edits, each for what upstream reads (and a third, [`with_model`], once a call of the
+//! OpenAI or Anthropic APIs spills to another pool: its `model`):
 //! - the route's `max_tokens_ceiling` ([`super::ceiling`]), written into the field the operation
 //!   reads ([`crate::bedrock::max_tokens::clamp_max_tokens`]);
 //! - a streamed Chat Completions call that did not ask for its usage
@@ -56,6 +57,30 @@ pub(super) fn apply(
     }
     let rewritten = serde_json::to_vec(&json).map_err(|e| failed(e.to_string()))?;
     Ok(Some(Bytes::from(rewritten)))
+}
+
+/// `body` (an OpenAI or Anthropic API call of `operation`) with its `model` set to `model_id`:
+/// a call spilled to another pool ([`super::spill`]).
+pub(super) fn with_model(
+    operation: Operation,
+    body: &Bytes,
+    model_id: &str,
+) -> Result<Bytes, Problem> {
+    let mut json: Value = serde_json::from_slice(body).map_err(|e| Problem::NotJson {
+        operation: operation.name(),
+        error: e.to_string(),
+    })?;
+    let Value::Object(top) = &mut json else {
+        return Err(Problem::NotObject {
+            operation: operation.name(),
+        });
+    };
+    top.insert("model".into(), Value::String(model_id.to_string()));
+    let rewritten = serde_json::to_vec(&json).map_err(|e| Problem::NotJson {
+        operation: operation.name(),
+        error: e.to_string(),
+    })?;
+    Ok(Bytes::from(rewritten))
 }
 
 /// `stream_options.include_usage = true`, keeping any other stream option.

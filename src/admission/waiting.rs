@@ -59,6 +59,7 @@ impl Admission {
         let waited = started.elapsed();
         match result {
             Ok(reservation) => Ok(Granted {
+                pool: pool.clone(),
                 reservation,
                 queued_for: Some(waited),
                 budgets: None,

@@ -1,4 +1,5 @@
 //! SigV4 signature verification (`AWS4-HMAC-SHA256` in the `Authorization` header).
+//! (Over 500 lines: verification, and the canonical form the upstream signer shares with it.)
 //!
 //! Rebuilds the canonical request exactly as `aws-sigv4` (what every AWS SDK signs with) builds
 //! it for a non-S3 service, then compares signatures in constant time:
@@ -34,6 +35,8 @@ use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_enco
 use sha2::{Digest, Sha256};
 
 pub const ALGORITHM: &str = "AWS4-HMAC-SHA256";
+/// The SigV4 signing name of bedrock-runtime.
+pub const SIGNING_NAME: &str = "bedrock";
 /// Largest accepted difference between the request's `X-Amz-Date` and our clock.
 pub const MAX_SKEW: Duration = Duration::from_secs(5 * 60);
 /// The payload marker of an event stream whose events are signed one by one.
@@ -72,7 +75,7 @@ const QUERY_SET: &AsciiSet = &CONTROLS
     .add(b'^')
     .add(b'`')
     .add(b'\\');
-const PATH_SET: &AsciiSet = &QUERY_SET.remove(b'/');
+pub(crate) const PATH_SET: &AsciiSet = &QUERY_SET.remove(b'/');
 
 /// Who signed a request that verified.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -450,7 +453,7 @@ fn normalize_path(path: &str) -> String {
     out
 }
 
-fn canonical_query(query: &str) -> String {
+pub(crate) fn canonical_query(query: &str) -> String {
     let decode = |s: &str| {
         let s = s.replace('+', " ");
         percent_decode_str(&s).decode_utf8_lossy().into_owned()
@@ -475,7 +478,7 @@ fn canonical_query(query: &str) -> String {
 }
 
 /// Trims spaces and collapses inner runs of spaces to one.
-fn trim_all(value: &str) -> String {
+pub(crate) fn trim_all(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     let mut last_space = false;
     for c in value.trim_matches(' ').chars() {

@@ -112,7 +112,7 @@ impl Operation {
     }
 
     /// The trailing path segment of a `/model/{modelId}/{segment}` operation.
-    fn model_segment(self) -> Option<&'static str> {
+    pub fn model_segment(self) -> Option<&'static str> {
         match self {
             Operation::Converse => Some("converse"),
             Operation::ConverseStream => Some("converse-stream"),
@@ -289,6 +289,26 @@ impl Target {
             model_id: None,
         })
     }
+}
+
+/// Characters left as they are in a modelId path segment; everything else is percent-encoded, as
+/// the SDKs do (`:` as `%3A`, `/` as `%2F`).
+pub const MODEL_ID_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `/model/{model_id}/{segment}` for `operation`, the modelId percent-encoded as the SDKs do
+/// ([`MODEL_ID_SEGMENT`]), with `query` (`None` or `Some("a=b")`) kept; `None` for an operation
+/// that names no model in its path.
+pub fn model_path(operation: Operation, model_id: &str, query: Option<&str>) -> Option<String> {
+    let segment = operation.model_segment()?;
+    let encoded = percent_encoding::utf8_percent_encode(model_id, MODEL_ID_SEGMENT);
+    Some(match query {
+        Some(q) => format!("/model/{encoded}/{segment}?{q}"),
+        None => format!("/model/{encoded}/{segment}"),
+    })
 }
 
 /// The path and query of `uri` exactly as received (what is forwarded and signed).

@@ -101,6 +101,9 @@ impl EndpointConfig {
             max_queue: self.max_queue,
             retry_reserve: 0.0,
             shadow: self.shadow,
+            // Endpoint calls never spill (they name no model to rewrite).
+            spill_to: Vec::new(),
+            spill_cached: true,
             endpoint: Some(self.clone()),
         }
     }

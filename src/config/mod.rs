@@ -22,6 +22,7 @@ pub mod raw;
 pub mod routes;
 pub mod server;
 pub mod simulator;
+pub mod spill;
 pub mod telemetry;
 pub mod upstream;
 
@@ -182,6 +183,7 @@ impl PolicyConfig {
             .chain(endpoints.iter().map(EndpointConfig::pool))
             .collect();
         pools::check_disjoint(&all_pools)?;
+        spill::check_chains(&pools)?;
         admission::check_profiles(&admission, &pools)?;
         let mode = raw.auth.mode.unwrap_or(AuthMode::None);
         auth::check_plaintext_bearer(
@@ -196,6 +198,7 @@ impl PolicyConfig {
             &admission.application_profiles,
             env,
         )?;
+        spill::check_route_regions(&routes, &pools, &admission.application_profiles)?;
         let default_route = auth::default_route(mode, raw.auth.default_route, &routes)?;
         if routes.is_empty() {
             routes.push(RouteConfig::implicit(&default_route));

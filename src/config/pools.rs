@@ -41,6 +41,8 @@ pub struct RawPool {
     pub max_queue: Option<usize>,
     pub retry_reserve: Option<f64>,
     pub shadow: Option<bool>,
+    pub spill_to: Option<Vec<String>>,
+    pub spill_cached: Option<bool>,
 }
 
 /// `pools[].when_max_tokens_missing`: what a request that names no `maxTokens` reserves.
@@ -156,6 +158,11 @@ pub struct PoolConfig {
     pub retry_reserve: f64,
     /// Decide and count, but forward everything.
     pub shadow: bool,
+    /// Pools a request may run in when this one cannot admit it now, in order
+    /// ([`super::spill`]).
+    pub spill_to: Vec<String>,
+    /// Whether a request with a prompt-cache point may spill (its cache is in this Region).
+    pub spill_cached: bool,
     /// An endpoint pool's endpoint (`[[endpoints]]`); `None` for a Bedrock pool.
     pub endpoint: Option<EndpointConfig>,
 }
@@ -171,6 +178,11 @@ impl PoolConfig {
     /// Tokens per minute after headroom: the capacity admission works with.
     pub fn usable_tokens_per_minute(&self) -> u64 {
         ((self.tokens_per_minute as f64) * (1.0 - self.headroom)).floor() as u64
+    }
+
+    /// The model id a request spilled into this pool is sent with: its first configured model.
+    pub fn model_id(&self) -> &str {
+        self.models.first().map_or("", String::as_str)
     }
 
     /// The values in force, one line, with where the model facts come from (`check-config`).
@@ -245,6 +257,9 @@ pub(super) fn validate(
             "must be a fraction in [0, 0.9), e.g. 0.05",
         ));
     }
+    if let Some(region) = &raw.region {
+        super::upstream::region(&key("region"), region.clone())?;
+    }
     let (max_wait, max_queue) = queue_settings(raw.max_wait_ms, raw.max_queue, &key)?;
     let retry_reserve = fraction(&key("retry_reserve"), raw.retry_reserve.unwrap_or(0.0), 0.5)?;
     let pool = PoolConfig {
@@ -273,6 +288,8 @@ pub(super) fn validate(
         max_queue,
         retry_reserve,
         shadow: raw.shadow.unwrap_or(false),
+        spill_to: raw.spill_to.unwrap_or_default(),
+        spill_cached: raw.spill_cached.unwrap_or(true),
         endpoint: None,
     };
     reservations_fit(&pool, &key)?;

@@ -22,6 +22,8 @@ pub struct RawRoute {
     pub max_tokens_policy: Option<MaxTokensPolicy>,
     pub shadow: Option<bool>,
     pub recovery_budget: Option<f64>,
+    pub spill: Option<bool>,
+    pub regions: Option<Vec<String>>,
     #[serde(default)]
     pub shares: BTreeMap<String, RawShare>,
     pub budgets: Option<RawBudgets>,
@@ -118,6 +120,10 @@ pub struct RouteConfig {
     pub max_concurrency: Option<u32>,
     /// The service tiers it may ask for; `None`: any.
     pub allowed_tiers: Option<Vec<ServiceTier>>,
+    /// Whether its requests may run in the pools of their home pool's `spill_to` chain.
+    pub spill: bool,
+    /// The Regions its requests may run in (data residency); `None`: any.
+    pub regions: Option<Vec<String>>,
 }
 
 impl RouteConfig {
@@ -138,6 +144,9 @@ impl RouteConfig {
             budgets: RouteBudgets::default(),
             max_concurrency: None,
             allowed_tiers: None,
+            // Without [[routes]], the pools' own spill_to chains are the only opt-in.
+            spill: true,
+            regions: None,
         }
     }
 }
@@ -272,6 +281,9 @@ fn validate_route(
             "must be greater than zero (remove the key for no limit)",
         ));
     }
+    for region in raw.regions.iter().flatten() {
+        super::upstream::region(&key("regions"), region.clone())?;
+    }
     Ok(RouteConfig {
         name: raw.name,
         priority: raw.priority.unwrap_or(0),
@@ -287,6 +299,8 @@ fn validate_route(
         budgets,
         max_concurrency: raw.max_concurrency,
         allowed_tiers,
+        spill: raw.spill.unwrap_or(false),
+        regions: raw.regions,
     })
 }
 

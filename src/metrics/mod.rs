@@ -83,6 +83,9 @@ pub struct Metrics {
     pub route_charged_tokens: IntCounterVec,
     /// Retries admitted into the pool's retry reserve, by route.
     pub recovery_admissions: IntCounterVec,
+    /// Requests admitted in another pool of their home pool's spill chain, by home pool (`from`),
+    /// the pool they ran in (`to`) and route.
+    pub spillover: IntCounterVec,
     /// Requests shadow mode forwarded that enforcement would have turned away, by reason.
     pub shadow_rejections: IntCounterVec,
     /// Requests whose maxTokens was lowered to the route's ceiling.
@@ -205,6 +208,7 @@ impl Metrics {
             route_reserved_tokens: r.int_gauge("tokengate_route_reserved_tokens", "Tokens reserved by the route's requests in flight.", &["pool", "route"])?,
             route_charged_tokens: r.counter("tokengate_route_charged_tokens_total", "Quota tokens charged to the route at settlement.", &["pool", "route"])?,
             recovery_admissions: r.counter("tokengate_recovery_admissions_total", "SDK retries admitted into the pool's retry reserve (the route's recovery budget).", &["pool", "route"])?,
+            spillover: r.counter("tokengate_spillover_total", "Requests whose home pool could not admit them now, admitted in another pool of its spill_to chain: from the home pool, to the pool they ran in.", &["from", "to", "route"])?,
             shadow_rejections: r.counter("tokengate_shadow_rejections_total", "Requests forwarded in shadow mode that enforcement would have turned away, by reason.", &["pool", "route", "reason"])?,
             max_tokens_clamped: r.counter("tokengate_max_tokens_clamped_total", "Requests whose maxTokens was lowered to the route's max_tokens_ceiling.", &["pool", "route"])?,
             truncated: r.counter("tokengate_truncated_total", "Calls whose output stopped at its cap (stop reason max_tokens, length, max_output_tokens): maxTokens, or the default written in, too low for what was asked.", &["pool", "route"])?,

@@ -15,7 +15,8 @@
 //! | field | |
 //! |---|---|
 //! | `request_id` | the `x-amzn-RequestId` the client received: upstream's, or the one tokengate put on its own answer |
-//! | `pool` | the pool, absent outside any pool |
+//! | `pool` | the pool, absent outside any pool; for a request that spilled, the pool it ran in |
+//! | `spilled_from` | the request's home pool, when it could not admit it now and the request ran in `pool`, another of its `spill_to` chain |
 //! | `route` | the caller's application route, once identified |
 //! | `api` | the API family: `bedrock`, `openai_chat`, `openai_responses`, `anthropic_messages`, `sagemaker`; absent for an unknown path |
 //! | `operation` | `Converse`, `ConverseStream`, `InvokeModel`, ..., `OpenAIChatCompletions`, `OpenAIResponses`, `AnthropicMessages`; absent for an unknown path |
@@ -85,6 +86,7 @@ pub fn settled(obs: &Observation, s: &Settled) {
         target: TARGET,
         request_id = obs.request_id(),
         pool = obs.pool_name(),
+        spilled_from = obs.spilled_from.as_deref(),
         route = obs.route.as_deref(),
         api = obs.operation.map(|o| o.api().label()),
         operation = obs.operation.map(|o| o.name()),

@@ -223,6 +223,14 @@ impl Observer {
             None => Verdict::Admitted,
         });
         let pool = hold.pool();
+        if let Some(from) = &admitted.spilled_from {
+            let route = obs.route.as_deref().unwrap_or("");
+            self.metrics
+                .spillover
+                .with_label_values(&[&from.name, &pool.name, route])
+                .inc();
+            obs.spilled_from = Some(from.name.clone());
+        }
         self.tally(
             pool,
             obs.route_slot,

@@ -22,6 +22,8 @@ pub struct Observation {
     /// The caller's SDK retried a call this proxy turned away.
     pub(super) retry: bool,
     pub(super) pool: Option<Arc<Pool>>,
+    /// The home pool of a request that spilled to `pool`.
+    pub(super) spilled_from: Option<Arc<str>>,
     /// The route's slot in the pool, once admitted.
     pub(super) route_slot: Option<usize>,
     pub(super) verdict: Option<Verdict>,
@@ -44,6 +46,7 @@ impl Observation {
             route: None,
             retry: false,
             pool: None,
+            spilled_from: None,
             route_slot: None,
             verdict: None,
             status: None,

@@ -6,15 +6,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, header};
 
-use crate::{admission::InputCounter, bedrock::Operation, upstream::Upstream};
-
-/// Characters left as they are in a modelId path segment; everything else is percent-encoded, as
-/// the SDKs do (`:` as `%3A`, `/` as `%2F`).
-const MODEL_ID_SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
+use crate::{
+    admission::InputCounter,
+    bedrock::{Operation, operation::model_path},
+    upstream::Upstream,
+};
 
 /// The body of a CountTokens request for the model call `body`.
 fn count_tokens_body(operation: Operation, body: &Bytes) -> Result<serde_json::Value, String> {
@@ -49,16 +45,15 @@ pub struct UpstreamCounter(pub Arc<Upstream>);
 impl InputCounter for UpstreamCounter {
     async fn count_input_tokens(
         &self,
+        region: &str,
         model_id: &str,
         operation: Operation,
         body: &Bytes,
     ) -> Result<u64, String> {
         use http_body_util::BodyExt;
         let upstream = &self.0;
-        let path = format!(
-            "/model/{}/count-tokens",
-            percent_encoding::utf8_percent_encode(model_id, MODEL_ID_SEGMENT)
-        );
+        let path = model_path(Operation::CountTokens, model_id, None)
+            .ok_or_else(|| "CountTokens names its model in the path".to_string())?;
         let mut headers = HeaderMap::new();
         headers.insert(
             header::CONTENT_TYPE,
@@ -68,6 +63,7 @@ impl InputCounter for UpstreamCounter {
         let response = upstream
             .send(
                 Operation::CountTokens,
+                region,
                 Method::POST,
                 &path,
                 &headers,

@@ -104,6 +104,7 @@ pub async fn proxy(
     if let Some(refusal) = answer::refusal(&decision, OPERATION) {
         return refusal;
     }
+    let region = super::region(state, policy, &decision, model_id);
     let mut headers = BEDROCK_RUNTIME.forwarded(&parts.headers, identity.signed_headers());
     record.propagate_trace(&parts.headers, identity.signed_headers(), &mut headers);
     let in_flight = match decision {
@@ -133,7 +134,7 @@ pub async fn proxy(
     let path_and_query = raw_path_and_query(&parts.uri);
     let sent = state
         .upstream
-        .open_duplex(path_and_query, &headers, |signer| {
+        .open_duplex(&region, path_and_query, &headers, |signer| {
             InputRelay::new(input, signer).boxed_unsync()
         })
         .await;

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use axum::{body::Body, response::Response};
-use http::{StatusCode, header, request::Parts};
+use http::{HeaderValue, StatusCode, header, request::Parts};
 use hyper::body::Incoming;
 
 use super::{
@@ -21,7 +21,9 @@ use crate::{
     admission::{Admitted, hint},
     answer,
     bedrock::{
-        ErrorCode, Operation, eventstream, operation::raw_path_and_query, sse::UsageChunkFilter,
+        ErrorCode, Operation, eventstream,
+        operation::{model_path, raw_path_and_query},
+        sse::UsageChunkFilter,
         usage::ResponseKind,
     },
     observe::Observation,
@@ -37,6 +39,8 @@ pub struct Outgoing<'a> {
     /// The headers to send, chosen already ([`crate::upstream::headers::Api::forwarded`]).
     pub headers: http::HeaderMap,
     pub operation: Operation,
+    /// The Region it goes to ([`crate::admission::Admission::region_of`]).
+    pub region: String,
     /// The caller's body (replaced by admission's rewrite, if it made one).
     pub body: bytes::Bytes,
     /// Where it goes: bedrock-runtime, or the endpoint's sagemaker-runtime.
@@ -51,22 +55,31 @@ pub async fn forward(
     admitted: Option<Admitted>,
     obs: &mut Option<Observation>,
 ) -> Response {
+    let parts = request.parts;
     let mut body = request.body;
+    let mut spilled_path = None;
     let mut strip_usage_chunk = false;
     let in_flight = admitted.map(|admitted| {
         if let Some(rewritten) = admitted.body {
             body = rewritten;
         }
         strip_usage_chunk = admitted.strip_usage_chunk;
+        if admitted.spilled_from.is_some() {
+            // Sent as the pool's own model; the path signed is this path.
+            let model = admitted.hold.pool().config.model_id();
+            spilled_path = model_path(request.operation, model, parts.uri.query());
+        }
         InFlight::new(admitted.hold, obs.take(), policy.observer.clone())
     });
     let operation = request.operation;
-    let parts = request.parts;
-    let path_and_query = raw_path_and_query(&parts.uri);
+    let path_and_query = spilled_path
+        .as_deref()
+        .unwrap_or_else(|| raw_path_and_query(&parts.uri));
     let sent = request
         .upstream
         .send(
             operation,
+            &request.region,
             parts.method.clone(),
             path_and_query,
             &request.headers,
@@ -160,6 +173,13 @@ pub fn respond(
     policy.observer.upstream_response(pool.as_deref(), status);
     let (mut head, incoming) = response.into_parts();
     strip_hop_by_hop(&mut head.headers);
+    if let Some(name) = pool
+        .as_ref()
+        .and_then(|p| HeaderValue::from_str(&p.name).ok())
+    {
+        // Where it ran: its own pool, or the one it spilled to.
+        head.headers.insert(answer::X_TOKENGATE_POOL, name);
+    }
     let event_stream = head.headers.get(header::CONTENT_TYPE).is_some_and(|v| {
         v.as_bytes()
             .starts_with(eventstream::CONTENT_TYPE.as_bytes())

@@ -193,6 +193,11 @@ async fn proxy(
             return answer::upstream_unreachable("sagemaker-runtime", &e, None, hint, dialect);
         }
     };
+    let region = match &call {
+        Call::Model(target) => region(state, policy, &decision, target.model_id.as_deref()),
+        // An endpoint's client is its Region's.
+        Call::Endpoint(_) => upstream.signer().default_region().to_string(),
+    };
     let admitted = match decision {
         Decision::Admit(admitted) => Some(admitted),
         _ => None,
@@ -204,6 +209,7 @@ async fn proxy(
         parts: &parts,
         headers,
         operation,
+        region,
         body,
         upstream: &upstream,
     };
@@ -306,4 +312,18 @@ async fn read_body(
         Ok(Err(e)) => Err(e.into_bedrock().into_response_in(dialect)),
         Err(_) => Err(answer::body_timeout(state.body_read_timeout, dialect)),
     }
+}
+
+/// The Region a decided request goes to: its pool's (the one it was admitted in), else
+/// `upstream.region` ([`crate::admission::Admission::region_of`]).
+fn region(
+    state: &AppState,
+    policy: &Policy,
+    decision: &Decision,
+    model_id: Option<&str>,
+) -> String {
+    policy
+        .admission
+        .region_of(decision, model_id)
+        .unwrap_or_else(|| state.upstream.signer().default_region().to_string())
 }

@@ -13,6 +13,12 @@
 //! as it is sent (no normalisation: the path signed is the path admitted). Response bodies stream
 //! through frame by frame; nothing buffers a whole response.
 //!
+//! Every request is sent for a Region (its pool's, [`crate::config::PoolConfig::region`]): signed
+//! for it (the SigV4 credential scope) and, with the AWS endpoint, sent to that Region's
+//! `https://bedrock-runtime.{region}.amazonaws.com` over the one pooled client (connections are
+//! pooled per host). With an explicit endpoint URL (a VPC endpoint, the simulator) every Region
+//! goes to that URL, and the signature's scope says which Region is meant.
+//!
 //! InvokeModelWithBidirectionalStream goes over a client of its own that speaks only HTTP/2
 //! (ALPN `h2` over TLS, prior knowledge over plain HTTP), because both directions stream at once
 //! ([`Upstream::open_duplex`]): its request body is handed over as a stream of frames, each
@@ -21,11 +27,13 @@
 
 pub mod headers;
 pub mod sagemaker;
+pub mod sign;
 pub mod signer;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
+use dashmap::DashMap;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -95,10 +103,7 @@ pub struct Upstream {
     client: Client<Connector, Full<Bytes>>,
     /// HTTP/2 only, for the bidirectional stream.
     duplex: Client<Connector, DuplexBody>,
-    base: Uri,
-    /// `base` for messages, userinfo redacted.
-    shown: String,
-    host: HeaderValue,
+    endpoints: Endpoints,
     signer: Signer,
     /// `Authorization: Bearer <key>`, with `upstream.api_key_env`.
     api_key: Option<HeaderValue>,
@@ -108,15 +113,27 @@ pub struct Upstream {
     deadline: CancellationToken,
 }
 
-impl Upstream {
-    /// `base` is scheme and authority only (`https://bedrock-runtime.us-east-1.amazonaws.com`).
-    pub fn new(
-        base: Uri,
-        signer: Signer,
-        connect_timeout: Duration,
-        response_timeout: Duration,
-        idle_timeout: Duration,
-    ) -> Result<Upstream, UpstreamError> {
+/// Where a Region's requests go.
+#[derive(Debug)]
+enum Endpoints {
+    /// One URL for every Region (an explicit endpoint, the simulator).
+    Fixed(Arc<Endpoint>),
+    /// Each Region's own AWS endpoint, built on first use.
+    Aws(DashMap<String, Arc<Endpoint>>),
+}
+
+/// One upstream base URL.
+#[derive(Debug)]
+struct Endpoint {
+    /// Scheme and authority, no trailing `/`.
+    base: String,
+    /// `base` for messages, userinfo redacted.
+    shown: String,
+    host: HeaderValue,
+}
+
+impl Endpoint {
+    fn new(base: &Uri) -> Result<Endpoint, UpstreamError> {
         let shown = redact_userinfo(&base.to_string()).into_owned();
         let authority = base
             .authority()
@@ -130,6 +147,26 @@ impl Upstream {
         }
         let host = HeaderValue::from_str(authority.as_str())
             .map_err(|e| UpstreamError::Connect(shown.clone(), e.to_string()))?;
+        Ok(Endpoint {
+            base: base.to_string().trim_end_matches('/').to_string(),
+            shown,
+            host,
+        })
+    }
+}
+
+impl Upstream {
+    /// `base` is scheme and authority only (`https://bedrock-runtime.us-east-1.amazonaws.com`):
+    /// every Region's requests go there ([`Upstream::with_aws_endpoints`] sends each to its own).
+    pub fn new(
+        base: Uri,
+        signer: Signer,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Result<Upstream, UpstreamError> {
+        let endpoint = Endpoint::new(&base)?;
+        let shown = endpoint.shown.clone();
         let connector = |h2_only: bool| {
             let mut http = HttpConnector::new();
             http.enforce_http(false);
@@ -161,9 +198,7 @@ impl Upstream {
         Ok(Upstream {
             client,
             duplex,
-            base,
-            shown,
-            host,
+            endpoints: Endpoints::Fixed(Arc::new(endpoint)),
             signer,
             api_key: None,
             response_timeout,
@@ -189,11 +224,12 @@ impl Upstream {
     }
 
     /// Adds the proxy's credential to `request` (which must carry its final `host`): the API
-    /// key where configured and accepted, else a SigV4 signature.
+    /// key where configured and accepted, else a SigV4 signature for `region`.
     pub async fn authorize(
         &self,
         request: &mut Request<Bytes>,
         operation: Operation,
+        region: &str,
     ) -> Result<(), UpstreamError> {
         match &self.api_key {
             Some(key) if operation.accepts_api_key() => {
@@ -202,7 +238,7 @@ impl Upstream {
                     .insert(header::AUTHORIZATION, key.clone());
                 Ok(())
             }
-            _ => self.signer.sign(request).await,
+            _ => self.signer.sign(region, request).await,
         }
     }
 
@@ -217,35 +253,60 @@ impl Upstream {
         &self.deadline
     }
 
+    /// Sends each Region's requests to its own AWS endpoint ([`Upstream::aws_endpoint`]).
+    pub fn with_aws_endpoints(mut self) -> Upstream {
+        self.endpoints = Endpoints::Aws(DashMap::new());
+        self
+    }
+
     /// The default AWS endpoint of a Region.
     pub fn aws_endpoint(region: &str) -> Result<Uri, http::uri::InvalidUri> {
         format!("https://bedrock-runtime.{region}.amazonaws.com").parse()
+    }
+
+    /// Where `region`'s requests go.
+    fn endpoint(&self, region: &str) -> Result<Arc<Endpoint>, UpstreamError> {
+        let regional = match &self.endpoints {
+            Endpoints::Fixed(endpoint) => return Ok(endpoint.clone()),
+            Endpoints::Aws(regional) => regional,
+        };
+        if let Some(endpoint) = regional.get(region) {
+            return Ok(endpoint.clone());
+        }
+        let uri = Upstream::aws_endpoint(region).map_err(|e| {
+            UpstreamError::Connect(format!("the endpoint of Region {region:?}"), e.to_string())
+        })?;
+        let endpoint = Arc::new(Endpoint::new(&uri)?);
+        regional.insert(region.to_string(), endpoint.clone());
+        Ok(endpoint)
     }
 
     pub fn signer(&self) -> &Signer {
         &self.signer
     }
 
-    /// Sends one request of `operation` upstream and waits for the response head. `headers` go
-    /// as they are (choose them with [`headers::Api::forwarded`]); the proxy adds `host` and its
-    /// credential ([`Upstream::authorize`]). `None` for a call that is no proxied operation
-    /// (SageMaker's control plane): always signed with SigV4.
+    /// Sends one request of `operation` upstream for `region` and waits for the response head.
+    /// `headers` go as they are (choose them with [`headers::Api::forwarded`]); the proxy adds
+    /// `host` and its credential for `region` ([`Upstream::authorize`]). `None` for a call that is
+    /// no proxied operation (SageMaker's control plane): always signed with SigV4.
     pub async fn send(
         &self,
         operation: impl Into<Option<Operation>>,
+        region: &str,
         method: Method,
         path_and_query: &str,
         headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        let mut request = self.request(method, path_and_query, headers, body)?;
+        let endpoint = self.endpoint(region)?;
+        let mut request = request(&endpoint, method, path_and_query, headers, body)?;
         match operation.into() {
-            Some(operation) => self.authorize(&mut request, operation).await?,
-            None => self.signer.sign(&mut request).await?,
+            Some(operation) => self.authorize(&mut request, operation, region).await?,
+            None => self.signer.sign(region, &mut request).await?,
         }
         // `host` is signed but hyper derives it (or `:authority`) from the URI.
         request.headers_mut().remove(header::HOST);
-        self.answer(self.client.request(request.map(Full::new)))
+        self.answer(&endpoint, self.client.request(request.map(Full::new)))
             .await
     }
 
@@ -255,46 +316,30 @@ impl Upstream {
     /// its events, and waits for the response head while that body streams upstream.
     pub async fn open_duplex(
         &self,
+        region: &str,
         path_and_query: &str,
         headers: &HeaderMap,
         body: impl FnOnce(EventSigner) -> DuplexBody,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        let mut request = self.request(Method::POST, path_and_query, headers, Bytes::new())?;
-        let events = self.signer.sign_event_stream(&mut request).await?;
+        let endpoint = self.endpoint(region)?;
+        let mut request = request(
+            &endpoint,
+            Method::POST,
+            path_and_query,
+            headers,
+            Bytes::new(),
+        )?;
+        let events = self.signer.sign_event_stream(region, &mut request).await?;
         request.headers_mut().remove(header::HOST);
         let request = request.map(|_| body(events));
-        self.answer(self.duplex.request(request)).await
-    }
-
-    /// The request to `path_and_query` upstream, with `headers` and `host`, unsigned.
-    fn request(
-        &self,
-        method: Method,
-        path_and_query: &str,
-        headers: &HeaderMap,
-        body: Bytes,
-    ) -> Result<Request<Bytes>, UpstreamError> {
-        let uri = format!(
-            "{}{}",
-            self.base.to_string().trim_end_matches('/'),
-            path_and_query
-        );
-        let mut request = Request::builder()
-            .method(method)
-            .uri(&uri)
-            .body(body)
-            .map_err(|e| UpstreamError::Signing(format!("bad upstream URI {uri}: {e}")))?;
-        *request.headers_mut() = headers.clone();
-        request
-            .headers_mut()
-            .insert(header::HOST, self.host.clone());
-        Ok(request)
+        self.answer(&endpoint, self.duplex.request(request)).await
     }
 
     /// Waits for the response head of `call`, within the response timeout and the drain
     /// deadline.
     async fn answer(
         &self,
+        endpoint: &Endpoint,
         call: impl Future<Output = Result<Response<Incoming>, hyper_util::client::legacy::Error>>,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let call = tokio::time::timeout(self.response_timeout, call);
@@ -304,10 +349,34 @@ impl Upstream {
         };
         match answer {
             Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) => Err(UpstreamError::Connect(self.shown.clone(), error_chain(&e))),
+            Ok(Err(e)) => Err(UpstreamError::Connect(
+                endpoint.shown.clone(),
+                error_chain(&e),
+            )),
             Err(_) => Err(UpstreamError::Timeout(self.response_timeout)),
         }
     }
+}
+
+/// The request to `path_and_query` at `endpoint`, with `headers` and `host`, unsigned.
+fn request(
+    endpoint: &Endpoint,
+    method: Method,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Request<Bytes>, UpstreamError> {
+    let uri = format!("{}{}", endpoint.base, path_and_query);
+    let mut request = Request::builder()
+        .method(method)
+        .uri(&uri)
+        .body(body)
+        .map_err(|e| UpstreamError::Signing(format!("bad upstream URI {uri}: {e}")))?;
+    *request.headers_mut() = headers.clone();
+    request
+        .headers_mut()
+        .insert(header::HOST, endpoint.host.clone());
+    Ok(request)
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -319,4 +388,48 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_credential_types::{Credentials, provider::SharedCredentialsProvider};
+
+    use super::*;
+
+    fn upstream(base: &str) -> Upstream {
+        let provider =
+            SharedCredentialsProvider::new(Credentials::new("AKID", "secret", None, None, "test"));
+        let second = Duration::from_secs(1);
+        Upstream::new(
+            base.parse().unwrap(),
+            Signer::new(provider, "us-east-1"),
+            second,
+            second,
+            second,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn with_aws_endpoints_each_region_goes_to_its_own_host() {
+        let up = upstream("https://bedrock-runtime.us-east-1.amazonaws.com").with_aws_endpoints();
+        for region in ["us-west-2", "eu-central-1", "us-west-2"] {
+            let endpoint = up.endpoint(region).unwrap();
+            let host = format!("bedrock-runtime.{region}.amazonaws.com");
+            assert_eq!(endpoint.base, format!("https://{host}"));
+            assert_eq!(endpoint.host, host.as_str());
+        }
+        let Endpoints::Aws(built) = &up.endpoints else {
+            panic!("regional")
+        };
+        assert_eq!(built.len(), 2, "built once per Region");
+    }
+
+    #[test]
+    fn an_explicit_url_serves_every_region() {
+        let up = upstream("http://127.0.0.1:9");
+        for region in ["us-east-1", "eu-west-1"] {
+            assert_eq!(up.endpoint(region).unwrap().base, "http://127.0.0.1:9");
+        }
+    }
 }

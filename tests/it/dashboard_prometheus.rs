@@ -1,7 +1,7 @@
 //! The dashboard and the alert rules, proven on a real Prometheus: a `prometheus` server scrapes
 //! a running proxy every second (with `config/prometheus/alerts.yml` loaded) while a short mixed
-//! load runs (admits, throttles, queueing and queue timeouts, streams, upstream throttles, errors
-//! and resets, a refused reload). Then every panel query of `config/grafana/tokengate.json`
+//! load runs (admits, throttles, queueing and queue timeouts, spillover, streams, upstream
+//! throttles, errors and resets, a refused reload). Then every panel query of `config/grafana/tokengate.json`
 //! (template variables substituted as Grafana would) and every alert expression is evaluated
 //! through Prometheus's HTTP API at the end of the load: each must be valid, each panel must
 //! return series carrying the labels its legend names, with a number; the alerts that the load
@@ -19,6 +19,9 @@ use serde_json::Value;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const NOVA: &str = "us.amazon.nova-lite-v1:0";
+/// Claude 3 Haiku on demand in us-west-2: where the haiku pool spills.
+const HAIKU_WEST: &str =
+    "arn:aws:bedrock:us-west-2::foundation-model/anthropic.claude-3-haiku-20240307-v1:0";
 
 /// Grafana's `$__rate_interval` for a 1 s scrape on a short range, and the range itself.
 const RATE_INTERVAL: &str = "20s";
@@ -54,7 +57,11 @@ fn pools() -> String {
          max_concurrency = 3\noutput_burndown = 5\ndefault_max_tokens = 1000\nmax_wait_ms = 400\n\n\
          [[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1000000\n\
          max_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n\
-         tokens_per_day = 1000000000\n\n\
+         tokens_per_day = 1000000000\n\
+         spill_to = [\"haiku-west\"]\n\n\
+         [[pools]]\nname = \"haiku-west\"\nmodels = [\"{HAIKU_WEST}\"]\nregion = \"us-west-2\"\n\
+         tokens_per_minute = 1000000\nmax_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 100\n\
+         max_wait_ms = 0\n\n\
          [[pools]]\nname = \"nova\"\nmodels = [\"{NOVA}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 8\n\
          output_burndown = 1\ndefault_max_tokens = 100\n"
     )
@@ -80,7 +87,8 @@ async fn round(addr: SocketAddr, i: u64) {
         let text = format!("[sim:output={}] [sim:fault=stall] held {i} {k}", 20 + k);
         tasks.push(tokio::spawn(call(addr, SONNET_US, "converse", text, 300)));
     }
-    // Haiku: one at a time, no queue: two of three turned away.
+    // Haiku: one at a time, no queue: one of three runs at home, one spills to us-west-2, one is
+    // turned away.
     for k in 0..3 {
         let text = format!("[sim:output=5] [sim:fault=stall] h {i} {k}");
         tasks.push(tokio::spawn(call(addr, HAIKU, "converse", text, 50)));
@@ -161,7 +169,7 @@ fn now() -> f64 {
 async fn every_panel_and_alert_evaluates_on_a_real_prometheus() {
     // A daily quota and budgets, for the panels of what is left of them.
     let budgets = "[admission]\naccount_tokens_per_day = 1000000000\n\
-                   [[routes]]\nname = \"default\"\nbudgets = { tokens_per_day = 1000000000 }\n";
+                   [[routes]]\nname = \"default\"\nspill = true\nbudgets = { tokens_per_day = 1000000000 }\n";
     let stack = Stack::start(SIM, &pools(), budgets).await;
     let addr = stack.proxy.addr;
     let rules = std::path::Path::new(ROOT).join("config/prometheus/alerts.yml");
@@ -243,7 +251,10 @@ async fn every_panel_and_alert_evaluates_on_a_real_prometheus() {
         )
         .await
         .expect("label values");
-    assert_eq!(pools, serde_json::json!(["haiku", "nova", "sonnet4-us"]));
+    assert_eq!(
+        pools,
+        serde_json::json!(["haiku", "haiku-west", "nova", "sonnet4-us"])
+    );
 
     // Alert expressions: all valid; those the load provokes return series.
     let alerts: serde_norway::Value =

@@ -22,6 +22,7 @@
 //! | `security_request`, `security_transport`, `security_bodies` | the attacks of issue #14, one test each |
 //! | `iam_policy` | the README's IAM policy against the forwarded operations |
 //! | `simulator` | the simulator on its own: Bedrock's arithmetic and wire shapes, with real clients |
+//! | `spillover`, `spillover_property` | pools in several Regions, each signed for its own; spill chains between pools, and all or nothing across a chain under concurrency on both ledgers |
 //! | `endpoints` | SageMaker endpoint pools with aws-sdk-sagemakerruntime: the per-copy limit, the queue, hints, the copies from the control plane |
 //! | `bidi`, `bidi_raw` | InvokeModelWithBidirectionalStream through the proxy: the Rust SDK's sessions, and raw HTTP/2 where the SDK cannot say it |
 
@@ -62,6 +63,8 @@ mod security_bodies;
 mod security_request;
 mod security_transport;
 mod simulator;
+mod spillover;
+mod spillover_property;
 mod tiers;
 mod top;
 mod tracing;

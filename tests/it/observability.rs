@@ -11,6 +11,8 @@ use aws_sdk_bedrockruntime::types::ConverseStreamOutput;
 use serde_json::Value;
 
 const NOVA: &str = "us.amazon.nova-lite-v1:0";
+/// Nova Micro through the `us.` profile: a small pool that spills to the `global.` one.
+const MICRO: &str = "us.amazon.nova-micro-v1:0";
 /// The `api` label of the native operations.
 const BEDROCK: (&str, &str) = ("api", "bedrock");
 /// Instant generation; a 1000-token upstream quota for Nova (other traffic shares the account),
@@ -25,6 +27,10 @@ fn pools() -> String {
          output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 5000\ntokens_per_day = 100000000\n\n\
          [[pools]]\nname = \"nova\"\nmodels = [\"{NOVA}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 8\n\
          output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n\n\
+         [[pools]]\nname = \"micro\"\nmodels = [\"{MICRO}\"]\ntokens_per_minute = 3000\nmax_concurrency = 8\n\
+         output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\nspill_to = [\"micro-global\"]\n\n\
+         [[pools]]\nname = \"micro-global\"\nmodels = [\"global.amazon.nova-micro-v1:0\"]\n\
+         tokens_per_minute = 1000000\nmax_concurrency = 8\noutput_burndown = 1\ndefault_max_tokens = 100\n\n\n\
          [[endpoints]]\nname = \"llm\"\nendpoint = \"llm-prod\"\ncopies = 2\nmax_concurrency_per_copy = 4\n",
         sonnet_pool(20_000, 8)
     )
@@ -161,6 +167,14 @@ async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
         (throttled.status, throttled.header("x-tokengate-reason")),
         (429, Some("upstream"))
     );
+
+    // Nova Micro: the first call leaves its small pool about half empty; the second does not fit
+    // there now and runs in the pool it spills to.
+    let first = converse(addr, MICRO, "[sim:output=1500] fill", Some(2_000)).await;
+    assert_eq!(first.header("x-tokengate-pool"), Some("micro"));
+    let spilled = converse(addr, MICRO, "[sim:output=5] spill", Some(2_000)).await;
+    assert_eq!(spilled.status, 200, "{}", spilled.message());
+    assert_eq!(spilled.header("x-tokengate-pool"), Some("micro-global"));
 
     stack.assert_ledger_zero().await;
     let text = String::from_utf8(
@@ -402,6 +416,15 @@ async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
     );
     m.expect("tokengate_config_reloads_total", &[("result", "ok")], 0.0);
     m.expect("tokengate_unsettled_reservations_total", &[], 0.0);
+    m.expect(
+        "tokengate_spillover_total",
+        &[
+            ("from", "micro"),
+            ("to", "micro-global"),
+            ("route", "default"),
+        ],
+        1.0,
+    );
 
     // maxTokens advice, as gauges ...
     let model = ("model", SONNET_US);

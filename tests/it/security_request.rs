@@ -648,6 +648,7 @@ async fn upstream_url_credentials_are_refused_and_never_shown() {
         Ok(upstream) => upstream
             .send(
                 tokengate::bedrock::Operation::Converse,
+                "us-east-1",
                 http::Method::POST,
                 "/model/m/converse",
                 &http::HeaderMap::new(),
