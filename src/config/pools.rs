@@ -250,13 +250,7 @@ pub(super) fn validate(
         .tokens_per_day
         .map(|v| window_limit(&key("tokens_per_day"), v))
         .transpose()?;
-    let headroom = raw.headroom.unwrap_or(0.0);
-    if !(0.0..0.9).contains(&headroom) {
-        return Err(invalid(
-            key("headroom"),
-            "must be a fraction in [0, 0.9), e.g. 0.05",
-        ));
-    }
+    let headroom = headroom(raw.headroom, &key)?;
     if let Some(region) = &raw.region {
         super::upstream::region(&key("region"), region.clone())?;
     }
@@ -295,6 +289,18 @@ pub(super) fn validate(
     reservations_fit(&pool, &key)?;
     day_holds_a_minute(&pool, &key)?;
     Ok(pool)
+}
+
+/// `headroom`: a fraction in `[0, 0.9)`, 0 when absent.
+fn headroom(raw: Option<f64>, key: &dyn Fn(&str) -> String) -> Result<f64, ConfigError> {
+    let headroom = raw.unwrap_or(0.0);
+    if !(0.0..0.9).contains(&headroom) {
+        return Err(invalid(
+            key("headroom"),
+            "must be a fraction in [0, 0.9), e.g. 0.05",
+        ));
+    }
+    Ok(headroom)
 }
 
 /// A daily quota below a minute's would make the per-minute limit meaningless: a mistake.

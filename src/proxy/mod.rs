@@ -178,10 +178,7 @@ async fn proxy(
     };
     *route = Some(caller.route.name.clone());
     record.caller(&caller);
-    let tier = parts
-        .headers
-        .get(SERVICE_TIER)
-        .and_then(|v| v.to_str().ok());
+    let tier = service_tier(&parts.headers);
     let decision = decide(policy, &call, (&body, tier), &caller, record).await;
     if let Some(refusal) = answer::refusal(&decision, operation) {
         return refusal;
@@ -216,8 +213,12 @@ async fn proxy(
     forward::forward(state, policy, request, admitted, obs).await
 }
 
-/// InvokeModel's service tier header.
-const SERVICE_TIER: &str = "x-amzn-bedrock-service-tier";
+/// InvokeModel's service tier header, if sent.
+fn service_tier(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get("x-amzn-bedrock-service-tier")
+        .and_then(|v| v.to_str().ok())
+}
 
 /// Where a call goes: bedrock-runtime, or the sagemaker-runtime of its endpoint's pool (of
 /// `upstream.region` for an endpoint in no pool).
