@@ -62,6 +62,7 @@ const LIMITS: Limits = Limits {
     tokens_per_minute: 1_000_000_000,
     requests_per_minute: None,
     max_concurrency: 1_000_000,
+    tokens_per_day: None,
 };
 
 /// One reserve of 1,000 tokens settled for 0: the bucket stays full however long the run.
@@ -190,6 +191,7 @@ fn admit_settle(
         body: black_box(body),
         read: None,
         caller,
+        service_tier: None,
         endpoint: None,
     };
     let decision = admission.decide(&facts).now_or_never();

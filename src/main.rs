@@ -94,6 +94,9 @@ fn main() -> ExitCode {
                     config.policy.pools.len(),
                     config.policy.endpoints.len()
                 );
+                for pool in &config.policy.pools {
+                    println!("  {}", pool.in_force());
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => {

@@ -265,7 +265,7 @@ impl Admission {
             strip_usage_chunk: false,
             count_tokens_failed: None,
         };
-        self.take(pool, prepared, facts, shadow).await
+        self.take(pool, prepared, facts, (shadow, None)).await
     }
 }
 
@@ -276,6 +276,7 @@ fn endpoint_estimate(pool: &Pool, facts: &Facts<'_>) -> Result<Estimate, Problem
         raw_input: 0,
         input: 0,
         max_tokens: 0,
+        max_tokens_missing: None,
     };
     if pool
         .endpoint_config()

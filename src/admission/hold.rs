@@ -22,7 +22,9 @@ use std::{sync::Arc, time::Duration};
 use futures_util::FutureExt;
 use tokio::time::Instant;
 
-use super::{advice::SlotIndex, pools::Pool, queue::AdmissionQueue, routes::RouteSlot};
+use super::{
+    advice::SlotIndex, budgets::TakenBudgets, pools::Pool, queue::AdmissionQueue, routes::RouteSlot,
+};
 use crate::{
     bedrock::Usage,
     ledger::{Ledger, Reservation},
@@ -71,6 +73,8 @@ pub struct Estimate {
     /// The calibrated input figure that was reserved.
     pub input: u64,
     pub max_tokens: u64,
+    /// The request named no `maxTokens`, and what was done about it.
+    pub max_tokens_missing: Option<super::MissingMaxTokens>,
 }
 
 impl Estimate {
@@ -107,6 +111,9 @@ pub struct Hold {
     route: Option<RouteSlot>,
     /// This request's part of its pool's pending burndown excess.
     excess_claimed: u64,
+    /// Budgets taken before the reservation, settled with it (boxed: most requests have none,
+    /// and every `Decision` carries a `Hold`'s size).
+    budgets: Option<Box<TakenBudgets>>,
 }
 
 impl Hold {
@@ -132,7 +139,19 @@ impl Hold {
             advice_slot,
             route,
             excess_claimed: 0,
+            budgets: None,
         }
+    }
+
+    /// Settles `budgets` with the reservation, to the same charge.
+    pub(crate) fn with_budgets(mut self, budgets: Option<TakenBudgets>) -> Hold {
+        self.budgets = budgets.map(Box::new);
+        self
+    }
+
+    /// The call stopped at its output cap: counted beside its pool's maxTokens advice.
+    pub fn note_truncated(&self) {
+        self.pool.advice.truncated(self.advice_slot);
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -264,6 +283,9 @@ impl Hold {
             reservation,
             charge,
         );
+        if let Some(budgets) = self.budgets.take() {
+            budgets.settle(charge);
+        }
         Some(Settled {
             rule,
             reserved,
@@ -304,7 +326,7 @@ fn settle_in_background(
 /// Settlement happens from `Drop` and `poll_frame`, which cannot wait. A settlement on its way
 /// counts in its ledger's `LedgerStats::settlements_in_flight` from its first poll (here) on,
 /// and shutdown waits for them.
-fn now_or_spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
+pub(super) fn now_or_spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
     let mut work = Box::pin(work);
     if (&mut work).now_or_never().is_some() {
         return;

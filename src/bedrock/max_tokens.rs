@@ -330,6 +330,18 @@ fn fields_of(
     })
 }
 
+/// The field a request of `operation` should name its maximum output tokens in (the first of its
+/// family's), for a message telling the caller what to send; `None` for an unknown family or an
+/// operation with no such field. `body`, when parsed, tells Titan from Nova.
+pub fn field_to_set(
+    operation: Operation,
+    provider: Option<&str>,
+    body: Option<&Value>,
+) -> Option<&'static str> {
+    let fields = fields_of(operation, provider, body.is_some_and(titan_shaped))?;
+    (!std::ptr::eq(fields, UNKNOWN_FIELDS)).then(|| fields[0])
+}
+
 /// Where a model-native body of this provider keeps its maximum output tokens.
 fn native_fields(provider: Option<&str>, titan: bool) -> &'static [&'static str] {
     match provider {
