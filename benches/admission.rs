@@ -24,6 +24,8 @@
 //! (`settle_in_background`). A runtime's `block_on` would add its own enter/park cost to every
 //! iteration and measure the executor rather than the decision.
 //!
+//! The bench runs on the proxy's allocator (mimalloc), as the proxy does.
+//!
 //! Run: `cargo bench --bench admission -- --warm-up-time 1 --measurement-time 3`
 
 use std::{
@@ -51,11 +53,16 @@ use tokengate::{
 
 const MODEL: &str = "us.anthropic.claude-sonnet-4-20250514-v1:0";
 
+/// The proxy's allocator (`src/main.rs`), so that the bench measures what the proxy runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Large enough that nothing is rejected during a run: the bench measures admissions only.
 const LIMITS: Limits = Limits {
     tokens_per_minute: 1_000_000_000,
     requests_per_minute: None,
     max_concurrency: 1_000_000,
+    tokens_per_day: None,
 };
 
 /// One reserve of 1,000 tokens settled for 0: the bucket stays full however long the run.
@@ -184,6 +191,7 @@ fn admit_settle(
         body: black_box(body),
         read: None,
         caller,
+        service_tier: None,
         endpoint: None,
     };
     let decision = admission.decide(&facts).now_or_never();

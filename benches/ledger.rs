@@ -31,6 +31,7 @@ const LIMITS: Limits = Limits {
     tokens_per_minute: 1_000_000_000,
     requests_per_minute: None,
     max_concurrency: 1_000_000,
+    tokens_per_day: None,
 };
 const SEQUENTIAL: usize = 20_000;
 const TASKS: usize = 32;

@@ -17,8 +17,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::{
     admission::{
-        Decision, Invalid, NeverFits, NotAllowed, Problem, QueueRefusal, Throttle, ThrottleWhy,
-        Unavailability, Unavailable, hint,
+        BudgetScope, Decision, Invalid, MissingMaxTokens, NeverFits, NotAllowed, Problem,
+        QueueRefusal, Throttle, ThrottleWhy, Unavailability, Unavailable, hint,
     },
     bedrock::{
         BedrockError, Dialect, ErrorCode, Operation, TargetError, api, max_tokens::cap_field_name,
@@ -75,6 +75,28 @@ fn throttle(t: &Throttle) -> BedrockError {
             Limit::Share => format!(
                 "Too many tokens for this route: it has used its max_share of pool {name:?}; retry after the hinted delay"
             ),
+            Limit::DailyQuota => format!(
+                "Too many tokens per day: this request reserves {reserving} tokens and pool {name:?} has {available} left of its daily quota (tokens_per_day); retry after the hinted delay, when the day has refilled enough"
+            ),
+            Limit::Budget => format!(
+                "Too many tokens for this route's budget: this request reserves {reserving} tokens and {available} are left; retry after the hinted delay"
+            ),
+            Limit::RouteConcurrency => format!(
+                "Too many concurrent requests for this route: it has all {in_flight} of its max_concurrency in flight; retry after the hinted delay"
+            ),
+        },
+        ThrottleWhy::Budget {
+            scope,
+            window,
+            reserving,
+            available,
+        } => match scope {
+            BudgetScope::Account => format!(
+                "Too many tokens per day across the account: this request reserves {reserving} tokens and {available} are left of admission.account_tokens_per_day; retry after the hinted delay, when the day has refilled enough"
+            ),
+            BudgetScope::Route(route) => format!(
+                "Too many tokens for route {route:?}: this request reserves {reserving} tokens and {available} are left of its budgets.{window}; retry after the hinted delay"
+            ),
         },
         ThrottleWhy::Queue(refusal) => {
             let why = match refusal {
@@ -120,6 +142,9 @@ fn limit_noun(limit: Limit) -> &'static str {
         Limit::Requests => "requests",
         Limit::Concurrency => "concurrent requests",
         Limit::Share => "tokens of its route's max_share",
+        Limit::DailyQuota => "tokens of its daily quota",
+        Limit::Budget => "tokens of its route's budget",
+        Limit::RouteConcurrency => "concurrent requests of its route",
     }
 }
 
@@ -136,9 +161,20 @@ fn never_fits(n: &NeverFits, operation: Operation) -> BedrockError {
         .with_header(X_TOKENGATE_POOL, name);
     }
     let cap = cap_field_name(operation);
+    let advice = match n.max_tokens_missing {
+        Some(MissingMaxTokens::ReserveModelMax) => format!(
+            "it names no maximum output, so it reserves the model's maximum ({} tokens) as Bedrock does: send {cap} of at most {fits}",
+            n.max_tokens
+        ),
+        Some(_) => format!(
+            "it names no maximum output and tokengate set {}: send {cap} of at most {fits}",
+            n.max_tokens
+        ),
+        None => format!("set {cap} to at most {fits}"),
+    };
     BedrockError::validation(format!(
         "this request reserves {} tokens (about {} input + {} maxTokens) but pool {name:?} holds at most {} \
-         tokens per minute, so it can never be admitted; set {cap} to at most {fits}, or shorten the input",
+         tokens per minute, so it can never be admitted; {advice}, or shorten the input",
         n.reserving, n.input, n.max_tokens, n.capacity
     ))
     .with_header(X_TOKENGATE_POOL, name)
@@ -222,6 +258,13 @@ pub fn upstream_throttled(headers: &mut HeaderMap, hint: Duration) {
         }
     }
     headers.insert(X_TOKENGATE_REASON, HeaderValue::from_static("upstream"));
+}
+
+/// Upstream refused an admitted request on its daily quota: pass its 429 on, with a hint if it
+/// gave none, and say which quota.
+pub fn upstream_daily_throttled(headers: &mut HeaderMap, hint: Duration) {
+    upstream_throttled(headers, hint);
+    headers.insert(X_TOKENGATE_REASON, HeaderValue::from_static("daily_quota"));
 }
 
 /// No answer from `service` (`bedrock-runtime`, `sagemaker-runtime`): a retryable 503 (with a

@@ -99,6 +99,9 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     // Refresh the gauges so a scrape sees the pools as they are now.
     let views = admission.pool_views().await;
     policy.observer.publish_pools(admission, &views);
+    policy
+        .observer
+        .publish_budgets(&admission.budget_views().await);
     (
         [(
             header::CONTENT_TYPE,
@@ -112,10 +115,12 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 async fn pools(State(state): State<Arc<AppState>>) -> Response {
     let admission = state.policy().admission.clone();
     let pools = admission.pool_views().await;
+    let budgets = admission.budget_views().await;
     Json(json!({
         "ledger": admission.ledger().backend(),
         "unsettled_reservations": admission.ledger().stats().unsettled_drops(),
         "pools": pools,
+        "budgets": budgets,
     }))
     .into_response()
 }

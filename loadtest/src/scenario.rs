@@ -66,6 +66,10 @@ pub struct PoolSettings {
     /// The admission queue's wait (the proxy's default when absent; 0 turns queueing off).
     #[serde(default)]
     pub max_wait_ms: Option<u64>,
+    /// What a call that names no maxTokens reserves (`reserve_model_max`, `inject`, `reject`;
+    /// the proxy's default when absent).
+    #[serde(default)]
+    pub when_max_tokens_missing: Option<String>,
 }
 
 /// A client group: one application (one SDK client) with its own arrivals and request shapes.
@@ -334,7 +338,7 @@ impl Scenario {
         let p = &self.pool;
         format!(
             "\n[[pools]]\nname = \"{name}\"\nmodels = [\"{model}\"]\ntokens_per_minute = {}\n\
-             max_concurrency = {}\noutput_burndown = {}\ndefault_max_tokens = {}\nheadroom = {}\n{}{extra}",
+             max_concurrency = {}\noutput_burndown = {}\ndefault_max_tokens = {}\nheadroom = {}\n{}{}{extra}",
             self.quota_tpm,
             p.max_concurrency,
             self.burndown,
@@ -342,6 +346,11 @@ impl Scenario {
             p.headroom,
             p.max_wait_ms
                 .map_or(String::new(), |ms| format!("max_wait_ms = {ms}\n")),
+            p.when_max_tokens_missing
+                .as_ref()
+                .map_or(String::new(), |w| format!(
+                    "when_max_tokens_missing = {w:?}\n"
+                )),
         )
     }
 
@@ -398,13 +407,17 @@ impl Scenario {
 mod tests {
     use super::*;
 
-    /// Every shipped scenario's proxy config is one tokengate accepts; with `spill_pools = 1`,
-    /// its pool spills to the `global.` profile of the same model, of the same quota.
+    /// Every shipped scenario's proxy config (and its variants', `variants/`) is one tokengate
+    /// accepts; with `spill_pools = 1`, its pool spills to the `global.` profile of the same
+    /// model, of the same quota.
     #[test]
     fn every_scenario_s_proxy_config_parses() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut spilling = 0;
-        for entry in std::fs::read_dir(dir).unwrap() {
+        let entries = ["scenarios", "variants"]
+            .into_iter()
+            .flat_map(|dir| std::fs::read_dir(root.join(dir)).unwrap());
+        for entry in entries {
             let path = entry.unwrap().path();
             if crate::endpoint::scenario::EndpointScenario::is_one(&path) {
                 continue;

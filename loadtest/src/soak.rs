@@ -54,6 +54,8 @@ pub struct SoakReport {
     pub proxy_upstream_errors: BTreeMap<String, u64>,
     pub settlements: BTreeMap<String, u64>,
     pub ledger_end: LedgerEnd,
+    /// Requests the proxy held admitted (`/v1/pools`), sampled under load (after the warm-up).
+    pub in_flight: InFlight,
     pub rss: Rss,
     pub exit_code: Option<i32>,
     /// The proxy's last log line.
@@ -67,6 +69,14 @@ pub struct LedgerEnd {
     pub reserved_tokens: u64,
     pub in_flight_requests: u64,
     pub unsettled_reservations: u64,
+}
+
+/// Requests in flight in the proxy's pools under load, from samples of `/v1/pools`.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct InFlight {
+    pub mean: f64,
+    pub peak: u64,
+    pub samples: usize,
 }
 
 /// The proxy's resident memory over the run, KiB.
@@ -161,6 +171,13 @@ impl SoakReport {
                 l.reserved_tokens, l.in_flight_requests, l.unsettled_reservations
             ),
         );
+        row(
+            "requests in flight under load: mean / peak",
+            format!(
+                "{:.1} / {} ({} samples)",
+                self.in_flight.mean, self.in_flight.peak, self.in_flight.samples
+            ),
+        );
         let mib = |k: u64| format!("{:.1} MiB", k as f64 / 1024.0);
         row(
             "proxy RSS: after warm-up / end of load / after drain / peak",
@@ -200,15 +217,22 @@ pub async fn run(s: &Scenario, o: &Options) -> anyhow::Result<SoakReport> {
     let proxy = start_proxy(s, o, sim.addr).await?;
     let (pid, addr, log) = (proxy.pid(), proxy.addr, proxy.log.clone());
     let samples = Arc::new(Mutex::new(Vec::new()));
+    let in_flight = Arc::new(Mutex::new(Vec::new()));
     let epoch = Instant::now();
     let period = Duration::from_secs_f64(soak.sample_secs.min(s.duration_secs / 4.0).max(0.1));
     let sampler = {
-        let samples = samples.clone();
+        let (samples, in_flight) = (samples.clone(), in_flight.clone());
         tokio::spawn(async move {
             loop {
                 let rss = memory_of(pid).rss_kib;
+                let at = epoch.elapsed().as_secs_f64();
                 if let Ok(mut v) = samples.lock() {
-                    v.push((epoch.elapsed().as_secs_f64(), rss));
+                    v.push((at, rss));
+                }
+                if let Ok(n) = in_flight_now(addr).await
+                    && let Ok(mut v) = in_flight.lock()
+                {
+                    v.push((at, n));
                 }
                 tokio::time::sleep(period).await;
             }
@@ -231,6 +255,8 @@ pub async fn run(s: &Scenario, o: &Options) -> anyhow::Result<SoakReport> {
 
     let samples = samples.lock().map(|v| v.clone()).unwrap_or_default();
     let rss = rss(&samples, s, after_drain.rss_kib, after_drain.hwm_kib);
+    let in_flight = in_flight.lock().map(|v| v.clone()).unwrap_or_default();
+    let in_flight = in_flight_under_load(&in_flight, s);
     let mut report = SoakReport {
         requests: records.len() as u64,
         answered: 0,
@@ -242,6 +268,7 @@ pub async fn run(s: &Scenario, o: &Options) -> anyhow::Result<SoakReport> {
         proxy_upstream_errors: series(&metrics, "tokengate_upstream_errors_total", "kind"),
         settlements: series(&metrics, "tokengate_settlements_total", "rule"),
         ledger_end: ledger,
+        in_flight,
         rss,
         exit_code,
         last_log_line,
@@ -350,6 +377,32 @@ fn stall_check(r: &SoakReport) -> Check {
 
 /// Polls `/v1/pools` until nothing is reserved or in flight (calls cut off at the end of the
 /// drain settle as the proxy notices the hang-up), for up to 30 s; returns the last reading.
+/// Requests in flight in every pool now.
+async fn in_flight_now(addr: SocketAddr) -> anyhow::Result<u64> {
+    let body = http_get(addr, "/v1/pools").await?;
+    let v: serde_json::Value = serde_json::from_str(&body).context("/v1/pools JSON")?;
+    Ok(v["pools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["ledger"]["in_flight_requests"].as_u64())
+        .sum())
+}
+
+/// Mean and peak of the samples taken under load (after the warm-up, before the drain).
+fn in_flight_under_load(samples: &[(f64, u64)], s: &Scenario) -> InFlight {
+    let loaded: Vec<u64> = samples
+        .iter()
+        .filter(|(t, _)| *t >= s.warmup_secs && *t <= s.duration_secs)
+        .map(|(_, n)| *n)
+        .collect();
+    InFlight {
+        mean: loaded.iter().sum::<u64>() as f64 / loaded.len().max(1) as f64,
+        peak: loaded.iter().copied().max().unwrap_or(0),
+        samples: loaded.len(),
+    }
+}
+
 async fn ledger_at_rest(addr: SocketAddr) -> anyhow::Result<LedgerEnd> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

@@ -121,7 +121,7 @@ fn adaptive_the_guard_window_tumbles() {
 fn adaptive_route_learners_cover_the_routes_models() {
     let toml = "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nregion = \"us-east-1\"\n\
                 [ledger]\nbackend = \"memory\"\n[[pools]]\nname = \"p\"\n\
-                models = [\"a.m-1\", \"a.m-2\"]\ntokens_per_minute = 100000\nmax_concurrency = 4\noutput_burndown = 1\ndefault_max_tokens = 4096\n";
+                models = [\"a.m-1\", \"a.m-2\"]\ntokens_per_minute = 100000\nmax_concurrency = 4\noutput_burndown = 1\ndefault_max_tokens = 4096\nmax_output_tokens = 8192\n";
     let pools: Vec<PoolConfig> = crate::config::Config::parse(toml)
         .map(|c| c.policy.pools)
         .unwrap_or_else(|e| panic!("{e}"));

@@ -4,8 +4,8 @@
 //! Bedrock deducts `input + maxTokens` at the start of a request, so a `maxTokens` far above what
 //! the model really writes holds quota that no one uses until settlement. This module keeps, for
 //! every (pool, model) slot, the distribution of output tokens reported by upstream and of the
-//! `maxTokens` reserved for the same requests (the pool's `default_max_tokens` when the caller sent
-//! none), and turns them into advice: p50 and p99 output, p99 reserved `maxTokens`, a suggested
+//! `maxTokens` reserved for the same requests (for a caller that sent none, what
+//! [`super::output_cap`] reserved: the model's maximum, the injected default or the route's ceiling), and turns them into advice: p50 and p99 output, p99 reserved `maxTokens`, a suggested
 //! `maxTokens` (p99 output plus [`SUGGESTION_MARGIN`], rounded up to [`SUGGESTION_STEP`]) and the
 //! share of reserved `maxTokens` that output did not use. `GET /v1/pools` shows it per pool
 //! (`max_tokens_advice`) and the `tokengate_*_p99{pool,model}` gauges export it at each scrape.
@@ -158,6 +158,10 @@ impl Lengths {
 struct Slot {
     model: Arc<str>,
     requests: AtomicU64,
+    /// Requests admitted that named no `maxTokens`.
+    without_max_tokens: AtomicU64,
+    /// Calls that stopped at their output cap.
+    truncated: AtomicU64,
     output: Lengths,
     requested: Lengths,
 }
@@ -180,9 +184,15 @@ pub struct MaxTokensAdvice {
     pub model: String,
     /// Requests settled with reported usage.
     pub requests: u64,
+    /// Requests admitted that named no `maxTokens` (what was reserved for them instead is the
+    /// pool's `when_max_tokens_missing`, or the route's ceiling).
+    pub requests_without_max_tokens: u64,
+    /// Calls that stopped at their output cap (`max_tokens`, `length`, ...): a `maxTokens` (or
+    /// injected default) too low for what callers ask of the model.
+    pub truncated: u64,
     pub p50_output: u64,
     pub p99_output: u64,
-    /// p99 of the `maxTokens` reserved (the pool's `default_max_tokens` when the caller sent none).
+    /// p99 of the `maxTokens` reserved (for callers that sent none, what was reserved instead).
     pub p99_requested_max_tokens: u64,
     /// p99 output x 1.2, rounded up to 64; `null` below [`MIN_SAMPLES`] requests.
     pub suggested_max_tokens: Option<u64>,
@@ -199,6 +209,8 @@ impl PoolAdvice {
             .map(|m| Slot {
                 model: Arc::from(m),
                 requests: AtomicU64::new(0),
+                without_max_tokens: AtomicU64::new(0),
+                truncated: AtomicU64::new(0),
                 output: Lengths::new(),
                 requested: Lengths::new(),
             })
@@ -233,6 +245,20 @@ impl PoolAdvice {
         s.requested.record(requested_max_tokens);
     }
 
+    /// Counts an admitted request that named no `maxTokens`.
+    pub fn named_none(&self, slot: SlotIndex) {
+        if let Some(s) = self.slots.get(slot.0).or(self.slots.last()) {
+            s.without_max_tokens.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a call that stopped at its output cap.
+    pub fn truncated(&self, slot: SlotIndex) {
+        if let Some(s) = self.slots.get(slot.0).or(self.slots.last()) {
+            s.truncated.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// The advice for every slot that has seen a request.
     pub fn view(&self) -> Vec<MaxTokensAdvice> {
         self.slots.iter().filter_map(Slot::advice).collect()
@@ -253,6 +279,8 @@ impl Slot {
         Some(MaxTokensAdvice {
             model: self.model.to_string(),
             requests,
+            requests_without_max_tokens: self.without_max_tokens.load(Ordering::Relaxed),
+            truncated: self.truncated.load(Ordering::Relaxed),
             p50_output: self.output.quantile(0.5).unwrap_or(0),
             p99_output,
             p99_requested_max_tokens: self.requested.quantile(0.99).unwrap_or(0),

@@ -39,6 +39,8 @@ pub struct BodyFacts {
     pub input_tokens: u64,
     /// The OpenAI and Anthropic APIs' model and streaming; `None` for the other operations.
     pub api: Option<ApiBody>,
+    /// Converse's `serviceTier.type`, when the body names one.
+    pub service_tier: Option<String>,
 }
 
 /// What an OpenAI or Anthropic API body says besides its cap.
@@ -81,6 +83,7 @@ pub fn read(
     }
     let mut top = TopLevel {
         api: operation.model_in_body().then(ApiMembers::default),
+        tiered: matches!(operation, Operation::Converse | Operation::ConverseStream),
         ..TopLevel::default()
     };
     // One UTF-8 check of the whole body costs a fraction of the parser's check of each string.
@@ -102,7 +105,13 @@ pub fn read(
         max_tokens: top.fields.resolve(operation, provider)?,
         input_tokens: top.tally.tokens(),
         api,
+        service_tier: top.service_tier.as_ref().and_then(tier_type),
     })
+}
+
+/// `serviceTier.type`, when it is a string.
+fn tier_type(tier: &Value) -> Option<String> {
+    tier.get("type")?.as_str().map(str::to_string)
 }
 
 /// The `modelId` of a StartAsyncInvoke body (`None` when absent: upstream then refuses the call
@@ -131,6 +140,7 @@ fn read_count_tokens(body: &[u8]) -> Result<BodyFacts, BodyError> {
         max_tokens: None,
         input_tokens: tally.tokens(),
         api: None,
+        service_tier: None,
     })
 }
 
@@ -142,6 +152,9 @@ struct TopLevel {
     fields: MaxTokensFields,
     /// For the OpenAI and Anthropic APIs.
     api: Option<ApiMembers>,
+    /// Whether the body may name a `serviceTier` (Converse), and the one it names.
+    tiered: bool,
+    service_tier: Option<Value>,
 }
 
 impl TopLevel {
@@ -180,6 +193,7 @@ impl<'de> Handler<'de> for &mut TopLevel {
         let mut capture = Capture {
             fields: &mut self.fields,
             api: self.api.as_mut(),
+            tier: self.tiered.then_some(&mut self.service_tier),
         };
         walk::object(&mut self.tally, 1, map, &mut capture).map(|()| true)
     }
@@ -189,11 +203,16 @@ impl<'de> Handler<'de> for &mut TopLevel {
 struct Capture<'a> {
     fields: &'a mut MaxTokensFields,
     api: Option<&'a mut ApiMembers>,
+    /// Converse's `serviceTier` (not model input: the tally skips it).
+    tier: Option<&'a mut Option<Value>>,
 }
 
 impl<'de> Members<'de> for Capture<'_> {
     fn member<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<Taken, A::Error> {
         if self.api.is_some() && ApiMembers::wants(key) {
+            return Ok(Taken::Value(map.next_value()?));
+        }
+        if self.tier.is_some() && key == "serviceTier" {
             return Ok(Taken::Value(map.next_value()?));
         }
         let fields = &mut *self.fields;
@@ -211,8 +230,9 @@ impl<'de> Members<'de> for Capture<'_> {
     }
 
     fn keep(&mut self, key: &str, value: Value) {
-        match &mut self.api {
-            Some(api) if ApiMembers::wants(key) => api.set(key, value),
+        match (&mut self.api, &mut self.tier) {
+            (Some(api), _) if ApiMembers::wants(key) => api.set(key, value),
+            (_, Some(tier)) if key == "serviceTier" => **tier = Some(value),
             _ => self.fields.set(None, key, value),
         }
     }

@@ -63,6 +63,12 @@ fn check_agrees(text: &str) {
                     max_tokens,
                     input_tokens,
                     api: None,
+                    service_tier: matches!(
+                        operation,
+                        Operation::Converse | Operation::ConverseStream
+                    )
+                    .then(|| parsed.get("serviceTier").and_then(tier_type))
+                    .flatten(),
                 });
             let oracle = max_tokens_reference::max_tokens(operation, provider, &parsed);
             match (&expected, &oracle) {
@@ -107,6 +113,7 @@ fn members_in_the_order_clients_write_them() {
             max_tokens: Some(100),
             input_tokens: 16 + 4 + IMAGE_TOKENS + 4,
             api: None,
+            service_tier: None,
         })
     );
     for source in [
@@ -230,6 +237,7 @@ fn escaped_member_names_are_read_as_unescaped() {
             max_tokens: Some(9),
             input_tokens: 16 + 4 + 1,
             api: None,
+            service_tier: None,
         })
     );
 }
@@ -327,6 +335,7 @@ fn count_tokens_bodies_are_estimated_on_their_document() {
             max_tokens: None,
             input_tokens: 16 + 4 + 30,
             api: None,
+            service_tier: None,
         })
     );
     check_agrees(r#"{"input": {"invokeModel": {"body": "bm90IGpzb24="}}}"#);
@@ -850,4 +859,20 @@ fn api_caps_agree_with_the_reference() {
             }
         }
     }
+}
+
+#[test]
+fn converse_names_its_service_tier_in_the_body_and_only_converse_is_read_for_it() {
+    let body = br#"{"messages":[{"role":"user","content":[{"text":"hi"}]}],"serviceTier":{"type":"reserved"}}"#;
+    for op in [Operation::Converse, Operation::ConverseStream] {
+        let facts = read(op, Some("anthropic"), body).expect("reads");
+        assert_eq!(facts.service_tier.as_deref(), Some("reserved"));
+    }
+    let without = br#"{"messages":[{"role":"user","content":[{"text":"hi"}]}]}"#;
+    let facts = read(Operation::Converse, Some("anthropic"), without).expect("reads");
+    assert_eq!(facts.service_tier, None);
+    // Model-native bodies name the tier in a header, not the body.
+    let native = br#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":5,"messages":[],"serviceTier":{"type":"flex"}}"#;
+    let facts = read(Operation::InvokeModel, Some("anthropic"), native).expect("reads");
+    assert_eq!(facts.service_tier, None);
 }

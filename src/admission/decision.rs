@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 
-use super::{Pool, hold::Hold};
+use super::{MissingMaxTokens, Pool, hold::Hold};
 use crate::{bedrock::max_tokens::MaxTokensError, ledger::Limit};
 
 /// The outcome of admission for one request.
@@ -108,11 +108,14 @@ pub enum ShadowReason {
 }
 
 impl ShadowReason {
-    pub const ALL: [ShadowReason; 8] = [
+    pub const ALL: [ShadowReason; 11] = [
         ShadowReason::Limit(Limit::Tokens),
         ShadowReason::Limit(Limit::Requests),
         ShadowReason::Limit(Limit::Concurrency),
         ShadowReason::Limit(Limit::Share),
+        ShadowReason::Limit(Limit::DailyQuota),
+        ShadowReason::Limit(Limit::Budget),
+        ShadowReason::Limit(Limit::RouteConcurrency),
         ShadowReason::NeverFits,
         ShadowReason::NotAllowed,
         ShadowReason::MaxTokensCeiling,
@@ -166,6 +169,24 @@ pub enum ThrottleWhy {
     },
     /// The admission queue would not hold it, or could not admit it in time.
     Queue(QueueRefusal),
+    /// A budget outside the pool turned it away (taken before the pool's reservation).
+    Budget {
+        scope: BudgetScope,
+        /// The binding window (`tokens_per_day`, ...).
+        window: &'static str,
+        reserving: u64,
+        /// Tokens the window had left.
+        available: u64,
+    },
+}
+
+/// Whose budget refused a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BudgetScope {
+    /// `admission.account_tokens_per_day`, across every pool.
+    Account,
+    /// The named route's `budgets`.
+    Route(String),
 }
 
 /// Why the admission queue turned a request away.
@@ -186,6 +207,9 @@ pub struct NeverFits {
     pub reserving: u64,
     pub input: u64,
     pub max_tokens: u64,
+    /// The request named no `maxTokens` (so `max_tokens` is the model's maximum, or the pool's
+    /// default), and what was done about it.
+    pub max_tokens_missing: Option<MissingMaxTokens>,
     /// The most the pool holds.
     pub capacity: u64,
 }
@@ -229,6 +253,24 @@ pub enum Problem {
     },
     #[error("maxTokens cannot be limited to the route's ceiling of {ceiling}: {reason}")]
     CannotClamp { ceiling: u64, reason: String },
+    /// The route's `allowed_tiers` leave out the tier the call asks for.
+    #[error(
+        "route {route:?} may not use service tier {tier:?} (a call that names none is \"default\"): send serviceTier (Converse) or X-Amzn-Bedrock-Service-Tier (InvokeModel) with one of: {allowed}"
+    )]
+    TierNotAllowed {
+        route: String,
+        tier: &'static str,
+        allowed: String,
+    },
+    #[error(
+        "this request names no maximum output, so Bedrock would reserve the model's maximum ({model_max} tokens), and tokengate pool {pool:?} refuses such requests (when_max_tokens_missing = \"reject\"): send {field} with the most output tokens you need"
+    )]
+    MaxTokensMissing {
+        /// The field to send (`inferenceConfig.maxTokens`, `max_tokens`, ...).
+        field: &'static str,
+        pool: String,
+        model_max: u64,
+    },
     /// An endpoint call's container payload, read for its output cap.
     #[error("{0}; send max_tokens (or parameters.max_new_tokens) as a whole number")]
     Payload(#[from] crate::sagemaker::payload::PayloadError),

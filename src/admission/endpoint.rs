@@ -266,7 +266,7 @@ impl Admission {
             count_tokens_failed: None,
             adaptive: None,
         };
-        self.take(pool, prepared, facts, shadow).await
+        self.take(pool, prepared, facts, (shadow, None)).await
     }
 }
 
@@ -277,6 +277,7 @@ fn endpoint_estimate(pool: &Pool, facts: &Facts<'_>) -> Result<Estimate, Problem
         raw_input: 0,
         input: 0,
         max_tokens: 0,
+        max_tokens_missing: None,
     };
     if pool
         .endpoint_config()

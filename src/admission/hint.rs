@@ -38,7 +38,10 @@ pub fn projected_wait(rejection: &Rejection, history: PoolHistory, max_hint: Dur
     match rejection.limit {
         // A route's ceiling refills like a bucket; its in-flight refunds are not tracked apart.
         Limit::Requests | Limit::Share => refill,
-        Limit::Concurrency => {
+        // The day refills a 1,440th of the quota a minute: only refill makes room (in-flight
+        // refunds are small against a day).
+        Limit::DailyQuota | Limit::Budget => refill,
+        Limit::Concurrency | Limit::RouteConcurrency => {
             // With n requests in flight finishing at random, the next one ends after about
             // typical / n.
             history.typical_duration / rejection.in_flight_requests.max(1)

@@ -23,7 +23,8 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 
 use super::{
-    adaptive::Ticket, advice::SlotIndex, pools::Pool, queue::AdmissionQueue, routes::RouteSlot,
+    adaptive::Ticket, advice::SlotIndex, budgets::TakenBudgets, pools::Pool, queue::AdmissionQueue,
+    routes::RouteSlot,
 };
 use crate::{
     bedrock::Usage,
@@ -73,6 +74,8 @@ pub struct Estimate {
     /// The calibrated input figure that was reserved.
     pub input: u64,
     pub max_tokens: u64,
+    /// The request named no `maxTokens`, and what was done about it.
+    pub max_tokens_missing: Option<super::MissingMaxTokens>,
 }
 
 impl Estimate {
@@ -109,9 +112,14 @@ pub struct Hold {
     route: Option<RouteSlot>,
     /// This request's part of its pool's pending burndown excess.
     excess_claimed: u64,
+    /// Budgets taken before the reservation, settled with it (boxed: most requests have none,
+    /// and every `Decision` carries a `Hold`'s size).
+    budgets: Option<Box<TakenBudgets>>,
     /// Its route's adaptive maxTokens learner for its model, told the output at settlement
     /// (boxed: most requests have none, and every `Decision` carries a `Hold`'s size).
     adaptive: Option<Box<Ticket>>,
+    /// Its stop reason said the output hit its cap ([`Hold::note_truncated`]).
+    stopped_at_cap: bool,
 }
 
 impl Hold {
@@ -137,8 +145,16 @@ impl Hold {
             advice_slot,
             route,
             excess_claimed: 0,
+            budgets: None,
             adaptive: None,
+            stopped_at_cap: false,
         }
+    }
+
+    /// Settles `budgets` with the reservation, to the same charge.
+    pub(crate) fn with_budgets(mut self, budgets: Option<TakenBudgets>) -> Hold {
+        self.budgets = budgets.map(Box::new);
+        self
     }
 
     /// Reports the output to `ticket`'s learner when the request settles with usage.
@@ -150,6 +166,13 @@ impl Hold {
     /// The adaptive maxTokens cap the proxy wrote into the forwarded body, if it capped it.
     pub fn adaptive_cap(&self) -> Option<u64> {
         self.adaptive.as_ref().and_then(|t| t.cap)
+    }
+
+    /// The call stopped at its output cap (its stop reason said so): counted beside its pool's
+    /// maxTokens advice, and told to its adaptive maxTokens learner at settlement.
+    pub fn note_truncated(&mut self) {
+        self.stopped_at_cap = true;
+        self.pool.advice.truncated(self.advice_slot);
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -216,9 +239,10 @@ impl Hold {
             usage.output_tokens,
         );
         if let Some(ticket) = &self.adaptive {
-            // The stop reason plugs in here once the usage observer reads it (issue #17's
-            // truncation signal): until then a capped call that reached its cap is a truncation.
-            ticket.settled(usage.output_tokens, false);
+            // A capped call is a proxy-caused truncation when its stop reason said so (noted
+            // before the usage settles it), or, where no stop reason is read (InvokeModel
+            // streams), when its output reached the cap.
+            ticket.settled(usage.output_tokens, self.stopped_at_cap);
         }
         self.finish(charge, SettlementRule::Usage, elapsed, Some(*usage))
     }
@@ -286,6 +310,9 @@ impl Hold {
             reservation,
             charge,
         );
+        if let Some(budgets) = self.budgets.take() {
+            budgets.settle(charge);
+        }
         Some(Settled {
             rule,
             reserved,
@@ -326,7 +353,7 @@ fn settle_in_background(
 /// Settlement happens from `Drop` and `poll_frame`, which cannot wait. A settlement on its way
 /// counts in its ledger's `LedgerStats::settlements_in_flight` from its first poll (here) on,
 /// and shutdown waits for them.
-fn now_or_spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
+pub(super) fn now_or_spawn(work: impl std::future::Future<Output = ()> + Send + 'static) {
     let mut work = Box::pin(work);
     if (&mut work).now_or_never().is_some() {
         return;

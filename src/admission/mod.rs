@@ -3,14 +3,16 @@
 //! For every operation that names a model (in its path, or in its body for StartAsyncInvoke and
 //! the OpenAI and Anthropic APIs): the caller's route may call it ([`allow`]), before anything is
 //! passed through. Then, for a model call: resolve the pool from the modelId; read `maxTokens`
-//! (the pool's `default_max_tokens` when absent) and estimate input tokens (conservative,
-//! calibrated online from reported usage), in one pass over the body ([`body`]); apply the
-//! route's `max_tokens_ceiling`; write what the forwarded body must say ([`rewrite`]); reserve
-//! `input + maxTokens` in the ledger, every limit at once, waiting in the pool's queue when the
-//! wait is worth it ([`queue`]). Each pool counts what it admitted and throttled by API family.
-//! An InvokeModelWithBidirectionalStream session, decided from its head before any event
-//! arrives, reserves the pool's `bidirectional_reservation`. A sagemaker-runtime call is decided
-//! the same way in its endpoint pool, whose limits follow the endpoint's copies ([`endpoint`]).
+//! and estimate input tokens (conservative, calibrated online from reported usage), in one pass
+//! over the body ([`body`]); apply the route's `max_tokens_ceiling`, or, for a request that names
+//! no `maxTokens`, the pool's `when_max_tokens_missing` ([`output_cap`]); write what the
+//! forwarded body must say ([`rewrite`]); take the budgets the request draws on besides its pool
+//! ([`budgets`]); reserve `input + maxTokens` in the ledger, every limit at once, waiting in the
+//! pool's queue when the wait is worth it ([`queue`]). Each pool counts what it admitted and
+//! throttled by API family. An InvokeModelWithBidirectionalStream session, decided from its head
+//! before any event arrives, reserves the pool's `bidirectional_reservation`.
+//! A sagemaker-runtime call is decided the same way in its endpoint pool, whose limits follow the
+//! endpoint's copies ([`endpoint`]).
 //!
 //! [`Admission::decide`] returns pure data ([`decision`]): an admitted request carries a [`Hold`]
 //! that settles it ([`hold`] has the rules); a refusal says why and, when retrying can help, when
@@ -22,6 +24,7 @@ pub mod adaptive;
 pub mod advice;
 mod allow;
 pub mod body;
+pub mod budgets;
 pub mod candidates;
 mod ceiling;
 pub mod decision;
@@ -29,6 +32,7 @@ pub mod endpoint;
 pub mod estimate;
 pub mod hint;
 pub mod hold;
+pub mod output_cap;
 pub mod pools;
 pub mod queue;
 mod reserve;
@@ -44,16 +48,18 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use crate::{
+    bedrock::tier::ServiceTier,
     bedrock::{Api, ModelRef, Operation},
     config::{AdmissionConfig, InputEstimate, PoolConfig, RouteConfig, UnknownModels},
     ledger::{Ledger, PoolSnapshot},
     sagemaker::EndpointTarget,
 };
 pub use decision::{
-    Admitted, Decision, Invalid, NeverFits, NotAllowed, Pass, Problem, QueueRefusal, ShadowReason,
-    Throttle, ThrottleWhy, Unavailability, Unavailable,
+    Admitted, BudgetScope, Decision, Invalid, NeverFits, NotAllowed, Pass, Problem, QueueRefusal,
+    ShadowReason, Throttle, ThrottleWhy, Unavailability, Unavailable,
 };
 pub use hold::{Estimate, Hold, Settled, SettlementRule};
+pub use output_cap::MissingMaxTokens;
 pub use pools::{Pool, PoolTable};
 pub use routes::{Caller, Route, RouteTable};
 
@@ -69,6 +75,8 @@ pub struct Facts<'a> {
     /// Anthropic APIs, whose model it names); `None`: read here, when needed.
     pub read: Option<&'a BodyRead>,
     pub caller: &'a Caller,
+    /// The `X-Amzn-Bedrock-Service-Tier` header (InvokeModel's tier), if sent.
+    pub service_tier: Option<&'a str>,
     /// A sagemaker-runtime call's endpoint and inference component (its `model_id` is `None`).
     pub endpoint: Option<&'a EndpointTarget>,
 }
@@ -90,6 +98,8 @@ pub struct Admission {
     ledger: Arc<dyn Ledger>,
     config: AdmissionConfig,
     counter: Option<Arc<dyn InputCounter>>,
+    /// `config.account_tokens_per_day`, as a budget.
+    account_budget: Option<Arc<budgets::Budget>>,
 }
 
 /// Counts input tokens exactly, for pools with `input_estimate = "count_tokens"` (upstream's
@@ -117,6 +127,9 @@ impl Admission {
             table: PoolTable::new(pools, routes, &config),
             routes: RouteTable::new(routes, pools),
             ledger,
+            account_budget: config
+                .account_tokens_per_day
+                .map(|d| Arc::new(budgets::Budget::account(d))),
             config,
             counter: None,
         }
@@ -184,12 +197,7 @@ impl Admission {
             return Decision::Pass(Pass::NotMetered);
         }
         let Some((pool, configured)) = resolved else {
-            return match self.config.unknown_models {
-                UnknownModels::Pass => Decision::Pass(Pass::UnknownModel),
-                UnknownModels::Reject => Decision::UnknownModel {
-                    model: model_id.to_string(),
-                },
-            };
+            return self.unknown_model(model_id);
         };
         let shadow = pool.config.shadow || route.config.shadow;
         // Shadow mode forwards what enforcement would refuse, and says why.
@@ -213,17 +221,63 @@ impl Admission {
             Ok(estimated) => estimated,
             Err(problem) => return invalid(problem),
         };
-        let prepared = match prepare(route, facts, &model, configured, estimated) {
+        let ahead = match self.reserved_ahead(estimated.tier, facts, configured) {
+            Ok(ahead) => ahead,
+            Err(problem) => return invalid(problem),
+        };
+        let prepared = match prepare(route, &pool.config, facts, &model, configured, estimated) {
             Ok(prepared) => prepared,
             Err(problem @ (Problem::AboveCeiling { .. } | Problem::CannotClamp { .. })) => {
                 return refuse(invalid(problem), ShadowReason::MaxTokensCeiling);
             }
             Err(problem) => return invalid(problem),
         };
-        self.take(pool, prepared, facts, shadow).await
+        let ahead = ahead.and_then(|id| self.pools().get(id));
+        self.take(pool, prepared, facts, (shadow, ahead)).await
     }
 
-    /// The reservation's estimate: `maxTokens` from the body (or the pool's default) and the
+    /// A model in no pool: passed uncounted, or refused, as `unknown_models` says.
+    fn unknown_model(&self, model_id: &str) -> Decision {
+        match self.config.unknown_models {
+            UnknownModels::Pass => Decision::Pass(Pass::UnknownModel),
+            UnknownModels::Reject => Decision::UnknownModel {
+                model: model_id.to_string(),
+            },
+        }
+    }
+
+    /// The pool to try before the on-demand one: reserved capacity for a `reserved` call (its
+    /// tier from the body, else the header), which overflows to on-demand; or the refusal of a
+    /// tier the route's `allowed_tiers` leaves out (a call naming none is `default`).
+    fn reserved_ahead(
+        &self,
+        body_tier: Option<ServiceTier>,
+        facts: &Facts<'_>,
+        configured: &str,
+    ) -> Result<Option<usize>, Problem> {
+        let tier = body_tier.or_else(|| facts.service_tier.and_then(ServiceTier::parse));
+        let route = &facts.caller.route;
+        if let Some(allowed) = &route.config.allowed_tiers {
+            let asked = tier.unwrap_or(ServiceTier::Default);
+            if !allowed.contains(&asked) {
+                return Err(Problem::TierNotAllowed {
+                    route: route.name.to_string(),
+                    tier: asked.label(),
+                    allowed: allowed
+                        .iter()
+                        .map(|t| t.label())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        }
+        Ok(match tier {
+            Some(ServiceTier::Reserved) => self.table.reserved_for(configured).map(|p| p.id),
+            _ => None,
+        })
+    }
+
+    /// The reservation's estimate: `maxTokens` from the body (or the model's maximum) and the
     /// calibrated input, counted exactly when the pool asks for it. A failed count falls back
     /// to the estimate, and says so.
     async fn estimate(
@@ -241,12 +295,14 @@ impl Admission {
                 raw_input: 0,
                 input: 0,
                 max_tokens: pool.config.bidirectional_reservation,
+                max_tokens_missing: None,
             };
             return Ok(Estimated {
                 estimate,
                 requested: None,
                 api: None,
                 count_failed: None,
+                tier: None,
             });
         }
         let read_here;
@@ -261,7 +317,8 @@ impl Admission {
         let mut estimate = Estimate {
             raw_input: read.input_tokens,
             input: pool.calibrated_input(read.input_tokens),
-            max_tokens: read.max_tokens.unwrap_or(pool.config.default_max_tokens),
+            max_tokens: read.max_tokens.unwrap_or(pool.config.max_output_tokens),
+            max_tokens_missing: None,
         };
         let mut count_failed = None;
         // CountTokens takes Converse and InvokeModel bodies only.
@@ -284,6 +341,7 @@ impl Admission {
             requested: read.max_tokens,
             api: read.api.clone(),
             count_failed,
+            tier: read.service_tier.as_deref().and_then(ServiceTier::parse),
         })
     }
 
@@ -323,8 +381,11 @@ impl Admission {
                 usable_tokens_per_minute: pool.capacity(),
                 effective_tokens_per_minute: limits.tokens_per_minute,
                 requests_per_minute: limits.requests_per_minute,
+                tokens_per_day: limits.tokens_per_day,
                 max_concurrency: limits.max_concurrency,
                 output_burndown: pool.config.output_burndown,
+                max_output_tokens: pool.config.max_output_tokens,
+                when_max_tokens_missing: pool.config.when_max_tokens_missing.label(),
                 default_max_tokens: pool.config.default_max_tokens,
                 ledger,
                 admitted: load(&c.admitted),
@@ -332,6 +393,7 @@ impl Admission {
                     tokens: load(&c.rejected_tokens),
                     requests: load(&c.rejected_requests),
                     concurrency: load(&c.rejected_concurrency),
+                    daily_quota: load(&c.rejected_daily),
                     never_fits: load(&c.never_fits),
                 },
                 upstream_throttles: load(&c.upstream_throttles),
@@ -421,6 +483,7 @@ fn problem(operation: Operation, e: &body::BodyError) -> Problem {
 /// for ([`rewrite`]).
 fn prepare<'p>(
     route: &Route,
+    pool: &PoolConfig,
     facts: &Facts<'_>,
     model: &ModelRef<'_>,
     configured_model: &'p str,
@@ -431,8 +494,15 @@ fn prepare<'p>(
         requested,
         api,
         count_failed,
+        ..
     } = estimated;
-    let ceiling = ceiling::apply(route, facts.operation, requested, &mut estimate)?;
+    let asked = output_cap::Asked {
+        operation: facts.operation,
+        model,
+        body: facts.body,
+        max_tokens: requested,
+    };
+    let cap = output_cap::apply(route, pool, &asked, &mut estimate)?;
     let learned = (model, configured_model);
     let adaptive = adaptive::apply(
         route,
@@ -444,8 +514,8 @@ fn prepare<'p>(
     let ask_usage = facts.operation == Operation::OpenAIChatCompletions
         && api.is_some_and(|api| api.stream && api.include_usage != Some(true));
     let edits = rewrite::Edits {
-        // The learned cap is below the ceiling when there is one.
-        ceiling: adaptive.as_ref().and_then(|t| t.cap).or(ceiling),
+        // The learned cap is below the ceiling or injected default when there is one.
+        ceiling: adaptive.as_ref().and_then(|t| t.cap).or(cap.write),
         ask_usage,
     };
     let body = rewrite::apply(facts.operation, model, facts.body, edits)?;
@@ -453,7 +523,7 @@ fn prepare<'p>(
         estimate,
         configured_model,
         body,
-        clamped: ceiling.is_some(),
+        clamped: cap.clamped,
         strip_usage_chunk: ask_usage,
         count_tokens_failed: count_failed,
         adaptive,
@@ -469,6 +539,8 @@ struct Estimated {
     api: Option<body::ApiBody>,
     /// Exact counting failed, and why.
     count_failed: Option<String>,
+    /// The service tier the body names (Converse's `serviceTier.type`).
+    tier: Option<ServiceTier>,
 }
 
 /// One pool in `GET /v1/pools`.
@@ -486,8 +558,15 @@ pub struct PoolView {
     pub usable_tokens_per_minute: u64,
     pub effective_tokens_per_minute: u64,
     pub requests_per_minute: Option<u64>,
+    /// The daily quota; what is left of it and when it is full again are in `ledger`
+    /// (`day_tokens_available`, `day_full_in_ms`).
+    pub tokens_per_day: Option<u64>,
     pub max_concurrency: u32,
     pub output_burndown: u32,
+    /// The model's maximum output in force (the catalogue's or the pool's).
+    pub max_output_tokens: u64,
+    pub when_max_tokens_missing: &'static str,
+    /// What `inject` writes.
     pub default_max_tokens: u64,
     /// `null` when the ledger could not be read.
     pub ledger: Option<PoolSnapshot>,
@@ -528,5 +607,6 @@ pub struct RejectedCounts {
     pub tokens: u64,
     pub requests: u64,
     pub concurrency: u64,
+    pub daily_quota: u64,
     pub never_fits: u64,
 }

@@ -23,7 +23,7 @@ use super::{
 };
 use crate::{
     bedrock::{Api, ModelRef, model_id::application_profile_id},
-    config::{AdmissionConfig, PoolConfig, RouteConfig},
+    config::{AdmissionConfig, PoolConfig, PoolTier, RouteConfig},
     ledger::{Limit, Limits},
 };
 
@@ -101,6 +101,9 @@ pub struct PoolCounts {
     pub rejected_requests: AtomicU64,
     pub rejected_concurrency: AtomicU64,
     pub rejected_share: AtomicU64,
+    pub rejected_daily: AtomicU64,
+    pub rejected_budget: AtomicU64,
+    pub rejected_route_concurrency: AtomicU64,
     pub never_fits: AtomicU64,
     pub upstream_throttles: AtomicU64,
     /// Admitted and throttled requests by API family, in the order of [`Api::ALL`].
@@ -121,6 +124,9 @@ impl PoolCounts {
             Limit::Requests => &self.rejected_requests,
             Limit::Concurrency => &self.rejected_concurrency,
             Limit::Share => &self.rejected_share,
+            Limit::DailyQuota => &self.rejected_daily,
+            Limit::Budget => &self.rejected_budget,
+            Limit::RouteConcurrency => &self.rejected_route_concurrency,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -143,6 +149,9 @@ impl PoolCounts {
             &self.rejected_requests,
             &self.rejected_concurrency,
             &self.rejected_share,
+            &self.rejected_daily,
+            &self.rejected_budget,
+            &self.rejected_route_concurrency,
             &self.never_fits,
             &self.upstream_throttles,
         ];
@@ -279,6 +288,7 @@ impl Pool {
             tokens_per_minute: tokens.max(1),
             requests_per_minute: self.config.requests_per_minute,
             max_concurrency: self.concurrency(factor),
+            tokens_per_day: self.config.tokens_per_day,
         }
     }
 
@@ -391,6 +401,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct PoolTable {
     pub(super) pools: Vec<Arc<Pool>>,
     by_model: HashMap<String, usize>,
+    /// Pools of reserved capacity (`tier = "reserved"`), by model.
+    reserved_by_model: HashMap<String, usize>,
     /// Endpoint pools by endpoint and inference component ([`super::endpoint`]).
     pub(super) by_endpoint: EndpointIndex,
     /// Application inference profile (ARN or id) -> model id.
@@ -406,6 +418,7 @@ impl PoolTable {
         admission: &AdmissionConfig,
     ) -> PoolTable {
         let mut by_model = HashMap::new();
+        let mut reserved_by_model = HashMap::new();
         let mut by_endpoint = EndpointIndex::new();
         let pools: Vec<Arc<Pool>> = configs
             .iter()
@@ -416,8 +429,12 @@ impl PoolTable {
                         by_endpoint.insert(key, i);
                     }
                     None => {
+                        let table = match p.tier {
+                            PoolTier::OnDemand => &mut by_model,
+                            PoolTier::Reserved => &mut reserved_by_model,
+                        };
                         for m in &p.models {
-                            by_model.insert(m.clone(), i);
+                            table.insert(m.clone(), i);
                         }
                     }
                 }
@@ -435,6 +452,7 @@ impl PoolTable {
                 .collect(),
             pools,
             by_model,
+            reserved_by_model,
             by_endpoint,
             profiles,
         }
@@ -452,6 +470,12 @@ impl PoolTable {
     /// The pool a modelId draws on, if any, with the model id from the pool's config it draws
     /// as (its resource id, or the model an application inference profile maps to): the key of
     /// route allow-lists and of the maxTokens-advice slot.
+    /// The reserved-capacity pool of `configured_model` (as a pool lists it), if there is one.
+    pub fn reserved_for(&self, configured_model: &str) -> Option<&Arc<Pool>> {
+        let &index = self.reserved_by_model.get(configured_model)?;
+        self.pools.get(index)
+    }
+
     pub fn resolve<'a>(&'a self, model: &ModelRef<'a>) -> Option<(&'a Arc<Pool>, &'a str)> {
         if let Some(&index) = self.by_model.get(model.resource_id) {
             return Some((self.pools.get(index)?, model.resource_id));
@@ -500,7 +524,7 @@ mod tests {
         let config = crate::config::Config::parse(
             "[server]\nlisten = \"127.0.0.1:0\"\n[upstream]\nregion = \"us-east-1\"\nendpoint = \"simulated\"\n\
              [[pools]]\nname = \"p\"\nmodels = [\"m.x\"]\ntokens_per_minute = 1000\nmax_concurrency = 1\n\
-             output_burndown = 1\ndefault_max_tokens = 10\n",
+             output_burndown = 1\nmax_output_tokens = 10\ndefault_max_tokens = 10\n",
         )
         .expect("config");
         Pool::new(

@@ -469,7 +469,12 @@ impl AdmissionQueue {
                     }
                     return match rejection.limit {
                         Limit::Concurrency => None,
-                        Limit::Tokens | Limit::Requests | Limit::Share => Some(
+                        Limit::Tokens
+                        | Limit::Requests
+                        | Limit::Share
+                        | Limit::DailyQuota
+                        | Limit::Budget
+                        | Limit::RouteConcurrency => Some(
                             Instant::now()
                                 + rejection
                                     .refill_wait

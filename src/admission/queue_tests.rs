@@ -81,6 +81,7 @@ const LIMITS: Limits = Limits {
     tokens_per_minute: 60_000,
     requests_per_minute: None,
     max_concurrency: 100,
+    tokens_per_day: None,
 };
 
 /// Empties the bucket; returns eight holders of 500 tokens each to release later.

@@ -9,6 +9,7 @@ use rand::{SeedableRng, rngs::SmallRng};
 use super::{
     Admission, Admitted, Caller, Decision, Estimate, Facts, Hold, NeverFits, Pool, ShadowReason,
     Throttle, ThrottleWhy, Unavailability, Unavailable,
+    budgets::TakenBudgets,
     candidates::{FirstAdmitting, Refusal, first_admitting},
     hint, spill,
 };
@@ -39,24 +40,27 @@ pub(super) struct Granted {
     pub pool: Arc<Pool>,
     pub reservation: Reservation,
     pub queued_for: Option<Duration>,
+    /// The budgets taken before the reservation ([`super::budgets`]), settled with it.
+    pub budgets: Option<TakenBudgets>,
 }
 
 impl Admission {
     /// Reserves what `prepared` estimated in `pool` (in shadow mode, without waiting or
-    /// refusing) and admits the request holding it, or refuses it; the pool counts an admission
-    /// or a throttle under the call's API.
+    /// refusing; else trying the reserved-capacity pool `ahead` first, for a `reserved` call) and
+    /// admits the request holding it, or refuses it; the pool counts an admission or a throttle
+    /// under the call's API.
     pub(super) async fn take(
         &self,
         pool: &Arc<Pool>,
         prepared: Prepared<'_>,
         facts: &Facts<'_>,
-        shadow: bool,
+        (shadow, ahead): (bool, Option<&Arc<Pool>>),
     ) -> Decision {
         let granted = if shadow {
             self.reserve_shadow(pool, prepared.estimate, facts.caller)
                 .await
         } else {
-            self.reserve(pool, prepared.estimate, facts).await
+            self.reserve(pool, prepared.estimate, facts, ahead).await
         };
         let decision = match granted {
             Ok(g) => spill::sent_as_its_pool(self.admitted(pool, g, prepared, facts.caller), facts),
@@ -71,26 +75,58 @@ impl Admission {
         decision
     }
 
-    /// Reserves `estimate` in `pool` or, when it cannot admit now, in the first pool of its
-    /// spill chain that can ([`super::spill`]); else after waiting in `pool`'s queue.
+    /// Reserves `estimate`: first the budgets it draws on besides its pool (the account's day,
+    /// its route's budgets and concurrency: [`super::budgets`]), then in the reserved-capacity
+    /// pool `ahead` (a `reserved` call), or `pool`, or, when neither can admit now, the first pool
+    /// of its spill chain that can ([`super::spill`]); else after waiting in `pool`'s queue. The
+    /// budgets go back if no pool admits.
     pub(super) async fn reserve(
         &self,
         pool: &Arc<Pool>,
         estimate: Estimate,
         facts: &Facts<'_>,
+        ahead: Option<&Arc<Pool>>,
     ) -> Result<Granted, Decision> {
         let caller = facts.caller;
         let tokens = estimate.reservation();
         if !pool.can_ever_hold(tokens) {
             return Err(self.never_fits(pool, &estimate));
         }
+        let budgets = match self.take_budgets(pool, tokens, caller).await {
+            Ok(budgets) => budgets,
+            Err(refusal) => {
+                if let Some(slot) = pool.shares.slot(&caller.route.name) {
+                    pool.shares.counts(slot).rejected();
+                }
+                return Err(refusal);
+            }
+        };
+        self.reserve_in_pools(pool, tokens, facts, ahead)
+            .await
+            .map(|granted| Granted {
+                budgets: Some(budgets),
+                ..granted
+            })
+    }
+
+    /// [`Self::reserve`] after the budgets: the candidate pools, then `pool`'s queue.
+    async fn reserve_in_pools(
+        &self,
+        pool: &Arc<Pool>,
+        tokens: u64,
+        facts: &Facts<'_>,
+        ahead: Option<&Arc<Pool>>,
+    ) -> Result<Granted, Decision> {
+        let caller = facts.caller;
         let spill = self.spill_candidates(pool, facts, tokens);
         // While requests wait in this pool, newcomers queue behind them instead of taking the
         // capacity freed for them.
         let queue_busy = pool.queue.enabled() && !pool.queue.is_empty();
         let home = (!queue_busy).then_some(pool);
-        let candidates: Vec<Arc<Pool>> = home
+        let reserved = ahead.filter(|p| p.can_ever_hold(tokens));
+        let candidates: Vec<Arc<Pool>> = reserved
             .into_iter()
+            .chain(home)
             .chain(spill.iter().copied())
             .cloned()
             .collect();
@@ -104,6 +140,7 @@ impl Admission {
                     pool,
                     reservation,
                     queued_for: None,
+                    budgets: None,
                 });
             }
             FirstAdmitting::Refused(refused) => refused,
@@ -149,6 +186,7 @@ impl Admission {
                 pool: pool.clone(),
                 reservation,
                 queued_for: None,
+                budgets: None,
             }),
             Ok(Verdict::Refused(rejection)) => Err(waived(ShadowReason::Limit(rejection.limit))),
             Err(_) => Err(waived(ShadowReason::LedgerError)),
@@ -187,6 +225,7 @@ impl Admission {
             pool,
             reservation,
             queued_for,
+            budgets,
         } = granted;
         let Prepared {
             estimate,
@@ -197,7 +236,10 @@ impl Admission {
             count_tokens_failed,
             adaptive,
         } = prepared;
-        let spilled_from = (pool.id != home.id).then(|| home.clone());
+        // Reserved capacity for the call's own model (a `reserved` tier call) is no spill.
+        let spilled =
+            pool.id != home.id && !pool.config.models.iter().any(|m| m == configured_model);
+        let spilled_from = spilled.then(|| home.clone());
         // A spilled request runs as the pool's own model.
         let configured_model = match spilled_from {
             Some(_) => pool.config.model_id(),
@@ -212,14 +254,19 @@ impl Admission {
         if let (Some(slot), true) = (route, recovered) {
             pool.shares.counts(slot).recovered();
         }
+        let advice_slot = pool.advice.slot(configured_model);
+        if estimate.max_tokens_missing.is_some() {
+            pool.advice.named_none(advice_slot);
+        }
         let hold = Hold::new(
             pool.clone(),
             self.ledger.clone(),
             reservation,
             estimate,
-            pool.advice.slot(configured_model),
+            advice_slot,
             route,
         )
+        .with_budgets(budgets)
         .with_adaptive(adaptive);
         Admitted {
             hold,
@@ -243,6 +290,7 @@ impl Admission {
             reserving: estimate.reservation(),
             input: estimate.input,
             max_tokens: estimate.max_tokens,
+            max_tokens_missing: estimate.max_tokens_missing,
             capacity: pool.capacity(),
         })
     }
@@ -294,8 +342,23 @@ impl Admission {
         hint::jittered(wait, self.config.max_retry_hint, &mut rng)
     }
 
-    /// Upstream throttled a request this proxy admitted in `pool` (other traffic shares the
-    /// account quota): the pool's limit shrinks. Returns the hint to pass on: about half a
+    /// Upstream refused a request of `pool` reserving `reserved` tokens on its *daily* quota:
+    /// the per-minute limit is not the cause, so it does not shrink. Returns the hint to pass
+    /// on: how long the day takes to refill this request's tokens (a 1,440th of the quota a
+    /// minute) when the pool's `tokens_per_day` is known, else the longest hint; jittered and
+    /// capped by `max_retry_hint` as always.
+    pub fn upstream_daily_throttled(&self, pool: &Pool, reserved: u64) -> Duration {
+        let wait = match pool.config.tokens_per_day {
+            Some(per_day) => {
+                Duration::from_secs_f64(reserved.max(1) as f64 * 86_400.0 / per_day as f64)
+            }
+            None => self.config.max_retry_hint,
+        };
+        self.hint(wait.max(hint::UNAVAILABLE_WAIT))
+    }
+
+    /// Upstream throttled a request this proxy admitted in `pool` with its per-minute limits
+    /// (other traffic shares the account quota): the pool's limit shrinks. Returns the hint to pass on: about half a
     /// typical request, at least a second, jittered.
     pub fn upstream_throttled(&self, pool: &Pool) -> Duration {
         pool.upstream_throttled();

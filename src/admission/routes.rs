@@ -19,6 +19,10 @@ use crate::{
 pub struct Route {
     pub name: Arc<str>,
     pub config: RouteConfig,
+    /// Its `budgets`, if it has any ([`super::budgets`]).
+    pub budget: Option<Arc<super::budgets::Budget>>,
+    /// The ledger "pool" its `max_concurrency` is counted in (`route:NAME`, its own keys).
+    pub concurrency_key: Arc<str>,
     /// What its `adaptive_max_tokens` learned, per model; `None` when it does not opt in.
     pub adaptive: Option<super::adaptive::RouteLearners>,
 }
@@ -49,6 +53,9 @@ impl RouteTable {
                 Arc::new(Route {
                     name: Arc::from(r.name.as_str()),
                     config: r.clone(),
+                    budget: super::budgets::Budget::route(&r.name, r.budgets.windows())
+                        .map(Arc::new),
+                    concurrency_key: Arc::from(format!("route:{}", r.name)),
                     adaptive: super::adaptive::RouteLearners::new(r, pools),
                 })
             })

@@ -62,6 +62,7 @@ impl Admission {
                 pool: pool.clone(),
                 reservation,
                 queued_for: Some(waited),
+                budgets: None,
             }),
             Err(WaitError::TimedOut) => {
                 let limit = queue.last_limit().unwrap_or(limit);

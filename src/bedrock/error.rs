@@ -240,6 +240,14 @@ impl IntoResponse for BedrockError {
 }
 
 /// A fresh request id in the UUID form AWS uses.
+/// Whether an error body is Bedrock's daily-quota throttle (`Too many tokens per day, please
+/// wait before trying again.`, BEDROCK-APIS.md "Daily quotas"): its message says "per day".
+pub fn is_daily_quota(body: &[u8]) -> bool {
+    const NEEDLE: &[u8] = b"per day";
+    body.windows(NEEDLE.len())
+        .any(|w| w.eq_ignore_ascii_case(NEEDLE))
+}
+
 pub fn new_request_id() -> String {
     let v: u128 = rand::random();
     let h = format!("{v:032x}");
@@ -255,6 +263,20 @@ pub fn new_request_id() -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_daily_throttle_is_told_by_its_message() {
+        let daily = br#"{"message":"Too many tokens per day, please wait before trying again."}"#;
+        assert!(is_daily_quota(daily));
+        assert!(is_daily_quota(b"{\"Message\":\"Too Many Tokens Per Day\"}"));
+        for minute in [
+            &br#"{"message":"Too many tokens, please wait before trying again."}"#[..],
+            br#"{"message":"Too many requests, please wait before trying again."}"#,
+            b"",
+        ] {
+            assert!(!is_daily_quota(minute));
+        }
+    }
+
     use super::*;
 
     #[test]

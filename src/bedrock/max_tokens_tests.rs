@@ -279,6 +279,58 @@ fn clamp_lowers_or_inserts_the_deciding_field() {
 }
 
 #[test]
+fn the_field_to_set_is_the_familys_first() {
+    let titan = json!({"inputText": "hi"});
+    let cases = [
+        (
+            Operation::Converse,
+            Some("meta"),
+            None,
+            Some("inferenceConfig.maxTokens"),
+        ),
+        (
+            Operation::InvokeModel,
+            Some("anthropic"),
+            None,
+            Some("max_tokens"),
+        ),
+        (
+            Operation::InvokeModel,
+            Some("amazon"),
+            Some(&titan),
+            Some("textGenerationConfig.maxTokenCount"),
+        ),
+        (
+            Operation::InvokeModel,
+            Some("amazon"),
+            None,
+            Some("inferenceConfig.maxTokens"),
+        ),
+        (
+            Operation::InvokeModelWithResponseStream,
+            Some("meta"),
+            None,
+            Some("max_gen_len"),
+        ),
+        (
+            Operation::OpenAIChatCompletions,
+            Some("openai"),
+            None,
+            Some(CHAT_FIELDS[0]),
+        ),
+        (Operation::InvokeModel, Some("acme"), None, None),
+        (Operation::CountTokens, Some("anthropic"), None, None),
+    ];
+    for (op, provider, body, expected) in cases {
+        assert_eq!(
+            field_to_set(op, provider, body),
+            expected,
+            "{op:?} {provider:?}"
+        );
+    }
+}
+
+#[test]
 fn slots_follow_the_unknown_fields_order() {
     assert_eq!(&FIELDS[..UNKNOWN_FIELDS.len()], UNKNOWN_FIELDS);
     for (at, path) in FIELDS.iter().enumerate() {

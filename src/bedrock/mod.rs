@@ -7,6 +7,7 @@
 //! Anthropic shape them. No I/O, no quota arithmetic.
 
 pub mod api;
+pub mod catalogue;
 pub mod error;
 pub mod eventstream;
 pub mod max_tokens;
@@ -14,6 +15,7 @@ pub mod model_id;
 pub mod operation;
 pub mod session_start;
 pub mod sse;
+pub mod tier;
 pub mod usage;
 
 pub use api::{Api, Dialect};

@@ -16,9 +16,14 @@
 //! - **InvokeModelWithResponseStream**: the `chunk` whose decoded JSON carries
 //!   `amazon-bedrock-invocationMetrics`.
 //! - **OpenAI Chat Completions, OpenAI Responses, Anthropic Messages**: their JSON body's `usage`
-//!   at `on_end`, or their SSE stream's usage event (see `usage_api.rs`). These also report the
-//!   stop reason ([`UsageObserver::stop_reason`]; [`UsageObserver::truncated`] when the output
-//!   hit its cap: `length`, `max_output_tokens`, `max_tokens`).
+//!   at `on_end`, or their SSE stream's usage event (see `usage_api.rs`).
+//!
+//! The stop reason ([`UsageObserver::stop_reason`]; [`UsageObserver::truncated`] when the output
+//! hit its cap: `max_tokens`, `length`, `LENGTH`, `max_output_tokens`) is read from Converse's
+//! body `stopReason` and ConverseStream's `messageStop` event, an InvokeModel body's family field
+//! (Anthropic/Llama `stop_reason`, Nova `stopReason`, OpenAI-style `choices[].finish_reason`,
+//! Titan `results[].completionReason`) and the OpenAI and Anthropic APIs' own; not from
+//! InvokeModelWithResponseStream chunks.
 //! - **InvokeModelWithBidirectionalStream**: `chunk` events whose decoded JSON is a Nova Sonic
 //!   event; each `usageEvent` carries the session's running totals (`totalInputTokens`,
 //!   `totalOutputTokens`). They are kept as they come ([`UsageObserver::running_usage`]) and the
@@ -195,7 +200,8 @@ impl ResponseKind {
 
 /// The stop reasons that say the output hit its cap: Chat Completions `length`, Responses
 /// `max_output_tokens`, Messages (and Anthropic InvokeModel bodies) `max_tokens`.
-pub const TRUNCATED_STOP_REASONS: [&str; 3] = ["length", "max_output_tokens", "max_tokens"];
+pub const TRUNCATED_STOP_REASONS: [&str; 4] =
+    ["length", "max_output_tokens", "max_tokens", "LENGTH"];
 
 /// Watches one successful (2xx) response go by and reports its usage the moment it is known.
 #[derive(Debug)]
@@ -254,9 +260,8 @@ impl UsageObserver {
         if self.kind.is_event_stream() {
             return self.on_stream_data(chunk);
         }
-        if self.usage.is_none() {
-            self.body.push(chunk);
-        }
+        // Kept even when the headers gave the usage: the body says why the output stopped.
+        self.body.push(chunk);
         None
     }
 
@@ -266,7 +271,7 @@ impl UsageObserver {
         if self.kind == ResponseKind::BidirectionalStream && !self.corrupt {
             return self.running.and_then(|u| self.report(u));
         }
-        if self.usage.is_some() || self.corrupt {
+        if self.corrupt || (self.usage.is_some() && self.kind.is_stream()) {
             return None;
         }
         if self.kind == ResponseKind::MessagesStream {
@@ -283,11 +288,19 @@ impl UsageObserver {
                 reading.usage
             }),
             (ResponseKind::ConverseJson, None) => serde_json::from_slice::<ConverseBody>(&body)
-                .map(|b| b.usage.as_ref().and_then(|u| usage_in(u, &CONVERSE_KEYS))),
-            (_, None) => serde_json::from_slice::<NativeBody>(&body).map(|b| b.usage()),
+                .map(|b| {
+                    self.stop_reason = b.stop_reason;
+                    b.usage.as_ref().and_then(|u| usage_in(u, &CONVERSE_KEYS))
+                }),
+            (_, None) => serde_json::from_slice::<NativeBody>(&body).map(|b| {
+                self.stop_reason = b.stop_reason();
+                b.usage()
+            }),
         };
         match found {
+            // Usage the headers gave first is not reported twice.
             Ok(usage) => usage.and_then(|u| self.report(u)),
+            Err(_) if self.usage.is_some() => None,
             Err(_) => {
                 self.corrupt = true;
                 None
@@ -321,8 +334,8 @@ impl UsageObserver {
         self.usage
     }
 
-    /// Why the output stopped, as the OpenAI and Anthropic APIs say it (`stop`, `length`,
-    /// `end_turn`, `max_tokens`, `completed`, `max_output_tokens`, ...), once seen.
+    /// Why the output stopped, in the operation's or family's own words (`end_turn`,
+    /// `max_tokens`, `stop`, `length`, `LENGTH`, `completed`, `max_output_tokens`, ...), once seen.
     pub fn stop_reason(&self) -> Option<&str> {
         self.stop_reason.as_deref()
     }
@@ -382,6 +395,15 @@ impl UsageObserver {
             (ResponseKind::ConverseStream, "contentBlockDelta") => {
                 serde_json::from_slice::<Value>(&frame.payload).map(|v| {
                     self.add_output(delta_text_len(v.get("delta")));
+                    None
+                })
+            }
+            (ResponseKind::ConverseStream, "messageStop") => {
+                serde_json::from_slice::<Value>(&frame.payload).map(|v| {
+                    self.stop_reason = v
+                        .get("stopReason")
+                        .and_then(Value::as_str)
+                        .map(str::to_string);
                     None
                 })
             }
@@ -565,6 +587,8 @@ fn header_usage(headers: &HeaderMap) -> Option<Usage> {
 #[derive(Deserialize)]
 struct ConverseBody {
     usage: Option<Value>,
+    #[serde(rename = "stopReason")]
+    stop_reason: Option<String>,
 }
 
 /// The usage-bearing fields of every model-native InvokeModel response we know.
@@ -576,9 +600,33 @@ struct NativeBody {
     #[serde(rename = "inputTextTokenCount")]
     input_text_token_count: Option<Value>,
     results: Option<Value>,
+    /// Anthropic, Llama, Mistral: `stop_reason`.
+    stop_reason: Option<Value>,
+    /// Nova: `stopReason`.
+    #[serde(rename = "stopReason")]
+    stop_reason_camel: Option<Value>,
+    /// OpenAI-style: `choices[].finish_reason`.
+    choices: Option<Value>,
 }
 
 impl NativeBody {
+    /// Why the output stopped, in the family's own words (Titan: `results[0].completionReason`).
+    fn stop_reason(&self) -> Option<String> {
+        let first = |v: &Option<Value>, key: &str| {
+            v.as_ref()?
+                .as_array()?
+                .first()?
+                .get(key)?
+                .as_str()
+                .map(str::to_string)
+        };
+        let string = |v: &Option<Value>| v.as_ref()?.as_str().map(str::to_string);
+        string(&self.stop_reason)
+            .or_else(|| string(&self.stop_reason_camel))
+            .or_else(|| first(&self.choices, "finish_reason"))
+            .or_else(|| first(&self.results, "completionReason"))
+    }
+
     fn usage(&self) -> Option<Usage> {
         // Anthropic, Nova, OpenAI-style: a `usage` object.
         let shapes = [&ANTHROPIC_KEYS, &CONVERSE_KEYS, &OPENAI_KEYS];

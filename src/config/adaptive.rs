@@ -85,13 +85,16 @@ impl AdaptiveMaxTokens {
     }
 }
 
-/// Validates a route's `adaptive_max_tokens`; `key` names a field of the route
+/// Validates a route's `adaptive_max_tokens`, if it has one; `key` names a field of the route
 /// (`routes[0] (chat).` + field).
 pub(super) fn validate(
-    raw: RawAdaptive,
+    raw: Option<RawAdaptive>,
     pools: &[PoolConfig],
     key: &dyn Fn(&str) -> String,
-) -> Result<AdaptiveMaxTokens, ConfigError> {
+) -> Result<Option<AdaptiveMaxTokens>, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
     let field = |name: &str| key(&format!("adaptive_max_tokens.{name}"));
     let d = AdaptiveMaxTokens::default();
     let quantile = raw.quantile.unwrap_or(d.quantile);
@@ -136,14 +139,14 @@ pub(super) fn validate(
             ));
         }
     }
-    Ok(AdaptiveMaxTokens {
+    Ok(Some(AdaptiveMaxTokens {
         quantile,
         margin,
         floor,
         min_samples: raw.min_samples.unwrap_or(d.min_samples),
         truncation_target,
         models: raw.models,
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -154,7 +157,7 @@ mod tests {
     const BASE: &str = "[server]\nlisten = \"127.0.0.1:8080\"\n[upstream]\nregion = \"us-east-1\"\n\
         [ledger]\nbackend = \"memory\"\n[[pools]]\nname = \"p\"\nmodels = [\"a.m-1\", \"a.m-2\"]\n\
         tokens_per_minute = 100000\nmax_concurrency = 4\noutput_burndown = 1\n\
-        default_max_tokens = 4096\n[[routes]]\nname = \"chat\"\n";
+        default_max_tokens = 4096\nmax_output_tokens = 8192\n[[routes]]\nname = \"chat\"\n";
 
     fn route(table: &str) -> Result<Option<AdaptiveMaxTokens>, String> {
         Config::parse(&format!("{BASE}{table}"))

@@ -22,6 +22,7 @@ pub struct RawAdmission {
     pub max_retry_hint_ms: Option<u64>,
     pub share_idle_ms: Option<u64>,
     pub priority_margin: Option<f64>,
+    pub account_tokens_per_day: Option<u64>,
 }
 
 /// `admission.unknown_models`: what happens to a model in no pool.
@@ -47,6 +48,9 @@ pub struct AdmissionConfig {
     pub share_idle: Duration,
     /// Fraction of a pool a borrowing route leaves free for active routes of higher priority.
     pub priority_margin: f64,
+    /// The account's daily quota across every pool (Bedrock's account-wide daily limit): a
+    /// budget taken before each pool's reservation.
+    pub account_tokens_per_day: Option<u64>,
 }
 
 pub(super) fn validate(raw: RawAdmission) -> Result<AdmissionConfig, ConfigError> {
@@ -63,6 +67,10 @@ pub(super) fn validate(raw: RawAdmission) -> Result<AdmissionConfig, ConfigError
             raw.priority_margin.unwrap_or(DEFAULT_PRIORITY_MARGIN),
             0.5,
         )?,
+        account_tokens_per_day: raw
+            .account_tokens_per_day
+            .map(|v| super::pools::window_limit("admission.account_tokens_per_day", v))
+            .transpose()?,
     })
 }
 

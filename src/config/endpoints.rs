@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, Endpoint, InputEstimate, PoolConfig, invalid, pools, upstream};
+use super::{
+    ConfigError, Endpoint, InputEstimate, PoolConfig, PoolTier, Source, WhenMaxTokensMissing,
+    invalid, pools, pools::FactSources, upstream,
+};
 use crate::sagemaker::operation::is_name;
 
 /// A bucket that never binds: an endpoint without a token envelope is limited by concurrency
@@ -79,7 +82,17 @@ impl EndpointConfig {
             requests_per_minute: None,
             max_concurrency: self.max_concurrency(self.copies),
             output_burndown: 1,
+            // An endpoint's container has no catalogue entry: a call that names no cap
+            // reserves the pool's default (`endpoint_estimate`), never this.
+            max_output_tokens: self.default_max_tokens,
+            sources: FactSources {
+                output_burndown: Source::Config,
+                max_output_tokens: Source::Config,
+            },
             default_max_tokens: self.default_max_tokens,
+            when_max_tokens_missing: WhenMaxTokensMissing::ReserveModelMax,
+            tokens_per_day: None,
+            tier: PoolTier::OnDemand,
             // Never used: an endpoint is called by sagemaker-runtime, never by a Bedrock stream.
             bidirectional_reservation: self.default_max_tokens,
             headroom: 0.0,
@@ -381,7 +394,7 @@ max_concurrency_per_copy = 4
             ),
             (
                 format!(
-                    "{BASE}\n[[pools]]\nname = \"summarizer\"\nmodels = [\"m\"]\ntokens_per_minute = 1000\nmax_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 10\n"
+                    "{BASE}\n[[pools]]\nname = \"summarizer\"\nmodels = [\"m\"]\ntokens_per_minute = 1000\nmax_concurrency = 1\noutput_burndown = 1\nmax_output_tokens = 10\ndefault_max_tokens = 10\n"
                 ),
                 "endpoints[0].name: \"summarizer\" names two pools",
             ),

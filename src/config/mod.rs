@@ -35,9 +35,9 @@ pub use auth::{AuthConfig, AuthMode, Secret};
 pub use endpoints::EndpointConfig;
 pub use ledger::{LedgerConfig, OnLedgerError, RedisLedgerConfig};
 pub use log::{LogConfig, LogFormat};
-pub use pools::{InputEstimate, PoolConfig};
+pub use pools::{InputEstimate, PoolConfig, PoolTier, Source, WhenMaxTokensMissing};
 use raw::RawConfig;
-pub use routes::{MaxTokensPolicy, RouteConfig, ShareConfig};
+pub use routes::{MaxTokensPolicy, RouteBudgets, RouteConfig, ShareConfig};
 pub use server::{ServerConfig, TlsFiles};
 pub use simulator::SimulatorConfig;
 pub use telemetry::{EmfConfig, EmfTarget, MetricsConfig, OtlpProtocol, TracingConfig};
@@ -244,5 +244,7 @@ fn positive(key: &str, v: u64) -> Result<u64, ConfigError> {
     }
 }
 
+#[cfg(test)]
+mod quota_tests;
 #[cfg(test)]
 mod tests;

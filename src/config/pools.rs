@@ -1,11 +1,13 @@
-//! `[[pools]]`: the units Bedrock enforces quota on (model x Region x inference route), their
-//! limits, and how requests that do not fit wait.
+//! `[[pools]]`: the units Bedrock enforces quota on (model x Region x inference route x tier),
+//! their limits, the model facts in force (the built-in catalogue's, or the pool's own), what a
+//! request that names no output cap reserves, and how requests that do not fit wait.
 
 use std::{collections::BTreeMap, time::Duration};
 
 use serde::Deserialize;
 
 use super::{ConfigError, EndpointConfig, fraction, invalid};
+use crate::bedrock::{catalogue, max_tokens::MAX_TOKENS_LIMIT};
 
 /// Default admission-queue wait: long enough to ride out a refill or a completion, short
 /// against SDK timeouts.
@@ -14,6 +16,8 @@ const MAX_WAIT_LIMIT_MS: u64 = 30_000;
 const DEFAULT_MAX_QUEUE: usize = 1_000;
 /// The largest bucket the ledgers keep exact.
 pub const MAX_TOKENS_PER_MINUTE: u64 = 1_000_000_000;
+/// The largest daily bucket the ledgers keep exact (see `ledger::window`).
+pub use crate::ledger::units::MAX_TOKENS_PER_WINDOW;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,8 +28,12 @@ pub struct RawPool {
     pub tokens_per_minute: u64,
     pub requests_per_minute: Option<u64>,
     pub max_concurrency: u32,
-    pub output_burndown: u32,
+    pub output_burndown: Option<u32>,
+    pub max_output_tokens: Option<u64>,
     pub default_max_tokens: u64,
+    pub when_max_tokens_missing: Option<WhenMaxTokensMissing>,
+    pub tokens_per_day: Option<u64>,
+    pub tier: Option<PoolTier>,
     pub bidirectional_reservation: Option<u64>,
     pub headroom: Option<f64>,
     pub input_estimate: Option<InputEstimate>,
@@ -35,6 +43,74 @@ pub struct RawPool {
     pub shadow: Option<bool>,
     pub spill_to: Option<Vec<String>>,
     pub spill_cached: Option<bool>,
+}
+
+/// `pools[].when_max_tokens_missing`: what a request that names no `maxTokens` reserves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenMaxTokensMissing {
+    /// Reserve the model's maximum output, exactly what Bedrock reserves (the default).
+    ReserveModelMax,
+    /// Write `default_max_tokens` into the forwarded body and reserve it: Bedrock then reserves
+    /// the same.
+    Inject,
+    /// 400 `ValidationException` naming the field to send.
+    Reject,
+}
+
+impl WhenMaxTokensMissing {
+    /// The config value, and the `action` label of `tokengate_max_tokens_missing_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            WhenMaxTokensMissing::ReserveModelMax => "reserve_model_max",
+            WhenMaxTokensMissing::Inject => "inject",
+            WhenMaxTokensMissing::Reject => "reject",
+        }
+    }
+}
+
+/// `pools[].tier`: which of Bedrock's capacities the pool stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolTier {
+    /// The on-demand quota, shared by the `priority`, `default` and `flex` service tiers.
+    OnDemand,
+    /// Reserved capacity (the `reserved` service tier), which overflows to on-demand when full.
+    Reserved,
+}
+
+impl PoolTier {
+    pub fn label(self) -> &'static str {
+        match self {
+            PoolTier::OnDemand => "on_demand",
+            PoolTier::Reserved => "reserved",
+        }
+    }
+}
+
+/// Where a value in force comes from (`tokengate check-config` prints it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Set in the pool's config.
+    Config,
+    /// The built-in catalogue's figure for the family named, certain or not.
+    Catalogue { family: &'static str, certain: bool },
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Config => f.write_str("from the config"),
+            Source::Catalogue {
+                family,
+                certain: true,
+            } => write!(f, "catalogue: {family}"),
+            Source::Catalogue {
+                family,
+                certain: false,
+            } => write!(f, "catalogue: {family}, uncertain"),
+        }
+    }
 }
 
 /// `pools[].input_estimate`.
@@ -56,8 +132,18 @@ pub struct PoolConfig {
     pub tokens_per_minute: u64,
     pub requests_per_minute: Option<u64>,
     pub max_concurrency: u32,
+    /// Quota tokens per output token (the pool's, or the catalogue's for its models).
     pub output_burndown: u32,
+    /// The model's maximum output: what Bedrock reserves for a call that names no `maxTokens`.
+    pub max_output_tokens: u64,
+    /// Where `output_burndown` and `max_output_tokens` come from.
+    pub sources: FactSources,
+    /// What `inject` writes into a request that names no `maxTokens`.
     pub default_max_tokens: u64,
+    pub when_max_tokens_missing: WhenMaxTokensMissing,
+    /// The daily quota: a bucket refilling continuously over 24 hours.
+    pub tokens_per_day: Option<u64>,
+    pub tier: PoolTier,
     /// Reserved for the whole of an InvokeModelWithBidirectionalStream session, whose input and
     /// output are not known when it opens (`bidirectional_reservation`, else `default_max_tokens`).
     pub bidirectional_reservation: u64,
@@ -81,6 +167,13 @@ pub struct PoolConfig {
     pub endpoint: Option<EndpointConfig>,
 }
 
+/// Where a pool's model facts come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FactSources {
+    pub output_burndown: Source,
+    pub max_output_tokens: Source,
+}
+
 impl PoolConfig {
     /// Tokens per minute after headroom: the capacity admission works with.
     pub fn usable_tokens_per_minute(&self) -> u64 {
@@ -90,6 +183,26 @@ impl PoolConfig {
     /// The model id a request spilled into this pool is sent with: its first configured model.
     pub fn model_id(&self) -> &str {
         self.models.first().map_or("", String::as_str)
+    }
+
+    /// The values in force, one line, with where the model facts come from (`check-config`).
+    pub fn in_force(&self) -> String {
+        let day = self
+            .tokens_per_day
+            .map_or_else(|| "none".to_string(), |d| d.to_string());
+        format!(
+            "pool {:?} ({}): tokens_per_minute = {}, tokens_per_day = {day}, max_output_tokens = {} ({}), \
+             output_burndown = {} ({}), when_max_tokens_missing = {:?}, default_max_tokens = {}",
+            self.name,
+            self.tier.label(),
+            self.tokens_per_minute,
+            self.max_output_tokens,
+            self.sources.max_output_tokens,
+            self.output_burndown,
+            self.sources.output_burndown,
+            self.when_max_tokens_missing.label(),
+            self.default_max_tokens,
+        )
     }
 
     /// Whether a reservation of `tokens` fits the bucket at all (else it could never be admitted).
@@ -131,20 +244,13 @@ pub(super) fn validate(
         .map(|v| nonzero("requests_per_minute", v))
         .transpose()?;
     let max_concurrency = nonzero("max_concurrency", u64::from(raw.max_concurrency))? as u32;
-    if raw.output_burndown < 1 {
-        return Err(invalid(
-            key("output_burndown"),
-            "must be at least 1 (5 for Claude 3.7 and Claude 4 models, 1 for most others)",
-        ));
-    }
+    let facts = model_facts(&raw, &key)?;
     let default_max_tokens = nonzero("default_max_tokens", raw.default_max_tokens)?;
-    let headroom = raw.headroom.unwrap_or(0.0);
-    if !(0.0..0.9).contains(&headroom) {
-        return Err(invalid(
-            key("headroom"),
-            "must be a fraction in [0, 0.9), e.g. 0.05",
-        ));
-    }
+    let tokens_per_day = raw
+        .tokens_per_day
+        .map(|v| window_limit(&key("tokens_per_day"), v))
+        .transpose()?;
+    let headroom = headroom(raw.headroom, &key)?;
     if let Some(region) = &raw.region {
         super::upstream::region(&key("region"), region.clone())?;
     }
@@ -157,8 +263,15 @@ pub(super) fn validate(
         tokens_per_minute,
         requests_per_minute,
         max_concurrency,
-        output_burndown: raw.output_burndown,
+        output_burndown: facts.output_burndown,
+        max_output_tokens: facts.max_output_tokens,
+        sources: facts.sources,
         default_max_tokens,
+        when_max_tokens_missing: raw
+            .when_max_tokens_missing
+            .unwrap_or(WhenMaxTokensMissing::ReserveModelMax),
+        tokens_per_day,
+        tier: raw.tier.unwrap_or(PoolTier::OnDemand),
         bidirectional_reservation: match raw.bidirectional_reservation {
             Some(v) => nonzero("bidirectional_reservation", v)?,
             None => default_max_tokens,
@@ -174,7 +287,125 @@ pub(super) fn validate(
         endpoint: None,
     };
     reservations_fit(&pool, &key)?;
+    day_holds_a_minute(&pool, &key)?;
     Ok(pool)
+}
+
+/// `headroom`: a fraction in `[0, 0.9)`, 0 when absent.
+fn headroom(raw: Option<f64>, key: &dyn Fn(&str) -> String) -> Result<f64, ConfigError> {
+    let headroom = raw.unwrap_or(0.0);
+    if !(0.0..0.9).contains(&headroom) {
+        return Err(invalid(
+            key("headroom"),
+            "must be a fraction in [0, 0.9), e.g. 0.05",
+        ));
+    }
+    Ok(headroom)
+}
+
+/// A daily quota below a minute's would make the per-minute limit meaningless: a mistake.
+fn day_holds_a_minute(pool: &PoolConfig, key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    match pool.tokens_per_day {
+        Some(day) if day < pool.usable_tokens_per_minute() => Err(invalid(
+            key("tokens_per_day"),
+            format!(
+                "{day} is less than a minute's quota ({} tokens per minute after headroom); Bedrock's daily quota is by default 1,440 minutes' worth",
+                pool.usable_tokens_per_minute()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A limit of a long window (a day, a route's budget): positive and within the ledgers' exact
+/// range.
+pub(super) fn window_limit(key: &str, v: u64) -> Result<u64, ConfigError> {
+    if v == 0 {
+        return Err(invalid(
+            key,
+            "must be greater than zero (remove the key for no limit)",
+        ));
+    }
+    if v > MAX_TOKENS_PER_WINDOW {
+        return Err(invalid(
+            key,
+            format!("must be at most {MAX_TOKENS_PER_WINDOW}, the largest the ledgers keep exact"),
+        ));
+    }
+    Ok(v)
+}
+
+/// The burndown and maximum output in force, and where they come from.
+struct Facts {
+    output_burndown: u32,
+    max_output_tokens: u64,
+    sources: FactSources,
+}
+
+/// `output_burndown` and `max_output_tokens`: the pool's own, or the catalogue's for its models
+/// (the largest among them). A value the pool does not set needs every model it lists known.
+fn model_facts(raw: &RawPool, key: &dyn Fn(&str) -> String) -> Result<Facts, ConfigError> {
+    let burndown = match raw.output_burndown {
+        Some(0) => {
+            return Err(invalid(
+                key("output_burndown"),
+                "must be at least 1 (5 for Claude 3.7 and Claude 4 models, 1 for most others)",
+            ));
+        }
+        Some(b) => (u64::from(b), Source::Config),
+        None => from_catalogue(raw, &key("output_burndown"), |f| Some(f.output_burndown))?,
+    };
+    let max_output = match raw.max_output_tokens {
+        Some(m) if m == 0 || m > MAX_TOKENS_LIMIT => {
+            return Err(invalid(
+                key("max_output_tokens"),
+                format!("must be a positive integer no larger than {MAX_TOKENS_LIMIT}"),
+            ));
+        }
+        Some(m) => (m, Source::Config),
+        None => from_catalogue(raw, &key("max_output_tokens"), |f| f.max_output_tokens)?,
+    };
+    Ok(Facts {
+        output_burndown: u32::try_from(burndown.0).unwrap_or(u32::MAX),
+        max_output_tokens: max_output.0,
+        sources: FactSources {
+            output_burndown: burndown.1,
+            max_output_tokens: max_output.1,
+        },
+    })
+}
+
+/// The largest catalogue figure among the pool's models (`figure` picks which), or the error
+/// naming `key` and the first model the catalogue cannot answer for.
+fn from_catalogue(
+    raw: &RawPool,
+    key: &str,
+    figure: impl Fn(&catalogue::ModelFacts) -> Option<catalogue::Figure>,
+) -> Result<(u64, Source), ConfigError> {
+    let mut best: Option<(u64, Source)> = None;
+    for model in &raw.models {
+        let found = catalogue::lookup(model).and_then(|facts| {
+            figure(&facts).map(|f| {
+                let source = Source::Catalogue {
+                    family: facts.family,
+                    certain: f.certain,
+                };
+                (f.value, source)
+            })
+        });
+        let Some((value, source)) = found else {
+            return Err(invalid(
+                key,
+                format!(
+                    "the built-in model catalogue has no figure for {model:?}: set it for this pool"
+                ),
+            ));
+        };
+        if best.is_none_or(|(b, _)| value > b) {
+            best = Some((value, source));
+        }
+    }
+    best.ok_or_else(|| invalid(key, "the pool lists no model to look up"))
 }
 
 /// A pool's fixed reservations (`default_max_tokens`, `bidirectional_reservation`) must fit its
@@ -252,9 +483,11 @@ pub(super) fn queue_settings(
 }
 
 /// Pool names are unique, and a model (or an endpoint pool's name, which route allow-lists
-/// share with model ids) belongs to one pool. `pools` holds `[[pools]]` then `[[endpoints]]`.
+/// share with model ids) belongs to one pool of each tier; a model with reserved capacity has an
+/// on-demand pool too (reserved capacity overflows to it). `pools` holds `[[pools]]` then
+/// `[[endpoints]]`.
 pub(super) fn check_disjoint(pools: &[PoolConfig]) -> Result<(), ConfigError> {
-    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut seen: BTreeMap<(&str, PoolTier), &str> = BTreeMap::new();
     let mut names: BTreeMap<&str, usize> = BTreeMap::new();
     let bedrock = pools.iter().filter(|p| p.endpoint.is_none()).count();
     for (i, pool) in pools.iter().enumerate() {
@@ -273,12 +506,31 @@ pub(super) fn check_disjoint(pools: &[PoolConfig]) -> Result<(), ConfigError> {
             ));
         }
         for model in &pool.models {
-            if let Some(other) = seen.insert(model, &pool.name) {
+            if let Some(other) = seen.insert((model, pool.tier), &pool.name) {
                 return Err(invalid(
                     format!("{table} ({}).{models_key}", pool.name),
-                    format!("{model:?} is already in pool {other:?}; a model belongs to one pool"),
+                    format!(
+                        "{model:?} is already in pool {other:?}; a model belongs to one pool (of each tier)"
+                    ),
                 ));
             }
+        }
+    }
+    for (i, pool) in pools.iter().enumerate() {
+        if pool.tier != PoolTier::Reserved {
+            continue;
+        }
+        if let Some(model) = pool
+            .models
+            .iter()
+            .find(|m| !seen.contains_key(&(m.as_str(), PoolTier::OnDemand)))
+        {
+            return Err(invalid(
+                format!("pools[{i}] ({}).models", pool.name),
+                format!(
+                    "{model:?} has reserved capacity but no on_demand pool: reserved capacity overflows to on-demand, so list it in an on_demand pool too"
+                ),
+            ));
         }
     }
     Ok(())

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::{AuthMode, ConfigError, Env, PoolConfig, Secret, invalid};
+use crate::bedrock::tier::ServiceTier;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -26,6 +27,48 @@ pub struct RawRoute {
     pub regions: Option<Vec<String>>,
     #[serde(default)]
     pub shares: BTreeMap<String, RawShare>,
+    pub budgets: Option<RawBudgets>,
+    pub max_concurrency: Option<u32>,
+    pub allowed_tiers: Option<Vec<ServiceTier>>,
+}
+
+/// `routes[].budgets`: tokens the route may use per hour, day and 30 days, across pools.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBudgets {
+    pub tokens_per_hour: Option<u64>,
+    pub tokens_per_day: Option<u64>,
+    pub tokens_per_30_days: Option<u64>,
+}
+
+/// A route's budgets, across every pool and replica (each a bucket refilling over its window).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteBudgets {
+    pub tokens_per_hour: Option<u64>,
+    pub tokens_per_day: Option<u64>,
+    pub tokens_per_30_days: Option<u64>,
+}
+
+impl RouteBudgets {
+    /// The ledger windows, shortest first.
+    pub fn windows(&self) -> Vec<crate::ledger::BudgetWindow> {
+        const HOUR_MS: u64 = 3_600_000;
+        const DAY_MS: u64 = 24 * HOUR_MS;
+        [
+            ("tokens_per_hour", self.tokens_per_hour, HOUR_MS),
+            ("tokens_per_day", self.tokens_per_day, DAY_MS),
+            ("tokens_per_30_days", self.tokens_per_30_days, 30 * DAY_MS),
+        ]
+        .into_iter()
+        .filter_map(|(name, capacity, window_ms)| {
+            capacity.map(|capacity| crate::ledger::BudgetWindow {
+                name,
+                capacity,
+                window_ms,
+            })
+        })
+        .collect()
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -75,6 +118,12 @@ pub struct RouteConfig {
     pub recovery_budget: Option<f64>,
     /// Per pool name.
     pub shares: BTreeMap<String, ShareConfig>,
+    /// Across pools and replicas.
+    pub budgets: RouteBudgets,
+    /// Calls of this route in flight at once, across pools and replicas.
+    pub max_concurrency: Option<u32>,
+    /// The service tiers it may ask for; `None`: any.
+    pub allowed_tiers: Option<Vec<ServiceTier>>,
     /// Whether its requests may run in the pools of their home pool's `spill_to` chain.
     pub spill: bool,
     /// The Regions its requests may run in (data residency); `None`: any.
@@ -97,6 +146,9 @@ impl RouteConfig {
             shadow: false,
             recovery_budget: None,
             shares: BTreeMap::new(),
+            budgets: RouteBudgets::default(),
+            max_concurrency: None,
+            allowed_tiers: None,
             // Without [[routes]], the pools' own spill_to chains are the only opt-in.
             spill: true,
             regions: None,
@@ -218,10 +270,23 @@ fn validate_route(
         ));
     }
     let shares = shares(&raw.shares, pools, &key)?;
-    let adaptive_max_tokens = raw
-        .adaptive_max_tokens
-        .map(|a| super::adaptive::validate(a, pools, &key))
-        .transpose()?;
+    let budgets = budgets(raw.budgets.as_ref(), &key)?;
+    let allowed_tiers = match raw.allowed_tiers {
+        Some(tiers) if tiers.is_empty() => {
+            return Err(invalid(
+                key("allowed_tiers"),
+                "is empty: list the tiers the route may use (priority, default, flex, reserved), or remove the key",
+            ));
+        }
+        tiers => tiers,
+    };
+    if raw.max_concurrency == Some(0) {
+        return Err(invalid(
+            key("max_concurrency"),
+            "must be greater than zero (remove the key for no limit)",
+        ));
+    }
+    let adaptive_max_tokens = super::adaptive::validate(raw.adaptive_max_tokens, pools, &key)?;
     for region in raw.regions.iter().flatten() {
         super::upstream::region(&key("regions"), region.clone())?;
     }
@@ -238,9 +303,51 @@ fn validate_route(
         shadow: raw.shadow.unwrap_or(false),
         recovery_budget: raw.recovery_budget,
         shares,
+        budgets,
+        max_concurrency: raw.max_concurrency,
+        allowed_tiers,
         spill: raw.spill.unwrap_or(false),
         regions: raw.regions,
     })
+}
+
+/// `budgets`: each window positive and within the ledgers' exact range, at least one set, and a
+/// longer window holding at least a shorter one's tokens.
+fn budgets(
+    raw: Option<&RawBudgets>,
+    key: &dyn Fn(&str) -> String,
+) -> Result<RouteBudgets, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(RouteBudgets::default());
+    };
+    let check = |field: &str, v: Option<u64>| {
+        v.map(|v| super::pools::window_limit(&key(&format!("budgets.{field}")), v))
+            .transpose()
+    };
+    let budgets = RouteBudgets {
+        tokens_per_hour: check("tokens_per_hour", raw.tokens_per_hour)?,
+        tokens_per_day: check("tokens_per_day", raw.tokens_per_day)?,
+        tokens_per_30_days: check("tokens_per_30_days", raw.tokens_per_30_days)?,
+    };
+    let windows = budgets.windows();
+    if windows.is_empty() {
+        return Err(invalid(
+            key("budgets"),
+            "names no limit: set tokens_per_hour, tokens_per_day or tokens_per_30_days (or remove the table)",
+        ));
+    }
+    for pair in windows.windows(2) {
+        if pair[1].capacity < pair[0].capacity {
+            return Err(invalid(
+                key(&format!("budgets.{}", pair[1].name)),
+                format!(
+                    "{} is less than {} = {}: the longer window would always bind first",
+                    pair[1].capacity, pair[0].name, pair[0].capacity
+                ),
+            ));
+        }
+    }
+    Ok(budgets)
 }
 
 /// The route's SigV4 secret and bearer key hash, as auth `mode` needs them.

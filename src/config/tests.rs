@@ -461,7 +461,7 @@ fn upstream_urls_with_credentials_are_refused_without_echoing_them() {
 fn the_regions_served_are_the_upstream_s_and_every_pool_s() {
     let text = format!(
         "{MINIMAL}\n[[pools]]\nname = \"eu\"\nregion = \"eu-west-1\"\nmodels = [\"eu.m\"]\n\
-         tokens_per_minute = 1000\nmax_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 10\n"
+         tokens_per_minute = 1000\nmax_concurrency = 1\noutput_burndown = 1\nmax_output_tokens = 10\ndefault_max_tokens = 10\n"
     );
     let config = Config::parse(&text).expect("valid");
     assert_eq!(config.policy.auth.regions, ["us-east-1", "eu-west-1"]);

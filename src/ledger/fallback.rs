@@ -32,8 +32,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 
 use super::{
-    Clock, Ledger, LedgerError, LedgerMode, LedgerStats, Limits, MemoryLedger, Origin,
-    PoolSnapshot, RedisLedger, Reservation, ReserveRequest, Verdict,
+    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Ledger, LedgerError, LedgerMode,
+    LedgerStats, Limits, MemoryLedger, Origin, PoolSnapshot, RedisLedger, Reservation,
+    ReserveRequest, Verdict, WindowSnapshot,
 };
 
 /// The shared ledger with a local share behind it.
@@ -69,7 +70,22 @@ impl FallbackLedger {
             tokens_per_minute: (limits.tokens_per_minute / n).max(1),
             requests_per_minute: limits.requests_per_minute.map(|r| (r / n).max(1)),
             max_concurrency: (limits.max_concurrency / self.replicas).max(1),
+            // A share of the day, starting full: while Redis is away a replica may admit up to
+            // this much more of the day than the shared bucket had left.
+            tokens_per_day: limits.tokens_per_day.map(|d| (d / n).max(1)),
         }
+    }
+
+    /// This replica's share of a budget's windows (`1 / expected_replicas`, at least one token).
+    fn local_windows(&self, windows: &[BudgetWindow]) -> Vec<BudgetWindow> {
+        let n = u64::from(self.replicas);
+        windows
+            .iter()
+            .map(|w| BudgetWindow {
+                capacity: (w.capacity / n).max(1),
+                ..*w
+            })
+            .collect()
     }
 
     fn enter_local(&self, reason: &LedgerError) {
@@ -149,6 +165,60 @@ impl Ledger for FallbackLedger {
                 Ok(local)
             }
         }
+    }
+
+    async fn take_budget(&self, request: &BudgetRequest<'_>) -> Result<BudgetVerdict, LedgerError> {
+        if self.shared.is_healthy() {
+            match self.shared.take_budget(request).await {
+                Ok(verdict) => return Ok(verdict),
+                Err(e) => {
+                    self.shared.stats().count_absorbed_error();
+                    self.enter_local(&e);
+                }
+            }
+        }
+        // The local share of each window, like the pools' limits.
+        let windows = self.local_windows(request.windows);
+        let local = BudgetRequest {
+            windows: &windows,
+            ..*request
+        };
+        self.local.take_budget(&local).await
+    }
+
+    async fn settle_budget(
+        &self,
+        request: &BudgetRequest<'_>,
+        origin: Origin,
+        charged: u64,
+    ) -> Result<(), LedgerError> {
+        match origin {
+            Origin::Shared => self.shared.settle_budget(request, origin, charged).await,
+            Origin::Local => {
+                let windows = self.local_windows(request.windows);
+                let local = BudgetRequest {
+                    windows: &windows,
+                    ..*request
+                };
+                self.local.settle_budget(&local, origin, charged).await
+            }
+        }
+    }
+
+    async fn budget_snapshot(
+        &self,
+        scope: &str,
+        windows: &[BudgetWindow],
+    ) -> Result<Vec<WindowSnapshot>, LedgerError> {
+        if self.shared.is_healthy() {
+            match self.shared.budget_snapshot(scope, windows).await {
+                Ok(s) => return Ok(s),
+                Err(_) => self.shared.stats().count_absorbed_error(),
+            }
+        }
+        self.local
+            .budget_snapshot(scope, &self.local_windows(windows))
+            .await
     }
 
     fn backend(&self) -> &'static str {

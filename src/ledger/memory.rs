@@ -17,17 +17,21 @@ use async_trait::async_trait;
 use dashmap::{DashMap, mapref::one::Ref};
 
 use super::{
-    Clock, Issuer, Ledger, LedgerError, LedgerStats, Limit, Limits, Origin, PoolSnapshot,
-    Rejection, Reservation, ReserveRequest, ShareHold, ShareRequest, Verdict,
+    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Issuer, Ledger, LedgerError, LedgerStats,
+    Limit, Limits, Origin, PoolSnapshot, Rejection, Reservation, ReserveRequest, ShareHold,
+    ShareRequest, Verdict, WindowSnapshot,
     bucket::TokenBucket,
+    budget::Budgets,
     shares::{Need, RouteStates},
-    units::UPSTREAM_TRANSIT_NS,
+    units::{DAY_MS, UPSTREAM_TRANSIT_NS},
+    window::WindowBucket,
 };
 
 #[derive(Debug)]
 struct PoolLedger {
     tokens: TokenBucket,
     requests: Option<TokenBucket>,
+    day: Option<WindowBucket>,
     max_concurrency: u32,
     in_flight: u32,
     reserved_tokens: u64,
@@ -41,6 +45,9 @@ impl PoolLedger {
             requests: limits
                 .requests_per_minute
                 .map(|rpm| TokenBucket::new(rpm, now)),
+            day: limits
+                .tokens_per_day
+                .map(|d| WindowBucket::new(d, DAY_MS, millis(now))),
             max_concurrency: limits.max_concurrency,
             in_flight: 0,
             reserved_tokens: 0,
@@ -62,6 +69,15 @@ impl PoolLedger {
                 bucket.refill(now);
             }
             (slot, rpm) => *slot = rpm.map(|rpm| TokenBucket::new(rpm, now)),
+        }
+        match (&mut self.day, limits.tokens_per_day) {
+            (Some(day), Some(tpd)) => {
+                if day.capacity() != tpd {
+                    day.set_capacity(tpd, millis(now));
+                }
+                day.refill(millis(now));
+            }
+            (slot, tpd) => *slot = tpd.map(|d| WindowBucket::new(d, DAY_MS, millis(now))),
         }
         self.max_concurrency = limits.max_concurrency;
     }
@@ -97,6 +113,17 @@ impl PoolLedger {
                 }
             }
         };
+        if let Some(day) = self.day.as_ref().filter(|d| !d.fits(tokens)) {
+            return Err(Rejection {
+                limit: Limit::DailyQuota,
+                refill_wait: day.wait_for(tokens, millis(now)),
+                token_deficit: u64::try_from(i128::from(tokens) - i128::from(day.level()))
+                    .unwrap_or(0),
+                in_flight_tokens: self.reserved_tokens,
+                in_flight_requests: self.in_flight,
+                held_for_others: false,
+            });
+        }
         let protected = plan.map_or(0, |(_, n)| n.protected);
         let need = plan
             .map_or(tokens, |(_, need)| need.tokens)
@@ -156,6 +183,9 @@ impl PoolLedger {
         if let Some(b) = &mut self.requests {
             b.take(1);
         }
+        if let Some(d) = &mut self.day {
+            d.take(tokens);
+        }
         self.in_flight += 1;
         self.reserved_tokens += tokens;
     }
@@ -168,6 +198,7 @@ pub struct MemoryLedger {
     clock: Clock,
     next_id: AtomicU64,
     stats: Arc<LedgerStats>,
+    budgets: Budgets,
 }
 
 /// One pool: its state, and the issuer its reservations share.
@@ -190,6 +221,7 @@ impl MemoryLedger {
             clock,
             next_id: AtomicU64::new(1),
             stats,
+            budgets: Budgets::default(),
         }
     }
 
@@ -212,6 +244,12 @@ impl MemoryLedger {
             })
             .downgrade()
     }
+}
+
+/// The clock's nanoseconds as the whole milliseconds long-window buckets tick on (the Redis
+/// scripts' resolution).
+fn millis(now_ns: u64) -> u64 {
+    now_ns / 1_000_000
 }
 
 /// A poisoned lock means a panic mid-update elsewhere; the state itself is still consistent
@@ -260,9 +298,12 @@ impl Ledger for MemoryLedger {
         let mut state = lock(&pool.state);
         state.tokens.refill(now);
         let delta = i128::from(reserved) - i128::from(charged_tokens);
-        state
-            .tokens
-            .adjust(delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64);
+        let delta = delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+        state.tokens.adjust(delta);
+        if let Some(day) = &mut state.day {
+            day.refill(millis(now));
+            day.adjust(delta);
+        }
         state.in_flight = state.in_flight.saturating_sub(1);
         state.reserved_tokens = state.reserved_tokens.saturating_sub(reserved);
         if let Some(hold) = &hold {
@@ -282,7 +323,42 @@ impl Ledger for MemoryLedger {
             reserved_tokens: state.reserved_tokens,
             in_flight_requests: state.in_flight,
             requests_available: state.requests.as_ref().map(TokenBucket::available),
+            day_tokens_available: state.day.as_ref().map(WindowBucket::level),
+            day_tokens_capacity: state.day.as_ref().map(WindowBucket::capacity),
+            day_full_in_ms: state
+                .day
+                .as_ref()
+                .map(|d| u64::try_from(d.full_in(millis(now)).as_millis()).unwrap_or(u64::MAX)),
         })
+    }
+
+    async fn take_budget(&self, request: &BudgetRequest<'_>) -> Result<BudgetVerdict, LedgerError> {
+        let now = millis(self.clock.now_ns());
+        Ok(match self.budgets.take(request, now) {
+            Ok(()) => BudgetVerdict::Taken(Origin::Local),
+            Err(refusal) => BudgetVerdict::Refused(refusal),
+        })
+    }
+
+    async fn settle_budget(
+        &self,
+        request: &BudgetRequest<'_>,
+        _origin: Origin,
+        charged: u64,
+    ) -> Result<(), LedgerError> {
+        self.budgets
+            .settle(request, charged, millis(self.clock.now_ns()));
+        Ok(())
+    }
+
+    async fn budget_snapshot(
+        &self,
+        scope: &str,
+        windows: &[BudgetWindow],
+    ) -> Result<Vec<WindowSnapshot>, LedgerError> {
+        Ok(self
+            .budgets
+            .snapshot(scope, windows, millis(self.clock.now_ns())))
     }
 
     fn backend(&self) -> &'static str {

@@ -5,7 +5,8 @@
 //! token bucket, the request bucket, the concurrency semaphore, the caller's route share) and
 //! takes all of them or none: [`Ledger::reserve`] answers a [`Verdict`], `Granted` with a
 //! [`Reservation`] or `Refused` with a [`Rejection`] that says which limit bound and when refill
-//! would make room. The memory backend ([`memory`]) serves one process; the Redis backend
+//! would make room. Budgets outside any pool (the account's daily quota, a route's budgets) are
+//! taken in a call of their own ([`Ledger::take_budget`], [`budget`]). The memory backend ([`memory`]) serves one process; the Redis backend
 //! ([`redis`], its Lua in `lua/` and the scripts' wire in `scripts.rs`) shares one quota between
 //! replicas behind the same trait, and [`fallback`] puts a local share behind it for when Redis
 //! is unreachable.
@@ -37,6 +38,7 @@
 //! Prometheus: `/metrics` publishes the stats when it is scraped.
 
 pub mod bucket;
+pub mod budget;
 pub mod clock;
 pub mod fallback;
 pub mod memory;
@@ -45,12 +47,14 @@ mod scripts;
 pub mod shares;
 pub mod stats;
 pub mod units;
+pub mod window;
 
 use std::{fmt, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use budget::{BudgetRefusal, BudgetRequest, BudgetWindow, WindowSnapshot};
 pub use clock::Clock;
 pub use fallback::FallbackLedger;
 pub use memory::MemoryLedger;
@@ -65,6 +69,9 @@ pub struct Limits {
     pub tokens_per_minute: u64,
     pub requests_per_minute: Option<u64>,
     pub max_concurrency: u32,
+    /// The pool's daily quota: a bucket refilling continuously over 24 hours ([`window`]),
+    /// checked and taken in the same atomic step as the rest.
+    pub tokens_per_day: Option<u64>,
 }
 
 /// One request's demand on one pool.
@@ -92,6 +99,15 @@ pub enum Limit {
     Concurrency,
     /// The calling route's `max_share` of the pool.
     Share,
+    /// A daily quota: the pool's (`tokens_per_day`) or the account's
+    /// (`admission.account_tokens_per_day`).
+    #[serde(rename = "daily_quota")]
+    DailyQuota,
+    /// The calling route's `budgets` (never answered by a pool's reservation).
+    Budget,
+    /// The calling route's `max_concurrency` (a concurrency-only "pool" of the route's own).
+    #[serde(rename = "route_concurrency")]
+    RouteConcurrency,
 }
 
 impl Limit {
@@ -102,6 +118,9 @@ impl Limit {
             Limit::Requests => "requests",
             Limit::Concurrency => "concurrency",
             Limit::Share => "share",
+            Limit::DailyQuota => "daily_quota",
+            Limit::Budget => "budget",
+            Limit::RouteConcurrency => "route_concurrency",
         }
     }
 }
@@ -131,6 +150,15 @@ pub enum Verdict {
     Granted(Reservation),
     /// Nothing was taken.
     Refused(Rejection),
+}
+
+/// The ledger's answer to [`Ledger::take_budget`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BudgetVerdict {
+    /// Taken from every window, by the ledger named: settle it there ([`Ledger::settle_budget`]).
+    Taken(Origin),
+    /// Nothing was taken.
+    Refused(BudgetRefusal),
 }
 
 /// Which ledger issued a reservation, and so must settle it: a [`FallbackLedger`] holds both.
@@ -241,6 +269,11 @@ pub struct PoolSnapshot {
     pub reserved_tokens: u64,
     pub in_flight_requests: u32,
     pub requests_available: Option<u64>,
+    /// The daily bucket, when the pool has one: tokens left (negative while repaying a
+    /// burndown debt), its capacity, and milliseconds until it is full again.
+    pub day_tokens_available: Option<i64>,
+    pub day_tokens_capacity: Option<u64>,
+    pub day_full_in_ms: Option<u64>,
 }
 
 /// The ledger backend failed (unreachable, timed out, answered nonsense).
@@ -306,6 +339,26 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     /// The pool's state now, as seen with `limits`.
     async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError>;
 
+    /// Takes tokens from every window of a scope's budget, or none ([`budget`]): a call of its
+    /// own, made before the pool's reservation.
+    async fn take_budget(&self, request: &BudgetRequest<'_>) -> Result<BudgetVerdict, LedgerError>;
+
+    /// Settles `request.tokens` taken from a budget by the ledger `origin` names to `charged`
+    /// (zero gives them back, as when the pool refused).
+    async fn settle_budget(
+        &self,
+        request: &BudgetRequest<'_>,
+        origin: Origin,
+        charged: u64,
+    ) -> Result<(), LedgerError>;
+
+    /// Each window of a scope's budget now, in the order given.
+    async fn budget_snapshot(
+        &self,
+        scope: &str,
+        windows: &[BudgetWindow],
+    ) -> Result<Vec<WindowSnapshot>, LedgerError>;
+
     /// `memory`, `redis`, ...: for logs and metrics.
     fn backend(&self) -> &'static str;
 
@@ -331,6 +384,7 @@ pub(crate) mod tests {
                 tokens_per_minute: 1_000,
                 requests_per_minute: None,
                 max_concurrency: 4,
+                tokens_per_day: None,
             },
             tokens: 10,
             share: None,

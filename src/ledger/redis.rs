@@ -1,14 +1,16 @@
 //! The shared ledger: one quota for every replica, kept in Redis (or Valkey).
+//! (Over 500 lines: the trait's six calls and their Redis round trips sit side by side.)
 //!
 //! # Layout
 //!
 //! Each pool is two keys sharing the hash tag `{pool}`, so that one script touches one Cluster
-//! slot: `tg:v1:{pool}:s`, a hash with the token bucket, the request bucket and the tokens held by
-//! live leases; and `tg:v1:{pool}:l`, a sorted set of leases, one per admitted request, scored by
+//! slot: `tg:v1:{pool}:s`, a hash with the token bucket, the request bucket, the daily bucket
+//! (`tokens_per_day`, see [`super::window`]) and the tokens held by live leases; and `tg:v1:{pool}:l`, a sorted set of leases, one per admitted request, scored by
 //! expiry (its size is the number of requests in flight). The logic is server-side Lua
 //! (`src/ledger/lua/`), one script per operation, each one round trip: `admit` (purge expired
 //! leases, refill, check tokens, requests, concurrency and the caller's route share, take all or
-//! nothing), `settle`, `renew`, `snapshot`. Scripts are called by SHA1 (`EVALSHA`; a Redis that
+//! nothing), `settle`, `renew`, `snapshot`; and `budget` for a scope's budget
+//! (`tg:v1:{budget:SCOPE}:b`, its own hash tag: see [`super::budget`]). Scripts are called by SHA1 (`EVALSHA`; a Redis that
 //! lost them gets them again on `NOSCRIPT`) and read the time from Redis `TIME`, never from a
 //! replica. Each answers a JSON object decoded into a typed reply; how the scripts are built
 //! (the shared constants formatted in from [`super::units`]), what each call sends and what it
@@ -87,9 +89,13 @@ use redis::{
 use tokio::task::AbortHandle;
 
 use super::{
-    Clock, Issuer, Ledger, LedgerError, LedgerMode, LedgerStats, Limits, Origin, PoolSnapshot,
-    Rejection, Reservation, ReserveRequest, ShareHold, Verdict,
-    scripts::{AdmitReply, BACKEND, Scripts, SettleReply, check_limits, decode, lease_id, member},
+    BudgetRefusal, BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Issuer, Ledger, LedgerError,
+    LedgerMode, LedgerStats, Limits, Origin, PoolSnapshot, Rejection, Reservation, ReserveRequest,
+    ShareHold, Verdict, WindowSnapshot,
+    scripts::{
+        AdmitReply, BACKEND, BudgetReply, Scripts, SettleReply, check_limits, check_windows,
+        decode, lease_id, member,
+    },
 };
 
 pub use super::scripts::{LAYOUT_VERSION, MAX_TOKENS_PER_MINUTE};
@@ -424,6 +430,62 @@ impl Ledger for RedisLedger {
         let invocation = self.inner.scripts.snapshot(pool, limits);
         let reply: String = self.inner.run(invocation, "snapshot", pool).await?;
         decode("snapshot", &reply)
+    }
+
+    async fn take_budget(&self, request: &BudgetRequest<'_>) -> Result<BudgetVerdict, LedgerError> {
+        check_windows(request)?;
+        let invocation = self.inner.scripts.budget("take", request, 0);
+        let reply: String = self
+            .inner
+            .run(invocation, "budget take", request.scope)
+            .await?;
+        match decode("budget take", &reply)? {
+            BudgetReply::Refused {
+                window,
+                wait_ms,
+                deficit,
+            } => Ok(BudgetVerdict::Refused(BudgetRefusal {
+                window: request
+                    .windows
+                    .iter()
+                    .find(|w| w.name == window)
+                    .map_or("unknown", |w| w.name),
+                wait: wait_ms.map(Duration::from_millis),
+                deficit,
+            })),
+            _ => Ok(BudgetVerdict::Taken(Origin::Shared)),
+        }
+    }
+
+    async fn settle_budget(
+        &self,
+        request: &BudgetRequest<'_>,
+        _origin: Origin,
+        charged: u64,
+    ) -> Result<(), LedgerError> {
+        check_windows(request)?;
+        let invocation = self.inner.scripts.budget("settle", request, charged);
+        let reply: String = self
+            .inner
+            .run(invocation, "budget settle", request.scope)
+            .await?;
+        decode::<BudgetReply>("budget settle", &reply).map(|_| ())
+    }
+
+    async fn budget_snapshot(
+        &self,
+        scope: &str,
+        windows: &[BudgetWindow],
+    ) -> Result<Vec<WindowSnapshot>, LedgerError> {
+        let request = BudgetRequest {
+            scope,
+            windows,
+            tokens: 0,
+        };
+        check_windows(&request)?;
+        let invocation = self.inner.scripts.budget("snapshot", &request, 0);
+        let reply: String = self.inner.run(invocation, "budget snapshot", scope).await?;
+        decode("budget snapshot", &reply)
     }
 
     fn backend(&self) -> &'static str {

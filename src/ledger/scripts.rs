@@ -28,9 +28,12 @@ use redis::{Script, ScriptInvocation};
 use serde::{Deserialize, de::DeserializeOwned};
 
 use super::{
-    LedgerError, Limit, Limits, ReserveRequest, ShareHold,
+    BudgetRequest, LedgerError, Limit, Limits, ReserveRequest, ShareHold,
     shares::share_tokens,
-    units::{MILLIS_PER_MINUTE, UPSTREAM_TRANSIT_MS},
+    units::{
+        DAY_MS, MAX_BUDGET_TOKENS, MAX_TOKENS_PER_WINDOW, MAX_WINDOW_TICKS, MILLIS_PER_MINUTE,
+        UPSTREAM_TRANSIT_MS, WINDOW_TICK_MS,
+    },
 };
 
 /// The version of the key layout, in every key: bump it with any change to what is stored or what
@@ -57,7 +60,9 @@ const TEST_CLOCK: &str = include_str!("lua/test_clock.lua");
 fn constants() -> String {
     format!(
         "local U = {MILLIS_PER_MINUTE}\nlocal TRANSIT_MS = {UPSTREAM_TRANSIT_MS}\n\
-         local PURGE_BATCH = {PURGE_BATCH}\nlocal KEY_GRACE_MS = {}\n",
+         local PURGE_BATCH = {PURGE_BATCH}\nlocal KEY_GRACE_MS = {}\n\
+         local TICK_MS = {WINDOW_TICK_MS}\nlocal MAX_WINDOW_TICKS = {MAX_WINDOW_TICKS}\n\
+         local DAY_MS = {DAY_MS}\n",
         KEY_GRACE.as_millis()
     )
 }
@@ -69,6 +74,7 @@ pub struct Scripts {
     settle: Script,
     renew: Script,
     snapshot: Script,
+    budget: Script,
 }
 
 impl Scripts {
@@ -82,6 +88,7 @@ impl Scripts {
             settle: script(include_str!("lua/settle.lua")),
             renew: script(include_str!("lua/renew.lua")),
             snapshot: script(include_str!("lua/snapshot.lua")),
+            budget: script(include_str!("lua/budget.lua")),
         }
     }
 
@@ -101,7 +108,8 @@ impl Scripts {
             .arg(rpm_arg(limits))
             .arg(limits.max_concurrency)
             .arg(millis(lease))
-            .arg(request.hold_back.min(MAX_TOKENS_PER_MINUTE));
+            .arg(request.hold_back.min(MAX_TOKENS_PER_MINUTE))
+            .arg(tpd_arg(limits));
         share_args(&mut invocation, request);
         invocation
     }
@@ -143,7 +151,29 @@ impl Scripts {
         let mut invocation = self.pool_call(&self.snapshot, pool);
         invocation
             .arg(limits.tokens_per_minute)
-            .arg(rpm_arg(limits));
+            .arg(rpm_arg(limits))
+            .arg(tpd_arg(limits));
+        invocation
+    }
+
+    /// `budget.lua`: `op` (`take`, `settle` or `snapshot`) on the scope's budget, `tokens`
+    /// (settled to `charged`).
+    pub fn budget(
+        &self,
+        op: &str,
+        request: &BudgetRequest<'_>,
+        charged: u64,
+    ) -> ScriptInvocation<'_> {
+        let mut invocation = self.budget.prepare_invoke();
+        invocation
+            .key(budget_key(request.scope))
+            .arg(op)
+            .arg(request.tokens.min(MAX_BUDGET_TOKENS))
+            .arg(charged.min(MAX_BUDGET_TOKENS))
+            .arg(request.windows.len());
+        for w in request.windows {
+            invocation.arg(w.name).arg(w.capacity).arg(w.window_ms);
+        }
         invocation
     }
 
@@ -162,6 +192,42 @@ fn keys(pool: &str) -> [String; 2] {
         format!("tg:{LAYOUT_VERSION}:{{{pool}}}:s"),
         format!("tg:{LAYOUT_VERSION}:{{{pool}}}:l"),
     ]
+}
+
+/// A budget's key, under the scope's own hash tag.
+fn budget_key(scope: &str) -> String {
+    format!("tg:{LAYOUT_VERSION}:{{budget:{scope}}}:b")
+}
+
+/// Refuses budget windows the script cannot keep exact, naming the scope and the window.
+pub fn check_windows(request: &BudgetRequest<'_>) -> Result<(), LedgerError> {
+    match request
+        .windows
+        .iter()
+        .find(|w| w.capacity > MAX_TOKENS_PER_WINDOW || w.window_ms == 0)
+    {
+        Some(w) => Err(LedgerError {
+            backend: BACKEND,
+            message: format!(
+                "budget {:?}: {} = {} per {} ms is outside the redis ledger's exact range ({MAX_TOKENS_PER_WINDOW})",
+                request.scope, w.name, w.capacity, w.window_ms
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The budget script's reply to `take` and `settle`.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum BudgetReply {
+    Taken,
+    Settled,
+    Refused {
+        window: String,
+        wait_ms: Option<u64>,
+        deficit: u64,
+    },
 }
 
 /// The lease's member in the pool's sorted set: its id and the tokens it holds.
@@ -185,6 +251,14 @@ pub fn check_limits(pool: &str, limits: &Limits) -> Result<(), LedgerError> {
     };
     if limits.tokens_per_minute > MAX_TOKENS_PER_MINUTE {
         return Err(too_big("tokens_per_minute", limits.tokens_per_minute));
+    }
+    if let Some(tpd) = limits.tokens_per_day.filter(|d| *d > MAX_TOKENS_PER_WINDOW) {
+        return Err(LedgerError {
+            backend: BACKEND,
+            message: format!(
+                "pool {pool:?}: tokens_per_day = {tpd} is above the redis ledger's exact range ({MAX_TOKENS_PER_WINDOW})"
+            ),
+        });
     }
     match limits.requests_per_minute {
         Some(rpm) if rpm > MAX_TOKENS_PER_MINUTE => Err(too_big("requests_per_minute", rpm)),
@@ -219,6 +293,12 @@ fn share_args(invocation: &mut ScriptInvocation<'_>, request: &ReserveRequest<'_
             .arg(ceiling.map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX)))
             .arg(recovery);
     }
+}
+
+fn tpd_arg(limits: &Limits) -> i64 {
+    limits
+        .tokens_per_day
+        .map_or(-1, |d| i64::try_from(d).unwrap_or(i64::MAX))
 }
 
 fn rpm_arg(limits: &Limits) -> i64 {

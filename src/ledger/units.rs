@@ -32,3 +32,24 @@ pub const UPSTREAM_TRANSIT_MS: u64 = UPSTREAM_TRANSIT.as_millis() as u64;
 // Both clocks agree on these exactly (checked when the crate compiles).
 const _: () = assert!(NANOS_PER_MINUTE == MILLIS_PER_MINUTE * 1_000_000);
 const _: () = assert!(UPSTREAM_TRANSIT_NS == UPSTREAM_TRANSIT_MS * 1_000_000);
+
+/// The shortest tick of long-window buckets ([`super::window`]): they refill once per tick, in
+/// both backends, so that a window's bucket stays exact in a Lua double.
+pub const WINDOW_TICK_MS: u64 = 1_000;
+
+/// The most ticks in a window: a window longer than a day ticks more slowly (30 days: every
+/// 30 s), so that a full bucket (`capacity x ticks` units) stays below 2^53 (9.007e15).
+pub const MAX_WINDOW_TICKS: u64 = 86_400;
+
+/// The most tokens a budget call takes or settles (more is taken as this much): ten of the
+/// largest minute buckets, far above any reservation, and `x MAX_WINDOW_TICKS` below 2^53.
+pub const MAX_BUDGET_TOKENS: u64 = 10_000_000_000;
+
+/// A day, in milliseconds.
+pub const DAY_MS: u64 = 86_400_000;
+
+/// The largest capacity of a long-window bucket that both backends keep exact.
+pub const MAX_TOKENS_PER_WINDOW: u64 = 100_000_000_000;
+
+const _: () = assert!(DAY_MS / WINDOW_TICK_MS == MAX_WINDOW_TICKS);
+const _: () = assert!((MAX_TOKENS_PER_WINDOW as u128) * (MAX_WINDOW_TICKS as u128) < (1u128 << 53));

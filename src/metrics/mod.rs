@@ -35,6 +35,7 @@ pub struct Metrics {
     pub configured_tokens_per_minute: GaugeVec,
     pub effective_tokens_per_minute: GaugeVec,
     pub upstream_throttles: IntCounterVec,
+    pub upstream_daily_throttles: IntCounterVec,
     pub upstream_responses: IntCounterVec,
     pub upstream_errors: IntCounterVec,
     /// Settlements by rule: usage, not_charged, no_usage, timeout, abandoned.
@@ -60,6 +61,8 @@ pub struct Metrics {
     pub queue_depth: IntGaugeVec,
     /// Tokens the requests waiting in the queue would reserve.
     pub queued_tokens: IntGaugeVec,
+    pub daily_tokens_available: IntGaugeVec,
+    pub budget_tokens_available: IntGaugeVec,
     pub queue_wait_seconds: HistogramVec,
     /// Queued requests by outcome: admitted, timed_out, cancelled, shutdown.
     pub queue_outcomes: IntCounterVec,
@@ -92,6 +95,10 @@ pub struct Metrics {
     pub shadow_rejections: IntCounterVec,
     /// Requests whose maxTokens was lowered to the route's ceiling.
     pub max_tokens_clamped: IntCounterVec,
+    pub truncated: IntCounterVec,
+    /// Requests that named no maxTokens, by what was done: route_ceiling, reserve_model_max,
+    /// inject, reject.
+    pub max_tokens_missing: IntCounterVec,
     /// Requests that failed identification, by reason (never said to the caller).
     pub auth_failures: IntCounterVec,
     /// Spans handed to the OTLP exporter, by result: exported, dropped (queue full), failed.
@@ -162,7 +169,8 @@ impl Metrics {
             tokens_available: r.gauge("tokengate_tokens_available", "Tokens in the pool's bucket at the last decision (negative while repaying burndown).", &["pool"])?,
             configured_tokens_per_minute: r.gauge("tokengate_configured_tokens_per_minute", "The pool's configured tokens per minute.", &["pool"])?,
             effective_tokens_per_minute: r.gauge("tokengate_effective_tokens_per_minute", "Tokens per minute admission applies now (after headroom and throttle feedback).", &["pool"])?,
-            upstream_throttles: r.counter("tokengate_upstream_throttles_total", "ThrottlingExceptions received from upstream.", &["pool"])?,
+            upstream_throttles: r.counter("tokengate_upstream_throttles_total", "ThrottlingExceptions received from upstream on its per-minute limits (the pool's limit shrinks).", &["pool"])?,
+            upstream_daily_throttles: r.counter("tokengate_upstream_daily_throttles_total", "ThrottlingExceptions received from upstream on its daily quota (Too many tokens per day): the per-minute limit is left alone.", &["pool"])?,
             upstream_responses: r.counter("tokengate_upstream_responses_total", "Upstream responses by status code.", &["pool", "status"])?,
             upstream_errors: r.counter("tokengate_upstream_errors_total", "Upstream failures without a response: connect, timeout, stream_cut, bad_frame, idle_timeout.", &["pool", "kind"])?,
             settlements: r.counter("tokengate_settlements_total", "Reservations settled, by the rule that priced them.", &["pool", "rule"])?,
@@ -188,6 +196,8 @@ impl Metrics {
             config_reloads: r.counter("tokengate_config_reloads_total", "Config reloads by result.", &["result"])?,
             queue_depth: r.int_gauge("tokengate_queue_depth", "Requests waiting in the pool's admission queue.", &["pool"])?,
             queued_tokens: r.int_gauge("tokengate_queued_tokens", "Tokens the requests waiting in the pool's admission queue would reserve.", &["pool"])?,
+            daily_tokens_available: r.int_gauge("tokengate_daily_tokens_available", "Tokens left of the pool's daily quota (tokens_per_day), for pools that set one; negative while repaying a burndown debt.", &["pool"])?,
+            budget_tokens_available: r.int_gauge("tokengate_budget_tokens_available", "Tokens left of a budget window: the account's daily quota (scope account) and each route's budgets (scope route:NAME).", &["scope", "window"])?,
             queue_wait_seconds: r.histogram("tokengate_queue_wait_seconds", "Time queued requests waited.", &["pool"], HINT_BUCKETS)?,
             queue_outcomes: r.counter("tokengate_queue_outcomes_total", "Queued requests by outcome: admitted, timed_out, cancelled, shutdown.", &["pool", "outcome"])?,
             unsettled_reservations: r.single_counter("tokengate_unsettled_reservations_total", "Reservations settled by the drop safety net (a bug if non-zero).")?,
@@ -210,6 +220,8 @@ impl Metrics {
             spillover: r.counter("tokengate_spillover_total", "Requests whose home pool could not admit them now, admitted in another pool of its spill_to chain: from the home pool, to the pool they ran in.", &["from", "to", "route"])?,
             shadow_rejections: r.counter("tokengate_shadow_rejections_total", "Requests forwarded in shadow mode that enforcement would have turned away, by reason.", &["pool", "route", "reason"])?,
             max_tokens_clamped: r.counter("tokengate_max_tokens_clamped_total", "Requests whose maxTokens was lowered to the route's max_tokens_ceiling.", &["pool", "route"])?,
+            truncated: r.counter("tokengate_truncated_total", "Calls whose output stopped at its cap (stop reason max_tokens, length, max_output_tokens): maxTokens, or the default written in, too low for what was asked.", &["pool", "route"])?,
+            max_tokens_missing: r.counter("tokengate_max_tokens_missing_total", "Requests that named no maxTokens, by what was done: route_ceiling (the route's ceiling written in), reserve_model_max (the model's maximum reserved, as Bedrock does), inject (the pool's default_max_tokens written in), reject (refused). Counted once per call decided, not per throttled attempt.", &["pool", "route", "action"])?,
             auth_failures: r.counter("tokengate_auth_failures_total", "Requests that failed identification, by auth mode and reason.", &["mode", "reason"])?,
             trace_spans: r.counter("tokengate_trace_spans_total", "Spans of traced requests, by result: exported to the OTLP collector, dropped (the export queue was full), failed (the export failed).", &["result"])?,
             buffered_body_bytes: r.single_gauge("tokengate_buffered_body_bytes", "Request-body bytes held in memory now (server.max_buffered_body_bytes bounds it).")?,

@@ -31,8 +31,8 @@ use tokio::time::Instant;
 
 use crate::{
     admission::{
-        Admission, Admitted, Decision, Pass, Pool, QueueRefusal, Settled, Throttle, ThrottleWhy,
-        Unavailability,
+        Admission, Admitted, Decision, MissingMaxTokens, Pass, Pool, Problem, QueueRefusal,
+        Settled, Throttle, ThrottleWhy, Unavailability,
     },
     metrics::{Metrics, NO_POOL},
 };
@@ -182,6 +182,7 @@ impl Observer {
                 m.rejections
                     .with_label_values(&[&n.pool.name, "never_fits"])
                     .inc();
+                self.max_tokens_missing(obs, &n.pool, n.max_tokens_missing);
             }
             Decision::NotAllowed(n) => {
                 obs.verdict = Some(Verdict::Invalid);
@@ -196,6 +197,9 @@ impl Observer {
                 count(pool.map_or(NO_POOL, |p| &p.name), "invalid");
                 if let Some(pool) = pool {
                     count_route(pool, "invalid");
+                    if matches!(invalid.problem, Problem::MaxTokensMissing { .. }) {
+                        self.max_tokens_missing(obs, pool, Some(MissingMaxTokens::Reject));
+                    }
                 }
             }
             Decision::UnknownModel { .. } => {
@@ -259,6 +263,19 @@ impl Observer {
             if admitted.clamped {
                 route.max_tokens_clamped.inc();
             }
+        }
+        self.max_tokens_missing(obs, pool, hold.estimate().max_tokens_missing);
+    }
+
+    /// A request that named no maxTokens, counted by what was done about it.
+    fn max_tokens_missing(&self, obs: &Observation, pool: &Pool, action: Option<MissingMaxTokens>) {
+        let Some(action) = action else { return };
+        let slot = obs.route.as_deref().and_then(|r| pool.shares.slot(r));
+        let counter = slot
+            .and_then(|slot| self.series(pool)?.route(slot.index()))
+            .and_then(|route| route.max_tokens_missing(action));
+        if let Some(counter) = counter {
+            counter.inc();
         }
     }
 
@@ -416,6 +433,30 @@ impl Observer {
             .with_label_values(&[pool, kind])
             .inc();
         tracing::warn!(pool, kind, %error, "upstream request failed");
+    }
+
+    /// A call of `pool` from route slot `route` stopped at its output cap.
+    pub fn truncated(&self, pool: &Pool, route: Option<crate::admission::routes::RouteSlot>) {
+        let series = route.and_then(|slot| self.series(pool)?.route(slot.index()));
+        if let Some(series) = series {
+            series.truncated.inc();
+        }
+    }
+
+    /// Upstream refused a call of `pool` on its daily quota; `hint` is passed on to the client.
+    pub fn upstream_daily_throttled(&self, pool: &Pool, hint: Duration) {
+        self.metrics
+            .upstream_daily_throttles
+            .with_label_values(&[&pool.name])
+            .inc();
+        if let Some(s) = self.series(pool) {
+            s.retry_hint.observe(hint.as_secs_f64());
+        }
+        tracing::warn!(
+            pool = %pool.name,
+            retry_after_ms = hint.as_millis() as u64,
+            "upstream refused a call on its daily quota (Too many tokens per day): callers get 429 daily_quota until the day refills; the per-minute limit is unchanged"
+        );
     }
 
     /// Upstream throttled a call of `pool`; `hint` is the retry hint passed on to the client

@@ -4,7 +4,7 @@
 //! request path free of it.
 
 use crate::{
-    admission::{Admission, PoolView},
+    admission::{Admission, PoolView, budgets::BudgetView},
     ledger::{Ledger, LedgerMode},
     metrics::{Metrics, Publication},
 };
@@ -30,6 +30,11 @@ impl Observer {
                 m.tokens_available
                     .with_label_values(&[&*pool.name])
                     .set(ledger.tokens_available as f64);
+                if let Some(day) = ledger.day_tokens_available {
+                    m.daily_tokens_available
+                        .with_label_values(&[&*pool.name])
+                        .set(day);
+                }
             }
             s.effective_tokens_per_minute
                 .set(view.effective_tokens_per_minute as f64);
@@ -79,6 +84,20 @@ impl Observer {
             gauge(&m.adaptive_capped_calls, a.guard.capped_calls);
             gauge(&m.adaptive_proxy_truncations, a.guard.proxy_truncations);
             gauge(&m.adaptive_raises, u64::from(a.guard.raises));
+        }
+    }
+
+    /// What is left of every budget window (`views`, read just now).
+    pub fn publish_budgets(&self, views: &[BudgetView]) {
+        for budget in views {
+            for w in &budget.windows {
+                if let Some(left) = w.available {
+                    self.metrics
+                        .budget_tokens_available
+                        .with_label_values(&[budget.scope.as_str(), w.name])
+                        .set(left);
+                }
+            }
         }
     }
 

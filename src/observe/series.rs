@@ -11,7 +11,7 @@
 use prometheus::{Gauge, Histogram, IntCounter, IntGauge};
 
 use crate::{
-    admission::{Admission, Pool, SettlementRule, ShadowReason},
+    admission::{Admission, MissingMaxTokens, Pool, SettlementRule, ShadowReason},
     bedrock::Operation,
     metrics::{Metrics, Publication},
 };
@@ -35,6 +35,9 @@ pub struct RouteSeries {
     pub charged_tokens: IntCounter,
     pub recovery_admissions: IntCounter,
     pub max_tokens_clamped: IntCounter,
+    pub truncated: IntCounter,
+    /// By action, in the order of [`MissingMaxTokens::ALL`].
+    max_tokens_missing: Vec<IntCounter>,
 }
 
 /// Series of one pool.
@@ -109,11 +112,14 @@ pub const UPSTREAM_ERROR_KINDS: [&str; 8] = [
     "count_tokens",
 ];
 /// The `reason` labels of `tokengate_rejections_total`.
-pub const REJECTION_REASONS: [&str; 6] = [
+pub const REJECTION_REASONS: [&str; 9] = [
     "tokens",
     "requests",
     "concurrency",
     "share",
+    "daily_quota",
+    "budget",
+    "route_concurrency",
     "never_fits",
     "queue_full",
 ];
@@ -190,6 +196,7 @@ fn init_fixed(m: &Metrics, pool: &str, ledger_backend: &str) {
     m.queue_depth.with_label_values(&[pool]);
     m.queued_tokens.with_label_values(&[pool]);
     m.upstream_throttles.with_label_values(&[pool]);
+    m.upstream_daily_throttles.with_label_values(&[pool]);
     for outcome in QUEUE_OUTCOMES {
         m.queue_outcomes.with_label_values(&[pool, outcome]);
     }
@@ -241,7 +248,21 @@ impl RouteSeries {
             charged_tokens: m.route_charged_tokens.with_label_values(&two),
             recovery_admissions: m.recovery_admissions.with_label_values(&two),
             max_tokens_clamped: m.max_tokens_clamped.with_label_values(&two),
+            truncated: m.truncated.with_label_values(&two),
+            max_tokens_missing: MissingMaxTokens::ALL
+                .iter()
+                .map(|a| {
+                    m.max_tokens_missing
+                        .with_label_values(&[pool, route, a.label()])
+                })
+                .collect(),
         }
+    }
+
+    /// The request named no maxTokens, and `action` was taken.
+    pub fn max_tokens_missing(&self, action: MissingMaxTokens) -> Option<&IntCounter> {
+        let at = MissingMaxTokens::ALL.iter().position(|a| *a == action)?;
+        self.max_tokens_missing.get(at)
     }
 }
 

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use prometheus::Histogram;
 
 use crate::ledger::{
-    Ledger, LedgerError, LedgerMode, LedgerStats, Limits, PoolSnapshot, Reservation,
-    ReserveRequest, Verdict,
+    BudgetRequest, BudgetVerdict, BudgetWindow, Ledger, LedgerError, LedgerMode, LedgerStats,
+    Limits, Origin, PoolSnapshot, Reservation, ReserveRequest, Verdict, WindowSnapshot,
 };
 
 /// A ledger whose reserve and settle calls are timed.
@@ -47,6 +47,33 @@ impl Ledger for TimedLedger {
 
     async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError> {
         self.inner.snapshot(pool, limits).await
+    }
+
+    async fn take_budget(&self, request: &BudgetRequest<'_>) -> Result<BudgetVerdict, LedgerError> {
+        let started = Instant::now();
+        let verdict = self.inner.take_budget(request).await;
+        self.seconds.observe(started.elapsed().as_secs_f64());
+        verdict
+    }
+
+    async fn settle_budget(
+        &self,
+        request: &BudgetRequest<'_>,
+        origin: Origin,
+        charged: u64,
+    ) -> Result<(), LedgerError> {
+        let started = Instant::now();
+        let settled = self.inner.settle_budget(request, origin, charged).await;
+        self.seconds.observe(started.elapsed().as_secs_f64());
+        settled
+    }
+
+    async fn budget_snapshot(
+        &self,
+        scope: &str,
+        windows: &[BudgetWindow],
+    ) -> Result<Vec<WindowSnapshot>, LedgerError> {
+        self.inner.budget_snapshot(scope, windows).await
     }
 
     fn backend(&self) -> &'static str {

@@ -96,6 +96,7 @@ pub async fn proxy(
             body: &no_body,
             read: None,
             caller: &caller,
+            service_tier: None,
             endpoint: None,
         })
         .await;

@@ -86,8 +86,11 @@ pub async fn forward(
             body,
         )
         .await;
-    match sent {
-        Ok(response) => respond(
+    match (sent, in_flight) {
+        (Ok(response), Some(in_flight)) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
+            throttled(state, policy, in_flight, response, operation).await
+        }
+        (Ok(response), in_flight) => respond(
             state,
             policy,
             operation,
@@ -95,8 +98,63 @@ pub async fn forward(
             response,
             strip_usage_chunk,
         ),
-        Err(e) => unreachable(policy, in_flight, &e, operation),
+        (Err(e), in_flight) => unreachable(policy, in_flight, &e, operation),
     }
+}
+
+/// The most of a 429's body read to tell a daily quota from a per-minute one (Bedrock's are
+/// a short JSON message).
+const THROTTLE_BODY_LIMIT: usize = 16 * 1024;
+
+/// Upstream answered an admitted request 429: its body (a short JSON error) is read whole, to
+/// tell Bedrock's daily quota (`Too many tokens per day`) from the per-minute limits, and passed
+/// on as read. A body that cannot be read in time counts as a per-minute throttle and is passed
+/// on empty.
+async fn throttled(
+    state: &AppState,
+    policy: &Arc<Policy>,
+    mut in_flight: InFlight,
+    response: http::Response<Incoming>,
+    operation: Operation,
+) -> Response {
+    use http_body_util::{BodyExt, Limited};
+    let pool = in_flight.hold().pool().clone();
+    let status = response.status();
+    policy.observer.upstream_response(Some(&pool), status);
+    let (mut head, incoming) = response.into_parts();
+    strip_hop_by_hop(&mut head.headers);
+    let read = Limited::new(incoming, THROTTLE_BODY_LIMIT).collect();
+    let body = match tokio::time::timeout(state.upstream.idle_timeout, read).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        _ => bytes::Bytes::new(),
+    };
+    head.headers.remove(header::CONTENT_LENGTH);
+    let daily = crate::bedrock::error::is_daily_quota(&body);
+    if daily && is_throttle(status, &head.headers, operation) {
+        let reserved = in_flight.hold().reserved();
+        let hint = policy.admission.upstream_daily_throttled(&pool, reserved);
+        policy.observer.upstream_daily_throttled(&pool, hint);
+        answer::upstream_daily_throttled(&mut head.headers, hint);
+        in_flight.answered(status, &head.headers);
+        in_flight.settle_not_charged();
+    } else {
+        refused(policy, &mut in_flight, &mut head.headers, status, operation);
+    }
+    Response::from_parts(head, Body::from(body))
+}
+
+/// A 429 `ThrottlingException`, by its error-type header. The OpenAI and Anthropic paths' 429s
+/// may not name their type (U): a 429 there is a throttle.
+fn is_throttle(status: StatusCode, headers: &http::HeaderMap, operation: Operation) -> bool {
+    let error_type = headers
+        .get(crate::bedrock::error::X_AMZN_ERROR_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(ErrorCode::from_name);
+    status == StatusCode::TOO_MANY_REQUESTS
+        && match error_type {
+            Some(code) => code == Some(ErrorCode::Throttling),
+            None => operation.model_in_body(),
+        }
 }
 
 /// Upstream's answer, on its way to the client: an error status settled and passed on, a
@@ -200,17 +258,7 @@ fn refused(
     status: StatusCode,
     operation: Operation,
 ) {
-    let error_type = headers
-        .get(crate::bedrock::error::X_AMZN_ERROR_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(ErrorCode::from_name);
-    // The OpenAI and Anthropic paths' 429s may not name their type (U): a 429 there is a throttle.
-    let throttled = status == StatusCode::TOO_MANY_REQUESTS
-        && match error_type {
-            Some(code) => code == Some(ErrorCode::Throttling),
-            None => operation.model_in_body(),
-        };
-    if throttled {
+    if is_throttle(status, headers, operation) {
         let pool = in_flight.hold().pool().clone();
         let hint = policy.admission.upstream_throttled(&pool);
         in_flight.upstream_throttled(Some(hint));

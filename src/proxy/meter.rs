@@ -102,6 +102,12 @@ impl InFlight {
         }
     }
 
+    /// The call stopped at its output cap (its stop reason said so).
+    pub fn truncated(&mut self) {
+        self.hold.note_truncated();
+        self.observer.truncated(self.hold.pool(), self.hold.route());
+    }
+
     pub fn settle_usage(&mut self, usage: &Usage) {
         let settled = self.hold.settle_usage(usage);
         self.observed(settled);
@@ -197,7 +203,11 @@ impl Meter {
     /// The body ended cleanly: settle on its usage, as not charged if upstream refused a
     /// bidirectional stream in-band, or by the `no_usage` rule.
     fn end(&mut self) {
-        match self.usage.on_end() {
+        let usage = self.usage.on_end();
+        if self.usage.truncated() {
+            self.in_flight.truncated();
+        }
+        match usage {
             Some(usage) => self.in_flight.settle_usage(&usage),
             None if self.usage.refused_in_band() => self.in_flight.throttled_in_band(),
             None => self.cut(),

@@ -178,7 +178,8 @@ async fn proxy(
     };
     *route = Some(caller.route.name.clone());
     record.caller(&caller);
-    let decision = decide(policy, &call, &body, &caller, record).await;
+    let tier = service_tier(&parts.headers);
+    let decision = decide(policy, &call, (&body, tier), &caller, record).await;
     if let Some(refusal) = answer::refusal(&decision, operation) {
         return refusal;
     }
@@ -212,6 +213,13 @@ async fn proxy(
     forward::forward(state, policy, request, admitted, obs).await
 }
 
+/// InvokeModel's service tier header, if sent.
+fn service_tier(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get("x-amzn-bedrock-service-tier")
+        .and_then(|v| v.to_str().ok())
+}
+
 /// Where a call goes: bedrock-runtime, or the sagemaker-runtime of its endpoint's pool (of
 /// `upstream.region` for an endpoint in no pool).
 fn upstream_of(
@@ -232,10 +240,11 @@ fn upstream_of(
 
 /// Step 3: admission decides, and the observer counts it. The OpenAI and Anthropic APIs name
 /// their model in the body: admission's one pass reads it, and the record takes it.
+/// `service_tier` is the request's `X-Amzn-Bedrock-Service-Tier` header, as plain data.
 async fn decide(
     policy: &Policy,
     call: &Call,
-    body: &Bytes,
+    (body, service_tier): (&Bytes, Option<&str>),
     caller: &Caller,
     record: &mut Observation,
 ) -> Decision {
@@ -263,6 +272,7 @@ async fn decide(
             body,
             read: read.as_ref(),
             caller,
+            service_tier,
             endpoint,
         })
         .await;

@@ -51,6 +51,15 @@ impl UsageReader {
         }
     }
 
+    /// Whether the output stopped at its cap (Bedrock's stop reasons; endpoint payloads say
+    /// none this proxy reads).
+    pub(super) fn truncated(&self) -> bool {
+        match self {
+            UsageReader::Bedrock(u) => u.truncated(),
+            UsageReader::Endpoint(_) => false,
+        }
+    }
+
     pub(super) fn output_tokens_seen(&self) -> u64 {
         match self {
             UsageReader::Bedrock(u) => u.output_tokens_seen(),

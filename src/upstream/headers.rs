@@ -93,16 +93,17 @@ pub fn table(api: crate::bedrock::Api) -> &'static Api {
 }
 
 /// Hop-by-hop headers whatever `Connection` says (RFC 9110 7.6.1, and the legacy ones proxies
-/// still meet).
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
+/// still meet), as names (no string to parse per response).
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 impl Api {
@@ -127,13 +128,15 @@ impl Api {
 
 /// Removes a response's hop-by-hop headers: the fixed set and every one `Connection` names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    for name in connection_names(headers) {
-        headers.remove(name);
+    // Most responses have no `Connection` header: then nothing is collected.
+    if headers.contains_key(header::CONNECTION) {
+        for name in connection_names(headers) {
+            headers.remove(name);
+        }
     }
     for name in HOP_BY_HOP {
         headers.remove(name);
     }
-    headers.remove(header::UPGRADE);
 }
 
 /// The header names listed by every `Connection` header (comma-separated tokens).

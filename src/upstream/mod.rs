@@ -34,7 +34,10 @@ use std::{sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use dashmap::DashMap;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, header};
+use http::{
+    HeaderMap, HeaderValue, Method, Request, Response, Uri, header,
+    uri::{Authority, Scheme},
+};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
@@ -125,8 +128,10 @@ enum Endpoints {
 /// One upstream base URL.
 #[derive(Debug)]
 struct Endpoint {
-    /// Scheme and authority, no trailing `/`.
-    base: String,
+    /// The base URL's scheme and authority, kept apart so that each request's URI is put together
+    /// from them and its path without printing and parsing the base again.
+    scheme: Scheme,
+    authority: Authority,
     /// `base` for messages, userinfo redacted.
     shown: String,
     host: HeaderValue,
@@ -147,8 +152,13 @@ impl Endpoint {
         }
         let host = HeaderValue::from_str(authority.as_str())
             .map_err(|e| UpstreamError::Connect(shown.clone(), e.to_string()))?;
+        let scheme = base
+            .scheme()
+            .cloned()
+            .ok_or_else(|| UpstreamError::Connect(shown.clone(), "the URL has no scheme".into()))?;
         Ok(Endpoint {
-            base: base.to_string().trim_end_matches('/').to_string(),
+            scheme,
+            authority: authority.clone(),
             shown,
             host,
         })
@@ -366,12 +376,23 @@ fn request(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Request<Bytes>, UpstreamError> {
-    let uri = format!("{}{}", endpoint.base, path_and_query);
+    let bad = |e: http::Error| {
+        UpstreamError::Signing(format!(
+            "bad upstream URI {}{path_and_query}: {e}",
+            endpoint.shown.trim_end_matches('/')
+        ))
+    };
+    let uri = Uri::builder()
+        .scheme(endpoint.scheme.clone())
+        .authority(endpoint.authority.clone())
+        .path_and_query(path_and_query)
+        .build()
+        .map_err(bad)?;
     let mut request = Request::builder()
         .method(method)
-        .uri(&uri)
+        .uri(uri)
         .body(body)
-        .map_err(|e| UpstreamError::Signing(format!("bad upstream URI {uri}: {e}")))?;
+        .map_err(bad)?;
     *request.headers_mut() = headers.clone();
     request
         .headers_mut()
@@ -410,13 +431,28 @@ mod tests {
         .unwrap()
     }
 
+    /// The URI a Converse request to `endpoint` is sent to.
+    fn sent_to(endpoint: &Endpoint) -> String {
+        let built = request(
+            endpoint,
+            Method::POST,
+            "/model/m/converse",
+            &HeaderMap::new(),
+            Bytes::new(),
+        );
+        built.unwrap().uri().to_string()
+    }
+
     #[test]
     fn with_aws_endpoints_each_region_goes_to_its_own_host() {
         let up = upstream("https://bedrock-runtime.us-east-1.amazonaws.com").with_aws_endpoints();
         for region in ["us-west-2", "eu-central-1", "us-west-2"] {
             let endpoint = up.endpoint(region).unwrap();
             let host = format!("bedrock-runtime.{region}.amazonaws.com");
-            assert_eq!(endpoint.base, format!("https://{host}"));
+            assert_eq!(
+                sent_to(&endpoint),
+                format!("https://{host}/model/m/converse")
+            );
             assert_eq!(endpoint.host, host.as_str());
         }
         let Endpoints::Aws(built) = &up.endpoints else {
@@ -429,7 +465,8 @@ mod tests {
     fn an_explicit_url_serves_every_region() {
         let up = upstream("http://127.0.0.1:9");
         for region in ["us-east-1", "eu-west-1"] {
-            assert_eq!(up.endpoint(region).unwrap().base, "http://127.0.0.1:9");
+            let endpoint = up.endpoint(region).unwrap();
+            assert_eq!(sent_to(&endpoint), "http://127.0.0.1:9/model/m/converse");
         }
     }
 }

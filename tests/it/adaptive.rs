@@ -136,6 +136,7 @@ fn facts<'a>(
         body,
         read: None,
         caller,
+        service_tier: None,
         endpoint: None,
     }
 }
@@ -158,7 +159,7 @@ async fn adaptive_cap_is_written_in_each_apis_own_field() {
     let text = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\n[upstream]\nregion = \"us-east-1\"\n\
          [[pools]]\nname = \"mixed\"\nmodels = [{}]\ntokens_per_minute = 10000000\n\
-         max_concurrency = 64\noutput_burndown = 1\ndefault_max_tokens = 4000\n\
+         max_concurrency = 64\noutput_burndown = 1\ndefault_max_tokens = 4000\nmax_output_tokens = 8192\n\
          [[routes]]\nname = \"chat\"\nadaptive_max_tokens = {{ min_samples = 1, floor = 64 }}\n",
         list.join(", ")
     );

@@ -154,6 +154,18 @@ fn check_config_accepts_shipped_configs_and_names_the_bad_key() {
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
+    // The values in force per pool, and where the model facts come from.
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    for says in [
+        "pool \"sonnet4-us\" (on_demand): tokens_per_minute = 200000",
+        "max_output_tokens = 64000 (catalogue: Claude Sonnet 4, uncertain)",
+        "output_burndown = 5 (from the config)",
+        "when_max_tokens_missing = \"reserve_model_max\"",
+        "pool \"gpt-oss-120b\" (on_demand)",
+        "max_output_tokens = 4096 (from the config)",
+    ] {
+        assert!(stdout.contains(says), "{stdout} lacks {says:?}");
+    }
 
     let dir = tempfile::tempdir().expect("tempdir");
     let bad = dir.path().join("bad.toml");

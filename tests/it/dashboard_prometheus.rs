@@ -38,6 +38,10 @@ const EXPECTED_EMPTY: &[(&str, &str)] = &[
         "needs 90% of the quota charged on average over 10 minutes; the load lasts seconds",
     ),
     (
+        "TokengateUpstreamDailyQuota",
+        "the load's simulator keeps no daily quota (tests/it/daily_quota.rs provokes upstream's daily 429)",
+    ),
+    (
         "TokengateUnsettledReservations",
         "every reservation is settled (a bug otherwise)",
     ),
@@ -53,6 +57,7 @@ fn pools() -> String {
          max_concurrency = 3\noutput_burndown = 5\ndefault_max_tokens = 1000\nmax_wait_ms = 400\n\n\
          [[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1000000\n\
          max_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n\
+         tokens_per_day = 1000000000\n\
          spill_to = [\"haiku-west\"]\n\n\
          [[pools]]\nname = \"haiku-west\"\nmodels = [\"{HAIKU_WEST}\"]\nregion = \"us-west-2\"\n\
          tokens_per_minute = 1000000\nmax_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 100\n\
@@ -162,11 +167,13 @@ fn now() -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_panel_and_alert_evaluates_on_a_real_prometheus() {
-    // The implicit route's settings, declared to add an adaptive maxTokens (that never has its
-    // samples, so nothing here is capped): its panels have series to show.
-    let route = "[[routes]]\nname = \"default\"\nspill = true\n\
-                 adaptive_max_tokens = { min_samples = 1000000 }\n";
-    let stack = Stack::start(SIM, &pools(), route).await;
+    // A daily quota and budgets, for the panels of what is left of them; the implicit route's
+    // settings declared with an adaptive maxTokens too (that never has its samples, so nothing
+    // here is capped), so that its panels have series to show.
+    let budgets = "[admission]\naccount_tokens_per_day = 1000000000\n\
+                   [[routes]]\nname = \"default\"\nspill = true\nbudgets = { tokens_per_day = 1000000000 }\n\
+                   adaptive_max_tokens = { min_samples = 1000000 }\n";
+    let stack = Stack::start(SIM, &pools(), budgets).await;
     let addr = stack.proxy.addr;
     let rules = std::path::Path::new(ROOT).join("config/prometheus/alerts.yml");
     let Some(prom) = Prometheus::start(addr, &rules).await else {

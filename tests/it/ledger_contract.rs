@@ -1,4 +1,5 @@
 //! The `Ledger` contract: what every backend must do, run against every backend.
+//! (Over 500 lines: one case list instantiated per backend; the cases share its helpers.)
 //!
 //! Each case is an `async fn(Arc<dyn Ledger>)`; [`contract_suite!`] instantiates all of them for
 //! one backend, so adding a backend is one line at the bottom of this file. The suite proves:
@@ -15,6 +16,15 @@
 //! - **route shares**: a route within its guarantee is admitted when borrowers are not; an idle
 //!   route's guarantee is lent; a route's `max_share` binds with its own refill; retries use the
 //!   retry reserve within their recovery budget and first attempts never do;
+//! - **daily quotas**: a pool's `tokens_per_day` bucket is checked and taken with the rest (a
+//!   request it refuses takes no tokens, request or permit), reports a wait to the tick that
+//!   makes room, settles like the minute bucket, and follows its limit as it changes;
+//! - **budgets** (the account's daily quota, route budgets): every window of a scope taken or
+//!   none, the binding window named with its wait, settlement and give-back, windows that change
+//!   or go with the config;
+//! - **route concurrency**: a route's `max_concurrency` is a pool of its own holding no tokens
+//!   (reservations of 0 tokens in a 1-token bucket): its permits bind, come back at settlement,
+//!   and follow the limit as it changes;
 //! - **the transit hold**: after a reservation empties a full bucket, refill restarts 100 ms later
 //!   (a literal here, so changing `units::UPSTREAM_TRANSIT` or the Lua's `TRANSIT_MS` fails);
 //! - no reservation is ever dropped unsettled (the ledger's `stats().unsettled_drops() == 0`
@@ -39,8 +49,9 @@ use std::{
 };
 
 use tokengate::ledger::{
-    Clock, Ledger, Limit, Limits, MemoryLedger, PoolSnapshot, RedisLedger, RedisOptions, Rejection,
-    Reservation, ReserveRequest, RouteShare, ShareRequest, Verdict,
+    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Ledger, Limit, Limits, MemoryLedger,
+    PoolSnapshot, RedisLedger, RedisOptions, Rejection, Reservation, ReserveRequest, RouteShare,
+    ShareRequest, Verdict,
 };
 use tokio::sync::Barrier;
 
@@ -83,6 +94,13 @@ macro_rules! contract_suite {
             shares_retries_use_the_reserve_within_the_budget,
             hold_back_stays_in_the_bucket,
             refill_after_a_full_bucket_waits_for_transit,
+            daily_quota_binds_in_the_same_step_and_takes_nothing_else,
+            daily_quota_settles_refunds_and_debts,
+            daily_quota_follows_its_limit,
+            budget_takes_every_window_or_none,
+            budget_settles_and_gives_back,
+            budget_windows_follow_their_config,
+            route_concurrency_is_a_concurrency_only_pool,
         );
     };
     (@cases $backend:ident => $factory:expr; $($(#[$attr:meta])* $case:ident),* $(,)?) => {
@@ -147,6 +165,7 @@ fn limits(
         tokens_per_minute,
         requests_per_minute,
         max_concurrency,
+        tokens_per_day: None,
     }
 }
 
@@ -884,4 +903,304 @@ async fn refill_after_a_full_bucket_waits_for_transit(ledger: Arc<dyn Ledger>) {
         }
     }
     panic!("no attempt made its ledger calls within 50 ms: the machine is too slow to tell");
+}
+
+// === daily quotas ===
+
+/// A day of `tpd` tokens on the contract's minute limits: refill of `tpd / 86,400` a second.
+fn daily(tpd: u64) -> Limits {
+    Limits {
+        tokens_per_day: Some(tpd),
+        ..limits(TPM, Some(100), 4)
+    }
+}
+
+/// `wait` is `expected` less at most the time since `since` (refill meanwhile) and a tick.
+fn assert_wait(wait: Option<Duration>, expected: Duration, since: Instant, what: &str) {
+    let wait = wait.unwrap_or_else(|| panic!("{what}: refill makes room"));
+    let low = expected.saturating_sub(since.elapsed() + Duration::from_secs(1));
+    assert!(
+        (low..=expected).contains(&wait),
+        "{what}: wait {wait:?}, expected {low:?}..={expected:?}"
+    );
+}
+
+/// The day binds where the minute bucket would admit: nothing is taken, and the wait is the
+/// day's refill (500 tokens a day: one every 172.8 s).
+async fn daily_quota_binds_in_the_same_step_and_takes_nothing_else(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("daily-binds"), daily(500));
+    let start = Instant::now();
+    let held = admit(&*ledger, &pool, l, 300).await;
+    let before = snapshot(&*ledger, &pool, l).await;
+    assert_eq!(
+        (before.day_tokens_available, before.day_tokens_capacity),
+        (Some(200), Some(500))
+    );
+    let r = reject(&*ledger, &pool, l, 300).await;
+    assert_eq!((r.limit, r.token_deficit), (Limit::DailyQuota, 100));
+    assert_eq!((r.in_flight_tokens, r.in_flight_requests), (300, 1));
+    // 100 tokens at 500 a day: 17,280 s.
+    assert_wait(
+        r.refill_wait,
+        Duration::from_secs(17_280),
+        start,
+        "daily wait",
+    );
+    let after = snapshot(&*ledger, &pool, l).await;
+    assert_level(
+        after.tokens_available,
+        before.tokens_available,
+        start,
+        "minute bucket untouched",
+    );
+    assert_eq!(
+        after.requests_available, before.requests_available,
+        "no request taken"
+    );
+    assert_eq!(after.in_flight_requests, 1, "no permit taken");
+    assert_eq!(after.day_tokens_available, Some(200));
+    // Full again when the 300 taken have refilled: 51,840 s.
+    let full_in = Duration::from_millis(after.day_full_in_ms.expect("a daily bucket"));
+    assert_wait(Some(full_in), Duration::from_secs(51_840), start, "full in");
+    // More than the day holds never fits by refill.
+    let never = reject(&*ledger, &pool, l, 501).await;
+    assert_eq!((never.limit, never.refill_wait), (Limit::DailyQuota, None));
+    // What fits the day is admitted.
+    let small = admit(&*ledger, &pool, l, 200).await;
+    settle(&*ledger, small, 200).await;
+    settle(&*ledger, held, 300).await;
+    let end = snapshot(&*ledger, &pool, l).await;
+    assert_idle(&end);
+    assert_eq!(end.day_tokens_available, Some(0));
+}
+
+/// Settlement credits the day what was not used and debits a charge above the reservation.
+async fn daily_quota_settles_refunds_and_debts(ledger: Arc<dyn Ledger>) {
+    let (pool, l) = (pool_name("daily-settles"), daily(1_000));
+    let r = admit(&*ledger, &pool, l, 400).await;
+    settle(&*ledger, r, 100).await;
+    assert_eq!(
+        snapshot(&*ledger, &pool, l).await.day_tokens_available,
+        Some(900)
+    );
+    let r = admit(&*ledger, &pool, l, 100).await;
+    settle(&*ledger, r, 1_150).await;
+    let s = snapshot(&*ledger, &pool, l).await;
+    assert_eq!(s.day_tokens_available, Some(-250), "a burndown debt");
+    let r = reject(&*ledger, &pool, l, 1).await;
+    assert_eq!(r.limit, Limit::DailyQuota);
+    assert_idle(&s);
+}
+
+/// No daily quota, no daily bucket; a lowered quota clamps the level, a raised one credits no
+/// burst.
+async fn daily_quota_follows_its_limit(ledger: Arc<dyn Ledger>) {
+    let pool = pool_name("daily-limits");
+    let none = limits(TPM, None, 4);
+    let s = snapshot(&*ledger, &pool, none).await;
+    assert_eq!(
+        (
+            s.day_tokens_available,
+            s.day_tokens_capacity,
+            s.day_full_in_ms
+        ),
+        (None, None, None)
+    );
+    let r = admit(&*ledger, &pool, daily(2_000), 500).await;
+    settle(&*ledger, r, 500).await;
+    assert_eq!(
+        snapshot(&*ledger, &pool, daily(2_000))
+            .await
+            .day_tokens_available,
+        Some(1_500)
+    );
+    // Lowered below the level: clamped to the new capacity.
+    let s = snapshot(&*ledger, &pool, daily(1_000)).await;
+    assert_eq!(
+        (s.day_tokens_available, s.day_tokens_capacity),
+        (Some(1_000), Some(1_000))
+    );
+    // Raised: the level stays, refill continues at the new rate.
+    let s = snapshot(&*ledger, &pool, daily(5_000)).await;
+    assert_eq!(
+        (s.day_tokens_available, s.day_tokens_capacity),
+        (Some(1_000), Some(5_000))
+    );
+    assert_eq!(
+        reject(&*ledger, &pool, daily(5_000), 1_001).await.limit,
+        Limit::DailyQuota
+    );
+}
+
+// === budgets ===
+
+const HOUR_MS: u64 = 3_600_000;
+const DAY_MS: u64 = 86_400_000;
+
+fn window(name: &'static str, capacity: u64, window_ms: u64) -> BudgetWindow {
+    BudgetWindow {
+        name,
+        capacity,
+        window_ms,
+    }
+}
+
+async fn take_budget(
+    ledger: &dyn Ledger,
+    scope: &str,
+    windows: &[BudgetWindow],
+    tokens: u64,
+) -> BudgetVerdict {
+    let request = BudgetRequest {
+        scope,
+        windows,
+        tokens,
+    };
+    ledger
+        .take_budget(&request)
+        .await
+        .expect("ledger reachable")
+}
+
+async fn settle_budget(
+    ledger: &dyn Ledger,
+    scope: &str,
+    windows: &[BudgetWindow],
+    (tokens, charged): (u64, u64),
+    verdict: BudgetVerdict,
+) {
+    let BudgetVerdict::Taken(origin) = verdict else {
+        panic!("expected the budget taken, got {verdict:?}");
+    };
+    let request = BudgetRequest {
+        scope,
+        windows,
+        tokens,
+    };
+    ledger
+        .settle_budget(&request, origin, charged)
+        .await
+        .expect("settles");
+}
+
+async fn available(ledger: &dyn Ledger, scope: &str, windows: &[BudgetWindow]) -> Vec<i64> {
+    let snapshot = ledger
+        .budget_snapshot(scope, windows)
+        .await
+        .expect("snapshot");
+    snapshot.iter().map(|w| w.available).collect()
+}
+
+/// A take that one window cannot hold takes nothing from the others, and names that window with
+/// the wait to the tick that makes room.
+async fn budget_takes_every_window_or_none(ledger: Arc<dyn Ledger>) {
+    let scope = pool_name("budget-all");
+    let windows = [
+        window("tokens_per_hour", 3_600, HOUR_MS),
+        window("tokens_per_day", 500, DAY_MS),
+    ];
+    let start = Instant::now();
+    let first = take_budget(&*ledger, &scope, &windows, 300).await;
+    assert_eq!(available(&*ledger, &scope, &windows).await, [3_300, 200]);
+    let BudgetVerdict::Refused(r) = take_budget(&*ledger, &scope, &windows, 300).await else {
+        panic!("the day holds 200");
+    };
+    assert_eq!((r.window, r.deficit), ("tokens_per_day", 100));
+    assert_wait(r.wait, Duration::from_secs(17_280), start, "budget wait");
+    assert_eq!(
+        available(&*ledger, &scope, &windows).await[0],
+        3_300,
+        "the hour untouched (it refills a token a second: none within the case)"
+    );
+    // More than a window holds: that window binds, never by refill.
+    let BudgetVerdict::Refused(never) = take_budget(&*ledger, &scope, &windows, 3_601).await else {
+        panic!("more than the hour holds");
+    };
+    assert_eq!((never.window, never.wait), ("tokens_per_hour", None));
+    settle_budget(&*ledger, &scope, &windows, (300, 300), first).await;
+}
+
+/// Settlement credits back what was not used, debits more, and a give-back (charged 0) returns
+/// everything.
+async fn budget_settles_and_gives_back(ledger: Arc<dyn Ledger>) {
+    let scope = pool_name("budget-settle");
+    let windows = [window("tokens_per_day", 1_000, DAY_MS)];
+    let taken = take_budget(&*ledger, &scope, &windows, 400).await;
+    settle_budget(&*ledger, &scope, &windows, (400, 0), taken).await;
+    assert_eq!(available(&*ledger, &scope, &windows).await, [1_000]);
+    let taken = take_budget(&*ledger, &scope, &windows, 400).await;
+    settle_budget(&*ledger, &scope, &windows, (400, 100), taken).await;
+    assert_eq!(available(&*ledger, &scope, &windows).await, [900]);
+    let taken = take_budget(&*ledger, &scope, &windows, 100).await;
+    settle_budget(&*ledger, &scope, &windows, (100, 1_200), taken).await;
+    assert_eq!(
+        available(&*ledger, &scope, &windows).await,
+        [-300],
+        "a debt"
+    );
+    assert!(matches!(
+        take_budget(&*ledger, &scope, &windows, 1).await,
+        BudgetVerdict::Refused(_)
+    ));
+}
+
+/// A lowered capacity clamps, a window dropped from the config is forgotten (and starts full
+/// when it comes back), a window whose length changes starts full; scopes are independent.
+async fn budget_windows_follow_their_config(ledger: Arc<dyn Ledger>) {
+    let scope = pool_name("budget-config");
+    let day = [window("tokens_per_day", 2_000, DAY_MS)];
+    let taken = take_budget(&*ledger, &scope, &day, 500).await;
+    settle_budget(&*ledger, &scope, &day, (500, 500), taken).await;
+    assert_eq!(available(&*ledger, &scope, &day).await, [1_500]);
+    let lowered = [window("tokens_per_day", 1_000, DAY_MS)];
+    assert_eq!(available(&*ledger, &scope, &lowered).await, [1_000]);
+    let other = pool_name("budget-config-other");
+    assert_eq!(
+        available(&*ledger, &other, &day).await,
+        [2_000],
+        "another scope"
+    );
+    let hour = [window("tokens_per_hour", 100, HOUR_MS)];
+    assert_eq!(available(&*ledger, &scope, &hour).await, [100]);
+    assert_eq!(
+        available(&*ledger, &scope, &day).await,
+        [2_000],
+        "the day was dropped with the config that named only the hour"
+    );
+    let taken = take_budget(&*ledger, &scope, &day, 700).await;
+    settle_budget(&*ledger, &scope, &day, (700, 700), taken).await;
+    let longer = [window("tokens_per_day", 2_000, 2 * DAY_MS)];
+    assert_eq!(
+        available(&*ledger, &scope, &longer).await,
+        [2_000],
+        "a new window length"
+    );
+}
+
+// === route concurrency ===
+
+/// How admission counts a route's `max_concurrency` (`admission/budgets.rs`): zero-token
+/// reservations in a concurrency-only pool named after the route.
+async fn route_concurrency_is_a_concurrency_only_pool(ledger: Arc<dyn Ledger>) {
+    let pool = format!("route:{}", pool_name("route-slots"));
+    let slots = |n| Limits {
+        tokens_per_minute: 1,
+        requests_per_minute: None,
+        max_concurrency: n,
+        tokens_per_day: None,
+    };
+    let a = admit(&*ledger, &pool, slots(2), 0).await;
+    let b = admit(&*ledger, &pool, slots(2), 0).await;
+    let r = reject(&*ledger, &pool, slots(2), 0).await;
+    assert_eq!((r.limit, r.in_flight_requests), (Limit::Concurrency, 2));
+    settle(&*ledger, a, 0).await;
+    let c = admit(&*ledger, &pool, slots(2), 0).await;
+    // Raised on a reload: a third fits at once.
+    let d = admit(&*ledger, &pool, slots(3), 0).await;
+    for held in [b, c, d] {
+        settle(&*ledger, held, 0).await;
+    }
+    let s = snapshot(&*ledger, &pool, slots(3)).await;
+    assert_idle(&s);
+    assert_eq!(s.tokens_available, 1, "no token ever taken");
 }

@@ -1,12 +1,16 @@
 //! The memory ledger and the Redis ledger, driven through the same random operation sequences at
+//! (Over 500 lines: one generator and one runner, for pools and budgets alike.)
 //! the same instants, must give the same answers, exactly.
 //!
 //! proptest generates a case: up to three sets of pool limits (limits travel with each call, so
 //! switching between them exercises capacity changes), up to three routes sharing the pool in up
 //! to two configurations (shares change on reload: ceilings appear and go), and a sequence of
-//! operations: reserve (random tokens, limits, calling route or none, retry flag,
+//! operations: reserve (random tokens, limits with or without a daily quota, calling route or none, retry flag,
 //! hold-back), settle a random held reservation (a random charge from zero to twice the
 //! reservation: refunds and burndown debts), advance the clock by random milliseconds, snapshot.
+//! A budget (the account's daily quota, a route's budgets: one to three long windows, in one or
+//! two configurations) is taken, settled and read on the same sequence, its refusals and
+//! snapshots compared too.
 //! Every answer is compared: granted or refused, the route hold of a grant, every field of a
 //! rejection (binding limit, refill wait, deficit, in-flight tokens and requests,
 //! held_for_others), every field of a snapshot. At the end everything still held is settled and
@@ -35,8 +39,9 @@ use proptest::{
     test_runner::{Config, TestCaseError, TestRunner},
 };
 use tokengate::ledger::{
-    Clock, Ledger, Limit, Limits, MemoryLedger, RedisLedger, RedisOptions, Rejection, Reservation,
-    ReserveRequest, RouteShare, ShareRequest, Verdict,
+    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Ledger, Limit, Limits, MemoryLedger,
+    RedisLedger, RedisOptions, Rejection, Reservation, ReserveRequest, RouteShare, ShareRequest,
+    Verdict,
 };
 
 /// Cases per run: enough to reach every rule many times, few enough for a few seconds in CI.
@@ -76,11 +81,25 @@ enum Op {
     Snapshot {
         limits: usize,
     },
+    /// Tokens from a budget (in thousandths of its smallest window), with one of its window sets.
+    TakeBudget {
+        windows: usize,
+        permille: u64,
+    },
+    SettleBudget {
+        pick: usize,
+        charge_pct: u64,
+    },
+    BudgetSnapshot {
+        windows: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
 struct Case {
     limits: Vec<Limits>,
+    /// The budget's window sets (a reload changes capacities, adds and drops windows).
+    budgets: Vec<Vec<BudgetWindow>>,
     routes: Vec<Routes>,
     retry_reserve: f64,
     priority_margin: f64,
@@ -97,14 +116,42 @@ fn limits() -> impl Strategy<Value = Limits> {
             (8u64..120).prop_map(Some)
         ],
         1u32..6,
+        // A daily quota small enough to bind within a case, or large (up to the ledgers' exact
+        // range), or none.
+        prop_oneof![
+            2 => Just(None),
+            2 => (1_000u64..400_000).prop_map(Some),
+            1 => (1_000_000u64..=100_000_000_000).prop_map(Some)
+        ],
     )
         .prop_map(
-            |(tokens_per_minute, requests_per_minute, max_concurrency)| Limits {
+            |(tokens_per_minute, requests_per_minute, max_concurrency, tokens_per_day)| Limits {
                 tokens_per_minute,
                 requests_per_minute,
                 max_concurrency,
+                tokens_per_day,
             },
         )
+}
+
+fn budget_windows() -> impl Strategy<Value = Vec<BudgetWindow>> {
+    const DAY: u64 = 86_400_000;
+    let window = |name: &'static str, window_ms: u64| {
+        prop_oneof![1_000u64..100_000, 100_000u64..=100_000_000_000].prop_map(move |capacity| {
+            BudgetWindow {
+                name,
+                capacity,
+                window_ms,
+            }
+        })
+    };
+    (
+        prop::option::of(window("tokens_per_hour", 3_600_000)),
+        prop::option::of(window("tokens_per_day", DAY)),
+        prop::option::of(window("tokens_per_30_days", 30 * DAY)),
+    )
+        .prop_map(|(h, d, m)| [h, d, m].into_iter().flatten().collect::<Vec<_>>())
+        .prop_filter("at least one window", |w| !w.is_empty())
 }
 
 fn route(name: &'static str) -> impl Strategy<Value = RouteShare> {
@@ -125,7 +172,12 @@ fn route(name: &'static str) -> impl Strategy<Value = RouteShare> {
         )
 }
 
-fn op(limit_sets: usize, route_sets: usize, routes: usize) -> impl Strategy<Value = Op> {
+fn op(
+    limit_sets: usize,
+    route_sets: usize,
+    routes: usize,
+    budget_sets: usize,
+) -> impl Strategy<Value = Op> {
     let caller = prop_oneof![
         1 => Just(None),
         3 => (0..routes, prop::bool::weighted(0.5)).prop_map(Some),
@@ -143,6 +195,11 @@ fn op(limit_sets: usize, route_sets: usize, routes: usize) -> impl Strategy<Valu
             .prop_map(|(pick, charge_pct)| Op::Settle { pick, charge_pct }),
         3 => prop_oneof![0u64..20, 0u64..5_000].prop_map(|ms| Op::Advance { ms }),
         1 => (0..limit_sets).prop_map(|limits| Op::Snapshot { limits }),
+        2 => (0..budget_sets, prop_oneof![1u64..300, 1u64..1_100])
+            .prop_map(|(windows, permille)| Op::TakeBudget { windows, permille }),
+        1 => (any::<usize>(), 0u64..=200)
+            .prop_map(|(pick, charge_pct)| Op::SettleBudget { pick, charge_pct }),
+        1 => (0..budget_sets).prop_map(|windows| Op::BudgetSnapshot { windows }),
     ]
 }
 
@@ -156,18 +213,23 @@ fn case() -> impl Strategy<Value = Case> {
         prop::collection::vec(set, 1..=2)
     });
     (
-        prop::collection::vec(limits(), 1..=3),
+        (
+            prop::collection::vec(limits(), 1..=3),
+            prop::collection::vec(budget_windows(), 1..=2),
+        ),
         routes,
         prop::sample::select(vec![0.0, 0.1, 0.2]),
         prop::sample::select(vec![0.0, 0.05]),
         prop_oneof![Just(0u64), 1u64..20_000],
     )
         .prop_flat_map(
-            |(limits, routes, retry_reserve, priority_margin, idle_ms)| {
-                let ops =
-                    prop::collection::vec(op(limits.len(), routes.len(), routes[0].len()), 1..60);
+            |((limits, budgets), routes, retry_reserve, priority_margin, idle_ms)| {
+                let ops = prop::collection::vec(
+                    op(limits.len(), routes.len(), routes[0].len(), budgets.len()),
+                    1..60,
+                );
                 (
-                    Just(limits),
+                    Just((limits, budgets)),
                     Just(routes),
                     Just(retry_reserve),
                     Just(priority_margin),
@@ -177,8 +239,9 @@ fn case() -> impl Strategy<Value = Case> {
             },
         )
         .prop_map(
-            |(limits, routes, retry_reserve, priority_margin, idle_ms, ops)| Case {
+            |((limits, budgets), routes, retry_reserve, priority_margin, idle_ms, ops)| Case {
                 limits,
+                budgets,
                 routes,
                 retry_reserve,
                 priority_margin,
@@ -211,6 +274,10 @@ struct Seen {
     refused_requests: AtomicU64,
     refused_concurrency: AtomicU64,
     refused_share: AtomicU64,
+    refused_daily: AtomicU64,
+    budget_taken: AtomicU64,
+    budget_refused: AtomicU64,
+    budget_refused_never: AtomicU64,
     held_for_others: AtomicU64,
     in_debt: AtomicU64,
 }
@@ -235,6 +302,10 @@ impl Seen {
             Limit::Requests => &self.refused_requests,
             Limit::Concurrency => &self.refused_concurrency,
             Limit::Share => &self.refused_share,
+            Limit::DailyQuota => &self.refused_daily,
+            Limit::Budget | Limit::RouteConcurrency => {
+                unreachable!("a pool's reservation is never refused on a route's limits")
+            }
         });
         if r.held_for_others {
             count(&self.held_for_others);
@@ -251,6 +322,10 @@ impl Seen {
             ("refused on requests", &self.refused_requests),
             ("refused on concurrency", &self.refused_concurrency),
             ("refused on a share ceiling", &self.refused_share),
+            ("refused on the daily quota", &self.refused_daily),
+            ("budget taken", &self.budget_taken),
+            ("budget refused", &self.budget_refused),
+            ("budget refused, never fits", &self.budget_refused_never),
             ("refused, held for others", &self.held_for_others),
             ("a snapshot in burndown debt", &self.in_debt),
         ];
@@ -329,15 +404,89 @@ fn permille_of(limits: &Limits, permille: u64) -> u64 {
     (limits.tokens_per_minute * permille / 1_000).max(1)
 }
 
+impl Pair<'_> {
+    fn budget<'a>(&'a self, windows: &'a [BudgetWindow], tokens: u64) -> BudgetRequest<'a> {
+        BudgetRequest {
+            scope: &self.pool,
+            windows,
+            tokens,
+        }
+    }
+
+    async fn take_budget(&self, request: &BudgetRequest<'_>) -> Result<bool, TestCaseError> {
+        let refusal = |v: BudgetVerdict| match v {
+            BudgetVerdict::Taken(_) => None,
+            BudgetVerdict::Refused(r) => Some(r),
+        };
+        let memory = refusal(self.memory.take_budget(request).await.expect("memory"));
+        let redis = refusal(self.redis.take_budget(request).await.expect("redis"));
+        match (&memory, &redis) {
+            (None, None) => {
+                count(&self.seen.budget_taken);
+                Ok(true)
+            }
+            (Some(m), Some(_)) => {
+                prop_assert_eq!(&memory, &redis, "the budget refusals");
+                count(if m.wait.is_none() {
+                    &self.seen.budget_refused_never
+                } else {
+                    &self.seen.budget_refused
+                });
+                Ok(false)
+            }
+            _ => Err(TestCaseError::fail(format!(
+                "budget verdicts differ: memory {memory:?}, redis {redis:?}"
+            ))),
+        }
+    }
+
+    async fn settle_budget(&self, request: &BudgetRequest<'_>, charged: u64) {
+        let local = tokengate::ledger::Origin::Local;
+        let shared = tokengate::ledger::Origin::Shared;
+        self.memory
+            .settle_budget(request, local, charged)
+            .await
+            .expect("memory settles");
+        self.redis
+            .settle_budget(request, shared, charged)
+            .await
+            .expect("redis settles");
+    }
+
+    async fn budget_snapshots_agree(&self, windows: &[BudgetWindow]) -> Result<(), TestCaseError> {
+        let memory = self.memory.budget_snapshot(&self.pool, windows).await;
+        let redis = self.redis.budget_snapshot(&self.pool, windows).await;
+        prop_assert_eq!(
+            memory.expect("memory answers"),
+            redis.expect("redis answers"),
+            "the budget snapshots"
+        );
+        Ok(())
+    }
+}
+
+/// A budget's take: thousandths of its smallest window, at least one token.
+fn budget_tokens(windows: &[BudgetWindow], permille: u64) -> u64 {
+    let smallest = windows.iter().map(|w| w.capacity).min().unwrap_or(1);
+    (smallest / 1_000 * permille).max(1)
+}
+
 async fn run(case: &Case, pair: &Pair<'_>) -> Result<(), TestCaseError> {
     let mut held: Vec<(Reservation, Reservation)> = Vec::new();
-    let outcome = step_all(case, pair, &mut held).await;
+    let mut budgets: Vec<u64> = Vec::new();
+    let outcome = step_all(case, pair, &mut held, &mut budgets).await;
     // Settle what is still held whatever happened, so that nothing is dropped unsettled.
     for pair_held in held.drain(..) {
         let charge = pair_held.0.tokens();
         pair.settle(pair_held, charge).await;
     }
     outcome?;
+    let last_windows = &case.budgets[case.budgets.len() - 1];
+    for tokens in budgets.drain(..) {
+        pair.settle_budget(&pair.budget(last_windows, tokens), tokens)
+            .await;
+    }
+    pair.budget_snapshots_agree(last_windows).await?;
     let last = case.limits[case.limits.len() - 1];
     pair.snapshots_agree(&last).await?;
     let end = pair
@@ -355,6 +504,7 @@ async fn step_all(
     case: &Case,
     pair: &Pair<'_>,
     held: &mut Vec<(Reservation, Reservation)>,
+    budgets: &mut Vec<u64>,
 ) -> Result<(), TestCaseError> {
     for op in &case.ops {
         match *op {
@@ -394,6 +544,25 @@ async fn step_all(
             }
             Op::Advance { ms } => pair.clock.advance(Duration::from_millis(ms)),
             Op::Snapshot { limits } => pair.snapshots_agree(&case.limits[limits]).await?,
+            Op::TakeBudget { windows, permille } => {
+                let windows = &case.budgets[windows];
+                let tokens = budget_tokens(windows, permille);
+                if pair.take_budget(&pair.budget(windows, tokens)).await? {
+                    budgets.push(tokens);
+                }
+            }
+            Op::SettleBudget { pick, charge_pct } => {
+                if !budgets.is_empty() {
+                    let tokens = budgets.swap_remove(pick % budgets.len());
+                    // Settled under the set in force now (a reload between take and settle).
+                    let windows = &case.budgets[pick % case.budgets.len()];
+                    pair.settle_budget(&pair.budget(windows, tokens), tokens * charge_pct / 100)
+                        .await;
+                }
+            }
+            Op::BudgetSnapshot { windows } => {
+                pair.budget_snapshots_agree(&case.budgets[windows]).await?
+            }
         }
     }
     Ok(())

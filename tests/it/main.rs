@@ -7,6 +7,10 @@
 //! | `proxy` | every operation through the proxy equals the same call direct to the simulator |
 //! | `apis`, `apis_auth`, `apis_faults` | the OpenAI and Anthropic APIs: settlement, streams, each API's errors; credentials and ceilings; faults and the access log |
 //! | `admission` | rejections and their hints, never-fitting requests, settlement on every path |
+//! | `daily_quota` | daily quotas: upstream's daily 429, a pool's `tokens_per_day`, the account's day across pools |
+//! | `route_limits` | a route's budgets and max_concurrency across pools: refusals, hints, what is left |
+//! | `tiers` | service tiers: reserved capacity first, overflowing to on-demand; the tier from the body or the header |
+//! | `max_tokens_missing` | requests naming no maxTokens: the model maximum reserved, the default injected, or refused |
 //! | `queue`, `queue_fleet` | the admission queue (paused clock), and a closed-loop SDK fleet against it |
 //! | `routes` | application routes and caller identity: keys, allow-lists, shares, recovery |
 //! | `saturation` | the product's promise under saturating load: no upstream throttle, the quota busy |
@@ -35,6 +39,7 @@ mod bad_input;
 mod bidi;
 mod bidi_raw;
 mod client_faults;
+mod daily_quota;
 mod dashboard_prometheus;
 mod dashboards;
 mod emf;
@@ -43,6 +48,7 @@ mod iam_policy;
 mod ledger_contract;
 mod ledger_differential;
 mod lifecycle;
+mod max_tokens_missing;
 mod observability;
 mod proxy;
 mod queue;
@@ -50,6 +56,7 @@ mod queue_fleet;
 mod quota_report;
 mod redis;
 mod reload;
+mod route_limits;
 mod router;
 mod routes;
 mod saturation;
@@ -59,6 +66,7 @@ mod security_transport;
 mod simulator;
 mod spillover;
 mod spillover_property;
+mod tiers;
 mod top;
 mod tracing;
 mod upstream_faults;

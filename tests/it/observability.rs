@@ -22,9 +22,9 @@ const SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_to
 
 fn pools() -> String {
     format!(
-        "{}max_wait_ms = 0\n\n\
+        "{}max_wait_ms = 0\nwhen_max_tokens_missing = \"inject\"\n\n\
          [[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 1\n\
-         output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 5000\n\n\
+         output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 5000\ntokens_per_day = 100000000\n\n\
          [[pools]]\nname = \"nova\"\nmodels = [\"{NOVA}\"]\ntokens_per_minute = 1000000\nmax_concurrency = 8\n\
          output_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n\n\
          [[pools]]\nname = \"micro\"\nmodels = [\"{MICRO}\"]\ntokens_per_minute = 3000\nmax_concurrency = 8\n\
@@ -54,35 +54,20 @@ impl Sums {
     }
 }
 
-async fn converse(
-    addr: std::net::SocketAddr,
-    model: &str,
-    text: &str,
-    max: Option<u64>,
-) -> RawResponse {
-    raw_request(
-        addr,
-        "POST",
-        &model_path(model, "converse"),
-        converse_body(text, max),
-        false,
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
     // The implicit route's settings, declared to add an adaptive maxTokens that never has its
     // samples: its gauges are in the scrape, and nothing is capped.
-    let route = "[[routes]]\nname = \"default\"\nspill = true\n\
+    let extra = "[admission]\naccount_tokens_per_day = 1000000000\n\
+                 [[routes]]\nname = \"default\"\nspill = true\n\
                  adaptive_max_tokens = { min_samples = 1000000 }\n";
-    let stack = Stack::start(SIM, &pools(), route).await;
+    let stack = Stack::start(SIM, &pools(), extra).await;
     let addr = stack.proxy.addr;
     let mut sonnet = Sums::default();
     let mut requested = 0;
 
-    // 24 Converse calls with known output lengths; every sixth without maxTokens (the pool default
-    // of 1000 is reserved).
+    // 24 Converse calls with known output lengths; every sixth without maxTokens (the pool injects
+    // its default_max_tokens of 1000, and reserves it).
     for i in 0..24u64 {
         let max = (i % 6 != 0).then_some(400);
         let r = converse(
@@ -244,6 +229,17 @@ async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
         0.0,
     );
     m.expect("tokengate_retry_hint_seconds_count", &[s], 3.0);
+    // The four calls without maxTokens: the pool's default written in, once each.
+    let missing = |action| {
+        m.get(
+            "tokengate_max_tokens_missing_total",
+            &[s, ("route", "default"), ("action", action)],
+        )
+    };
+    assert_eq!(
+        (missing("inject"), missing("reserve_model_max")),
+        (4.0, 0.0)
+    );
 
     // Settlements and tokens: exactly what the simulator reported.
     m.expect(
@@ -445,6 +441,17 @@ async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
     m.expect("tokengate_adaptive_proxy_truncations", &learner, 0.0);
     m.expect("tokengate_adaptive_raises", &learner, 0.0);
 
+    // What is left of haiku's day and of the account's: every admitted call's charge is gone.
+    let day = m.get("tokengate_daily_tokens_available", &[h]);
+    assert!((1e8 - 1e4..1e8).contains(&day), "haiku's day {day}");
+    let account = m.get(
+        "tokengate_budget_tokens_available",
+        &[("scope", "account"), ("window", "tokens_per_day")],
+    );
+    assert!(
+        (1e9 - 1e6..1e9).contains(&account),
+        "the account's day {account}"
+    );
     // An endpoint pool nobody called: its copies, and no demand on them.
     m.expect("tokengate_endpoint_copies", &[("pool", "llm")], 2.0);
     m.expect(

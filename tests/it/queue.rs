@@ -19,7 +19,7 @@ use tokio::time::Instant;
 fn admission(pool: &str) -> Arc<Admission> {
     let text = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\n[upstream]\nregion = \"us-east-1\"\nendpoint = \"simulated\"\n\
-         [[pools]]\nname = \"p\"\nmodels = [\"m.x\"]\noutput_burndown = 1\ndefault_max_tokens = 10\n{pool}"
+         [[pools]]\nname = \"p\"\nmodels = [\"m.x\"]\noutput_burndown = 1\nmax_output_tokens = 10\ndefault_max_tokens = 10\n{pool}"
     );
     let config = Config::parse(&text).expect("config");
     let ledger = Arc::new(MemoryLedger::new(Clock::tokio()));
@@ -61,6 +61,7 @@ async fn admit(adm: &Admission, max_tokens: u64) -> Result<Hold, Refused> {
             body: &body(max_tokens),
             read: None,
             caller: &caller,
+            service_tier: None,
             endpoint: None,
         })
         .await;

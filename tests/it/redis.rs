@@ -92,6 +92,7 @@ async fn a_killed_replica_gives_its_capacity_back_when_its_leases_expire() {
         tokens_per_minute: tpm,
         requests_per_minute: None,
         max_concurrency: 8,
+        tokens_per_day: None,
     };
     let observer = observer(&server).await;
     // Three calls that hang upstream (first token in ten minutes).

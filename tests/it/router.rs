@@ -243,7 +243,7 @@ async fn a_route_s_allow_list_refuses_other_models_with_access_denied() {
     let routes = "[[routes]]\nname = \"app\"\nmodels = [\"us.anthropic.claude-sonnet-4-20250514-v1:0\"]\n\
                   [[routes]]\nname = \"other\"\nmodels = [\"global.x.y\"]\n\
                   [auth]\ndefault_route = \"other\"\n[[pools]]\nname = \"g\"\nmodels = [\"global.x.y\"]\n\
-                  tokens_per_minute = 10000\nmax_concurrency = 4\noutput_burndown = 1\ndefault_max_tokens = 100\n";
+                  tokens_per_minute = 10000\nmax_concurrency = 4\noutput_burndown = 1\nmax_output_tokens = 100\ndefault_max_tokens = 100\n";
     let app = router(state(routes).await, Admin::Here);
     let a = call(
         &app,

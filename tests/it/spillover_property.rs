@@ -113,6 +113,7 @@ async fn decide(admission: &Admission) -> Decision {
             read: None,
             caller: &caller,
             endpoint: None,
+            service_tier: None,
         })
         .await
 }

@@ -149,8 +149,12 @@ async fn top_shows_the_pools_and_quits_cleanly_on_q_and_ctrl_c() {
         }
         assert!(screen.lines().all(|l| l.chars().count() <= 80));
         tmux.run(&["send-keys", "-t", session, key]);
+        // The shell's last line, written in one piece after top has exited (tmux's own "Pane is
+        // dead" notice is not waited for: under load it was seen to come late or not at all).
         let after = tmux
-            .wait_for(session, "the exit", |s| s.contains("Pane is dead"))
+            .wait_for(session, "the exit", |s| {
+                s.contains("top exited") && s.contains("tty: ")
+            })
             .await;
         assert!(after.contains("top exited 0"), "{after}");
         // The terminal is back in cooked mode with echo, and out of the alternate screen.

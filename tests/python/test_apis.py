@@ -19,6 +19,8 @@ import pytest
 from conftest import SONNET_US, pool, process_env, tokengate_bin, write_config
 
 GPT = "openai.gpt-oss-120b-1:0"
+# The catalogue knows no maximum output for gpt-oss: the pool sets the simulator's.
+GPT_MAX = "max_output_tokens = 4096"
 TOLERANCE_S = 0.05  # clock granularity between the hook's timestamps
 
 
@@ -59,7 +61,7 @@ class Charges:
 
 @pytest.fixture
 def api_proxy(start_proxy):
-    pools = (pool("gpt", GPT, tokens_per_minute=1_000_000, burndown=1)
+    pools = (pool("gpt", GPT, tokens_per_minute=1_000_000, burndown=1, extra=GPT_MAX)
              + pool("sonnet4-us", SONNET_US, tokens_per_minute=1_000_000, burndown=5))
     return start_proxy(pools)
 
@@ -202,7 +204,7 @@ def test_the_sdks_retry_a_throttle_after_the_hinted_delay(start_proxy):
     # for the next (about 210), which is turned away with a hint of about the refill it waits for
     # (a few seconds). One proxy (one full bucket) per SDK.
     for sdk in ("openai", "anthropic"):
-        proxy = start_proxy(pool("gpt", GPT, tokens_per_minute=3000, burndown=1, default_max_tokens=100))
+        proxy = start_proxy(pool("gpt", GPT, tokens_per_minute=3000, burndown=1, default_max_tokens=100, extra=GPT_MAX))
         attempts = Attempts()
         if sdk == "openai":
             http = openai.DefaultHttpxClient(event_hooks=attempts.hooks())
@@ -228,7 +230,7 @@ def test_check_config_says_a_sonic_pool_still_needs_sigv4_with_an_api_key(tmp_pa
     """`tokengate check-config` accepts `upstream.api_key_env` naming a set variable, notes on
     stderr that a pool's Nova Sonic model (bidirectional streams: SigV4 only) still needs AWS
     credentials, and names the key when the variable is unset."""
-    pools = (pool("gpt", GPT, tokens_per_minute=100_000, burndown=1)
+    pools = (pool("gpt", GPT, tokens_per_minute=100_000, burndown=1, extra=GPT_MAX)
              + pool("sonic", "amazon.nova-sonic-v1:0", tokens_per_minute=100_000, burndown=1))
     path = write_config(tmp_path, "keyed", endpoint="simulated", pools=pools)
     path.write_text(path.read_text().replace(

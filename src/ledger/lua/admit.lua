@@ -1,25 +1,26 @@
 -- tokengate ledger v1: admit. ARGV: member, tokens, tpm, rpm (-1: none), max_concurrency, lease_ms,
--- hold_back (tokens the bucket must keep beyond this request), then the route shares: n (0: none),
+-- hold_back (tokens the bucket must keep beyond this request), tpd (tokens per day, -1: none), then
+-- the route shares: n (0: none),
 -- and when n > 0: caller (1-based), retry (0/1), retry_reserve, priority_margin (tokens), idle_ms,
 -- and per route: name, priority, guaranteed, ceiling (-1: none), recovery (tokens per minute).
 -- Takes tokens, one request and one permit (a lease), and the caller's share, all or nothing.
 -- Replies (JSON) either
 --   {"verdict":"granted","purged":_,"guaranteed":_,"recovered":_} or
---   {"verdict":"refused","purged":_,"limit":"tokens"|"requests"|"concurrency"|"share",
+--   {"verdict":"refused","purged":_,"limit":"tokens"|"requests"|"concurrency"|"share"|"daily_quota",
 --    "wait_ms":_ (null: refill never makes room),"deficit":_,"reserved":_,"in_flight":_,
 --    "held_for_others":_ (the bucket held the request but not what it must leave for other routes)}
 -- purged: expired leases reclaimed by this call.
 local now = now_ms()
 local member, tokens = ARGV[1], tonumber(ARGV[2])
 local tpm, rpm, max_concurrency, lease_ms = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local hold_back = tonumber(ARGV[7])
-local s = load_synced(tpm, rpm, now)
+local hold_back, tpd = tonumber(ARGV[7]), tonumber(ARGV[8])
+local s = load_synced(tpm, rpm, tpd, now)
 local purged = purge(s, now)
 local in_flight = redis.call('ZCARD', LEASES)
 local t, r = s.tokens, s.requests
 
 -- The caller's share: what the bucket must hold (need) and what the route takes.
-local n = tonumber(ARGV[8] or '0')
+local n = tonumber(ARGV[9] or '0')
 local need = tokens
 local protected = 0
 local me, rs, hold_g, recovered = nil, nil, 0, false
@@ -41,11 +42,11 @@ local function refused(limit, wait, deficit, held_for_others)
 end
 
 if n > 0 then
-  local caller, retry = tonumber(ARGV[9]), ARGV[10] == '1'
-  local reserve, margin, idle_ms = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+  local caller, retry = tonumber(ARGV[10]), ARGV[11] == '1'
+  local reserve, margin, idle_ms = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
   local routes = {}
   for i = 1, n do
-    local b = 13 + (i - 1) * 5
+    local b = 14 + (i - 1) * 5
     routes[i] = {
       name = ARGV[b + 1], priority = tonumber(ARGV[b + 2]), g = tonumber(ARGV[b + 3]),
       c = tonumber(ARGV[b + 4]), v = tonumber(ARGV[b + 5]),
@@ -84,6 +85,12 @@ if n > 0 then
   end
 end
 
+-- The daily quota: the request's own tokens (src/ledger/memory.rs checks it at the same point).
+local d = s.day
+if d and tokens * d.w > d.level then
+  return refused('daily_quota', win_wait(d, tokens, now), math.max(0, tokens - win_whole(d)), false)
+end
+
 need = need + hold_back
 local token_fit = need * U <= t.level
 local request_fit = (not r) or U <= r.level
@@ -115,6 +122,9 @@ end
 t.level = t.level - tokens * U
 if r then
   r.level = r.level - U
+end
+if d then
+  d.level = d.level - tokens * d.w
 end
 if rs then
   rs.g.level = rs.g.level - hold_g * U

@@ -11,7 +11,9 @@
 -- Stored numbers are written with '%.0f', never tostring (which keeps only 14 digits).
 --
 -- The state hash: tl/tc/tt = token level/capacity/updated ms; rl/rc/rt = the request bucket (absent
--- when the pool has no request limit); res = tokens held by live leases.
+-- when the pool has no request limit); dl/dc/dt = the daily bucket (absent without tokens_per_day:
+-- level in token-ticks, capacity, updated tick; see "Long windows" below); res = tokens held by
+-- live leases.
 -- The lease zset: member "<id hex>:<tokens>", score = expiry in Redis ms. Its cardinality is the
 -- number of requests in flight.
 
@@ -90,8 +92,63 @@ local function whole(b)
   return idiv(b.level, U)
 end
 
+-- Long windows (src/ledger/window.rs): a bucket of `cap` tokens per window of `w` ticks of `tk`
+-- ms (TICK_MS, or window / MAX_WINDOW_TICKS past a day), a token worth `w` units, refilling `cap`
+-- units per tick: a full bucket stays below 2^53 units. `ts` is the tick last refilled.
+local function win_new(cap, window_ms, now)
+  local tk = math.max(TICK_MS, idiv(window_ms + MAX_WINDOW_TICKS - 1, MAX_WINDOW_TICKS))
+  local w = math.max(1, idiv(window_ms, tk))
+  return { level = cap * w, cap = cap, w = w, tk = tk, ts = idiv(now, tk) }
+end
+
+local function win_refill(b, now)
+  local t = idiv(now, b.tk)
+  if t > b.ts then
+    local full = b.cap * b.w
+    if b.cap > 0 and b.level < full then
+      local elapsed = math.min(t - b.ts, idiv(full - b.level, b.cap) + 1)
+      b.level = math.min(b.level + elapsed * b.cap, full)
+    end
+    b.ts = t
+  end
+end
+
+local function win_set_capacity(b, cap, now)
+  win_refill(b, now)
+  b.cap = cap
+  b.level = math.min(b.level, cap * b.w)
+end
+
+-- Milliseconds from now until the level reaches `units` (at a tick).
+local function win_ms_to(b, units, now)
+  local ticks = idiv(units - b.level + b.cap - 1, b.cap)
+  return math.max(0, (b.ts + ticks) * b.tk - now)
+end
+
+-- Milliseconds until `tokens` fit by refill alone: 0 if they fit now, -1 if never.
+local function win_wait(b, tokens, now)
+  if tokens * b.w <= b.level then
+    return 0
+  end
+  if tokens > b.cap or b.cap == 0 then
+    return -1
+  end
+  return win_ms_to(b, tokens * b.w, now)
+end
+
+local function win_full_in(b, now)
+  if b.cap == 0 or b.level >= b.cap * b.w then
+    return 0
+  end
+  return win_ms_to(b, b.cap * b.w, now)
+end
+
+local function win_whole(b)
+  return idiv(b.level, b.w)
+end
+
 local function load(now)
-  local h = redis.call('HMGET', STATE, 'tl', 'tc', 'tt', 'rl', 'rc', 'rt', 'res')
+  local h = redis.call('HMGET', STATE, 'tl', 'tc', 'tt', 'rl', 'rc', 'rt', 'res', 'dl', 'dc', 'dt')
   if not h[1] then
     return nil
   end
@@ -102,19 +159,40 @@ local function load(now)
   if h[4] then
     s.requests = { level = tonumber(h[4]), cap = tonumber(h[5]), ts = tonumber(h[6]) }
   end
+  if h[8] then
+    s.day = win_new(tonumber(h[9]), DAY_MS, now)
+    s.day.level, s.day.ts = tonumber(h[8]), tonumber(h[10])
+  end
   return s
 end
 
--- The pool's state under the limits of this call (rpm < 0: no request limit), created full.
-local function load_synced(tpm, rpm, now)
+-- The daily bucket under this call's tokens_per_day (tpd < 0: none), refilled to now.
+local function sync_day(s, tpd, now)
+  if tpd < 0 then
+    s.day = nil
+  elseif s.day then
+    if s.day.cap ~= tpd then
+      win_set_capacity(s.day, tpd, now)
+    end
+    win_refill(s.day, now)
+  else
+    s.day = win_new(tpd, DAY_MS, now)
+  end
+end
+
+-- The pool's state under the limits of this call (rpm < 0: no request limit; tpd < 0: no daily
+-- quota), created full.
+local function load_synced(tpm, rpm, tpd, now)
   local s = load(now)
   if not s then
     s = { tokens = bucket_new(tpm, now), reserved = 0 }
     if rpm >= 0 then
       s.requests = bucket_new(rpm, now)
     end
+    sync_day(s, tpd, now)
     return s
   end
+  sync_day(s, tpd, now)
   if s.tokens.cap ~= tpm then
     set_capacity(s.tokens, tpm, now)
   end
@@ -173,6 +251,14 @@ local function save(s, now)
     redis.call('HDEL', STATE, 'rl', 'rc', 'rt')
   end
   local ttl = math.max(to_full(t), to_full(r))
+  local d = s.day
+  if d then
+    redis.call('HSET', STATE, 'dl', int(d.level), 'dc', int(d.cap), 'dt', int(d.ts))
+    -- The day's consumption outlives an idle pool: the keys last until the day is full again.
+    ttl = math.max(ttl, win_full_in(d, now))
+  else
+    redis.call('HDEL', STATE, 'dl', 'dc', 'dt')
+  end
   local last = redis.call('ZRANGE', LEASES, -1, -1, 'WITHSCORES')
   if last[2] then
     ttl = math.max(ttl, tonumber(last[2]) - now)

@@ -21,6 +21,11 @@ else
   delta = math.min(0, delta)
 end
 t.level = math.min(t.level + delta * U, t.cap * U)
+local d = s.day
+if d then
+  win_refill(d, now)
+  d.level = math.min(d.level + delta * d.w, d.cap * d.w)
+end
 local route = ARGV[4]
 if route then
   local rs = route_get(route, now)

@@ -11,11 +11,12 @@ pub const MESSAGES: &str = "/anthropic/v1/messages";
 pub const FAST_SIM: &str =
     "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n";
 
-/// A pool `gpt` for [`GPT`] (burndown 1), with `extra` TOML lines.
+/// A pool `gpt` for [`GPT`] (burndown 1; the catalogue has no maximum output for gpt-oss, so the
+/// pool sets the simulator's), with `extra` TOML lines.
 pub fn gpt_pool(tokens_per_minute: u64, extra: &str) -> String {
     format!(
         "[[pools]]\nname = \"gpt\"\nmodels = [\"{GPT}\"]\ntokens_per_minute = {tokens_per_minute}\n\
-         max_concurrency = 16\noutput_burndown = 1\ndefault_max_tokens = 1000\n{extra}\n"
+         max_concurrency = 16\noutput_burndown = 1\nmax_output_tokens = 4096\ndefault_max_tokens = 1000\n{extra}\n"
     )
 }
 

@@ -345,6 +345,23 @@ pub fn converse_body(text: &str, max_tokens: Option<u64>) -> String {
     body.to_string()
 }
 
+/// A Converse call over a raw socket (HTTP/1.1), `max` as `inferenceConfig.maxTokens`.
+pub async fn converse(
+    addr: std::net::SocketAddr,
+    model: &str,
+    text: &str,
+    max: Option<u64>,
+) -> RawResponse {
+    raw_request(
+        addr,
+        "POST",
+        &model_path(model, "converse"),
+        converse_body(text, max),
+        false,
+    )
+    .await
+}
+
 /// `/model/{id}/{op}` with the id percent-encoded as SDKs do.
 pub fn model_path(model_id: &str, op: &str) -> String {
     let encoded: String =

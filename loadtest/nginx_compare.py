@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Throughput beside a plain reverse proxy: the same Converse call driven by `wrk -t1 -cN` at
+(1) the simulator directly, (2) nginx (one worker, a plain keep-alive reverse proxy) in front of
+it, and (3) tokengate in front of it, in one run, rounds alternating so that the machine's other
+load falls on all three alike. The simulator answers at once (no time to first token, instant
+generation) and its quota is out of reach, so only the hop's own cost shows. Each process is its
+own (the simulator, nginx, tokengate, wrk), all on this machine, loopback only. Linux; needs `wrk`
+and `nginx` on PATH (Debian: `nginx-light`, `wrk`) and a release build of tokengate.
+
+    python3 loadtest/nginx_compare.py target/release/tokengate [--seconds 10] [--rounds 3]
+        [--connections 32] [--ledger memory|redis] [--no-access-log]
+
+Several binaries (`LABEL=PATH ...`, e.g. a build before and after a change) are each started and
+driven in turn within every round, so an A/B comparison shares the machine's load too; the
+simulator is the first binary's.
+
+Both proxies write one access-log line per request to a file in the run's temporary directory
+(tokengate's stderr; nginx's `access_log`), as each does by default; `--no-access-log` turns off
+both. `--ledger redis` starts a private `redis-server` (unix socket) for tokengate's ledger.
+It prints a JSON line per measurement and a summary: median calls/s per target and tokengate's
+ratio to nginx (per round and the median), with the load average beside each. CI does not run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODEL = "us.anthropic.claude-sonnet-4-20250514-v1:0"
+PATH = f"/model/{MODEL.replace(':', '%3A')}/converse"
+BODY = json.dumps({"messages": [{"role": "user", "content": [{"text": "[sim:output=10] " + "hello " * 20}]}],
+                   "inferenceConfig": {"maxTokens": 100}})
+AUTH = "AWS4-HMAC-SHA256 Credential=x/20260101/us-east-1/bedrock/aws4_request, SignedHeaders=host, Signature=0"
+
+
+def simulator_config() -> str:
+    """The simulator made instant: no time to first token, instant generation, quota out of reach."""
+    return ('[server]\nlisten = "127.0.0.1:0"\n[upstream]\nregion = "us-east-1"\nendpoint = "simulated"\n'
+            '[simulator]\ntime_to_first_token_ms = 0\ntokens_per_second = 0\n'
+            'default_tokens_per_minute = 1000000000\n')
+
+
+def proxy_config(sim_addr: str, ledger: str) -> str:
+    """tokengate in front of the simulator at `sim_addr`: one pool whose quota nobody reaches."""
+    return (f'[server]\nlisten = "127.0.0.1:0"\n[upstream]\nregion = "us-east-1"\n'
+            f'endpoint = "http://{sim_addr}"\n{ledger}[[pools]]\nname = "sonnet4-us"\n'
+            f'models = ["{MODEL}"]\ntokens_per_minute = 1000000000\nmax_concurrency = 4096\n'
+            'output_burndown = 5\ndefault_max_tokens = 1000\nmax_wait_ms = 0\n')
+
+
+def start(args: list[str], prefix: str, env: dict, stderr) -> tuple[subprocess.Popen, str]:
+    """Starts a tokengate subcommand and waits for its `<prefix> listening on` line."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    for line in proc.stdout:
+        if line.startswith(f"{prefix} listening on "):
+            return proc, line.split(" listening on ", 1)[1].strip().removeprefix("http://")
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    sys.exit(f"{prefix} did not start")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"{what} did not listen on {port}")
+
+
+def start_nginx(tmp: Path, upstream: str, access_log: bool) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log = f"access_log {tmp}/nginx-access.log;" if access_log else "access_log off;"
+    conf = tmp / "nginx.conf"
+    conf.write_text(f"""
+worker_processes 1;
+daemon off;
+master_process off;
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    {log}
+    client_body_temp_path {tmp}/body; proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fcgi; uwsgi_temp_path {tmp}/uwsgi; scgi_temp_path {tmp}/scgi;
+    upstream simulator {{ server {upstream}; keepalive 64; }}
+    server {{
+        listen 127.0.0.1:{port};
+        keepalive_requests 1000000;
+        location / {{
+            proxy_pass http://simulator;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+""")
+    proc = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(tmp)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_listening(port, proc, "nginx")
+    return proc, f"127.0.0.1:{port}"
+
+
+def start_redis(tmp: Path) -> tuple[subprocess.Popen, str]:
+    sock = tmp / "redis.sock"
+    proc = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(sock), "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            sys.exit("redis-server did not start")
+        time.sleep(0.05)
+    return proc, f"redis+unix://{sock}"
+
+
+def wrk(addr: str, seconds: int, connections: int, script: Path) -> dict:
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script),
+                          f"http://{addr}{PATH}"], capture_output=True, text=True, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    errors = re.search(r"Socket errors:.*", out)
+    lat = {p: re.search(rf"^\s+{p}%\s+(\S+)", out, re.M).group(1) for p in ("50", "99")}
+    return {"calls_per_s": round(rps), "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+            "socket_errors": errors.group(0) if errors else None, "latency_p50": lat["50"],
+            "latency_p99": lat["99"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("binary", nargs="+",
+                        help="tokengate binaries, each `PATH` or `LABEL=PATH` (A/B runs alternate)")
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--ledger", choices=["memory", "redis"], default="memory")
+    parser.add_argument("--no-access-log", action="store_true")
+    opts = parser.parse_args()
+    for tool in ("wrk", "nginx"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is not on PATH (Debian: apt-get install -y nginx-light wrk)")
+    access_log = not opts.no_access_log
+    proxies = [tuple(b.split("=", 1)) if "=" in b else ("tokengate" if len(opts.binary) == 1 else b, b)
+               for b in opts.binary]
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="compare", AWS_SECRET_ACCESS_KEY="compare",
+               AWS_EC2_METADATA_DISABLED="true")
+    env.pop("RUST_LOG", None)
+    if not access_log:
+        env["RUST_LOG"] = "info,tokengate::access=off"
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        try:
+            script = tmp / "converse.lua"
+            script.write_text(f'wrk.method = "POST"\nwrk.body = {json.dumps(BODY)}\n'
+                              'wrk.headers["content-type"] = "application/json"\n'
+                              f'wrk.headers["authorization"] = "{AUTH}"\n')
+            (tmp / "sim.toml").write_text(simulator_config())
+            sim, sim_addr = start([proxies[0][1], "simulate", "--listen", "127.0.0.1:0", "--config",
+                                   str(tmp / "sim.toml")], "simulator", env, subprocess.DEVNULL)
+            procs.append(sim)
+            ledger = '[ledger]\nbackend = "memory"\n'
+            if opts.ledger == "redis":
+                redis, url = start_redis(tmp)
+                procs.append(redis)
+                ledger = f'[ledger]\nbackend = "redis"\nurl = "{url}"\n'
+            (tmp / "proxy.toml").write_text(proxy_config(sim_addr, ledger))
+            nginx, nginx_addr = start_nginx(tmp, sim_addr, access_log)
+            procs.append(nginx)
+            targets = {"simulator": sim_addr, "nginx": nginx_addr}
+            for label, binary in proxies:
+                with open(tmp / f"{label}.log", "w") as log:
+                    proxy, proxy_addr = start([binary, "serve", "--config", str(tmp / "proxy.toml")],
+                                              "tokengate", env, log)
+                procs.append(proxy)
+                targets[label] = proxy_addr
+            for addr in targets.values():  # warm each path up (connections, allocator pools)
+                wrk(addr, 2, opts.connections, script)
+            results: dict[str, list[int]] = {name: [] for name in targets}
+            ratios = []
+            for round_no in range(1, opts.rounds + 1):
+                for name, addr in targets.items():
+                    load = os.getloadavg()[0]
+                    r = wrk(addr, opts.seconds, opts.connections, script)
+                    r.update(round=round_no, target=name, load_average=round(load, 2))
+                    print(json.dumps(r), flush=True)
+                    if r["non_2xx"] or r["socket_errors"]:
+                        sys.exit(f"{name}: errors in the run: {r}")
+                    results[name].append(r["calls_per_s"])
+                ratios.append({label: round(results[label][-1] / results["nginx"][-1], 3)
+                               for label, _ in proxies})
+            summary = {name: statistics.median(v) for name, v in results.items()}
+            print(json.dumps({
+                "connections": opts.connections, "seconds": opts.seconds, "rounds": opts.rounds,
+                "ledger": opts.ledger, "access_log": access_log,
+                "median_calls_per_s": summary,
+                "over_nginx_per_round": ratios,
+                "over_nginx_median": {label: round(statistics.median(r[label] for r in ratios), 3)
+                                      for label, _ in proxies},
+                "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+            }))
+        finally:
+            for p in reversed(procs):
+                p.terminate()
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+if __name__ == "__main__":
+    main()

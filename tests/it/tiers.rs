@@ -1,0 +1,153 @@
+//! Service tiers: a `reserved` call draws on the pool of reserved capacity (`tier =
+//! "reserved"`) and overflows to the on-demand pool when it cannot admit now; other tiers, and
+//! calls that name none, draw on the on-demand pool. Converse names its tier in the body
+//! (`serviceTier.type`), InvokeModel in the `X-Amzn-Bedrock-Service-Tier` header.
+
+use serde_json::{Value, json};
+
+use crate::common::*;
+
+/// Upstream: Sonnet with 5,000 tokens a minute of reserved capacity, overflowing to standard.
+const SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n\
+                   [[quotas]]\nmodel = \"us.anthropic.claude-sonnet-4-20250514-v1:0\"\nreserved_tokens_per_minute = 5000\n";
+
+fn pools() -> String {
+    format!(
+        "{}max_wait_ms = 0\n\n[[pools]]\nname = \"sonnet-reserved\"\ntier = \"reserved\"\nmodels = [\"{SONNET_US}\"]\n\
+         tokens_per_minute = 5000\nmax_concurrency = 8\ndefault_max_tokens = 1000\nmax_wait_ms = 0\n",
+        sonnet_pool(100_000, 8)
+    )
+}
+
+fn tiered(text: &str, tier: Option<&str>, max: u64) -> String {
+    let mut body: Value = serde_json::from_str(&converse_body(text, Some(max))).expect("json");
+    if let Some(tier) = tier {
+        body["serviceTier"] = json!({ "type": tier });
+    }
+    body.to_string()
+}
+
+async fn admitted(stack: &Stack) -> (u64, u64) {
+    let views = stack.proxy.admission().pool_views().await;
+    let count = |name: &str| {
+        views
+            .iter()
+            .find(|v| v.name == name)
+            .map_or(0, |v| v.admitted)
+    };
+    (count("sonnet-reserved"), count("sonnet4-us"))
+}
+
+#[tokio::test]
+async fn reserved_calls_use_reserved_capacity_and_overflow_to_on_demand() {
+    let stack = Stack::start(SIM, &pools(), "").await;
+    let (addr, path) = (stack.proxy.addr, model_path(SONNET_US, "converse"));
+    let call = |tier, text: &'static str, max| {
+        let path = path.clone();
+        async move { raw_request(addr, "POST", &path, tiered(text, tier, max), false).await }
+    };
+    // No tier, and the other tiers: the on-demand pool.
+    for tier in [None, Some("default"), Some("priority"), Some("flex")] {
+        let r = call(tier, "[sim:output=5] hi", 100).await;
+        assert_eq!(r.status, 200, "{tier:?}: {}", r.message());
+    }
+    assert_eq!(admitted(&stack).await, (0, 4));
+    // Reserved: the reserved pool; 900 x 5 charged, about 490 of its 5,000 left this minute.
+    let r = call(Some("reserved"), "[sim:output=900] long", 1_000).await;
+    assert_eq!(r.status, 200, "{}", r.message());
+    assert_eq!(admitted(&stack).await, (1, 4));
+    // The next reserved call does not fit the reserved pool now: it overflows, as Bedrock does.
+    let r = call(Some("reserved"), "[sim:output=5] more", 2_000).await;
+    assert_eq!(r.status, 200, "{}", r.message());
+    assert_eq!(admitted(&stack).await, (1, 5));
+    let reserved = stack.proxy.admission().pool_views().await;
+    let reserved = reserved
+        .iter()
+        .find(|v| v.name == "sonnet-reserved")
+        .expect("pool");
+    assert_eq!(
+        (reserved.rejected.tokens, reserved.upstream_throttles),
+        (0, 0),
+        "an overflow is no refusal"
+    );
+    // InvokeModel names its tier in a header.
+    let invoke = r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":100,"messages":[{"role":"user","content":"[sim:output=5] hi"}]}"#;
+    let r = raw_request_with(
+        addr,
+        "POST",
+        &model_path(SONNET_US, "invoke"),
+        invoke,
+        false,
+        &[("x-amzn-bedrock-service-tier", "reserved")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.message());
+    assert_eq!(admitted(&stack).await, (2, 5));
+    stack.assert_ledger_zero().await;
+}
+
+#[tokio::test]
+async fn a_reserved_pool_needs_an_on_demand_one_and_a_tier_must_be_known() {
+    let sim = start_simulator(SIM).await;
+    let only_reserved = format!(
+        "[[pools]]\nname = \"r\"\ntier = \"reserved\"\nmodels = [\"{SONNET_US}\"]\ntokens_per_minute = 5000\n\
+         max_concurrency = 8\ndefault_max_tokens = 1000\n"
+    );
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[upstream]\nregion = \"us-east-1\"\nendpoint = \"http://{}\"\n{only_reserved}",
+        sim.addr
+    );
+    let e = tokengate::config::Config::parse(&text)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        e.contains("pools[0] (r).models") && e.contains("no on_demand pool"),
+        "{e}"
+    );
+    let e = tokengate::config::Config::parse(&text.replace("\"reserved\"", "\"gold\""))
+        .expect_err("refused")
+        .to_string();
+    assert!(e.contains("tier") && e.contains("on_demand"), "{e}");
+}
+
+#[tokio::test]
+async fn a_routes_allowed_tiers_refuse_the_others_saying_which_to_send() {
+    let routes = "[[routes]]\nname = \"batch\"\nallowed_tiers = [\"flex\", \"default\"]\n\
+                  [auth]\ndefault_route = \"batch\"\n";
+    let stack = Stack::start(SIM, &pools(), routes).await;
+    let (addr, path) = (stack.proxy.addr, model_path(SONNET_US, "converse"));
+    for (tier, status) in [(None, 200), (Some("flex"), 200), (Some("priority"), 400)] {
+        let r = raw_request(
+            addr,
+            "POST",
+            &path,
+            tiered("[sim:output=5] hi", tier, 100),
+            false,
+        )
+        .await;
+        assert_eq!(r.status, status, "{tier:?}: {}", r.message());
+        if status == 400 {
+            assert_eq!(r.error_type(), "ValidationException");
+            assert!(
+                r.message()
+                    .contains("route \"batch\" may not use service tier \"priority\"")
+                    && r.message().contains("one of: flex, default"),
+                "{}",
+                r.message()
+            );
+        }
+    }
+    let invoke = r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = raw_request_with(
+        addr,
+        "POST",
+        &model_path(SONNET_US, "invoke"),
+        invoke,
+        false,
+        &[("x-amzn-bedrock-service-tier", "reserved")],
+    )
+    .await;
+    assert_eq!((r.status, r.error_type()), (400, "ValidationException"));
+    assert_eq!(admitted(&stack).await, (0, 2));
+    stack.assert_ledger_zero().await;
+}
