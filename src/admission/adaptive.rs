@@ -22,8 +22,9 @@
 //! `1 / truncation_target` calls, so one truncation in a quiet window is allowed), the cap is
 //! raised at once (its multiplier doubles) and a new window starts; learning continues. Raises
 //! are never taken back: a cap errs high after a burst of long outputs, never low.
-//! A truncation is recognised from the output reaching the cap (`output >= cap`); the stop
-//! reason (`max_tokens`, `length`, ...) says the same where it is read (see [`super::hold`]).
+//! A truncation is recognised from the stop reason (`max_tokens`, `length`, ...: the usage
+//! observer's, noted on the [`super::Hold`] before the usage settles it), or, where no stop
+//! reason is read (InvokeModel streams), from the output reaching the cap (`output >= cap`).
 //!
 //! # Scope
 //! The learned cap is per replica: in memory, from that replica's traffic; a reload keeps what
