@@ -314,3 +314,44 @@ async fn adaptive_a_reload_keeps_what_was_learned_unless_the_settings_change() {
     );
     stack.assert_ledger_zero().await;
 }
+
+#[tokio::test]
+async fn adaptive_a_call_without_max_tokens_carries_and_reserves_the_learned_cap() {
+    let route =
+        "[[routes]]\nname = \"chat\"\nadaptive_max_tokens = { min_samples = 3, floor = 64 }\n";
+    let stack = Stack::start(INSTANT_SIM, &haiku_pool(), route).await;
+    for _ in 0..3 {
+        assert_eq!(
+            converse_output(&stack, "[sim:output=100] a", 4000).await,
+            100
+        );
+    }
+    assert_eq!(learned(&stack.proxy).await.cap, Some(128));
+    // No maxTokens: the pool would reserve the model's maximum (reserve_model_max); the learned
+    // cap is written in instead, so upstream stops at it.
+    let out = stack
+        .client()
+        .converse()
+        .model_id(HAIKU)
+        .messages(user_message("[sim:output=900] b"))
+        .send()
+        .await
+        .expect("admitted and answered");
+    assert_eq!(out.usage().map(|u| u.output_tokens()), Some(128));
+    let admission = stack.proxy.admission();
+    let caller = admission.first_route_caller();
+    let body = Bytes::from(converse_body("[sim:output=10] c", None));
+    let Decision::Admit(admitted) = admission
+        .decide(&facts(Operation::Converse, Some(HAIKU), &body, &caller))
+        .await
+    else {
+        panic!("admitted");
+    };
+    assert_eq!(
+        admitted.hold.estimate().max_tokens,
+        128,
+        "not the model's maximum"
+    );
+    drop(admitted);
+    stack.assert_ledger_zero().await;
+}
