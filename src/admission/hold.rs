@@ -15,7 +15,9 @@
 //! The guard settles on `Drop` by the `abandoned` rule, so no path can leak a reservation or a
 //! concurrency permit. Each `settle_*` returns what it settled ([`Settled`]) for the pipeline to
 //! observe; the guard itself only settles: it updates the ledger and what its pool learns
-//! (calibration, typical duration, maxTokens advice, the load it carries), nothing else.
+//! (calibration, typical duration, maxTokens advice, the load it carries) and, for a route with
+//! adaptive maxTokens, what that route learns of the model's outputs ([`super::adaptive`]),
+//! nothing else.
 
 use std::{sync::Arc, time::Duration};
 
