@@ -162,6 +162,6 @@ fn every_scenario_runs_quick_on_both_sides() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 9, "nine scenarios");
+    assert_eq!(seen, 12, "twelve scenarios");
     let _ = std::fs::remove_dir_all(&out);
 }
