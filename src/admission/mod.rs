@@ -253,8 +253,14 @@ impl Admission {
         facts: &Facts<'_>,
         configured: &str,
     ) -> Result<Option<usize>, Problem> {
-        let tier = body_tier.or_else(|| facts.service_tier.and_then(ServiceTier::parse));
         let route = &facts.caller.route;
+        // A route that forces a tier runs every call in it (written into the request on its
+        // way out: [`prepare`]); config checked it is among the route's allowed tiers.
+        let tier = route
+            .config
+            .service_tier
+            .or(body_tier)
+            .or_else(|| facts.service_tier.and_then(ServiceTier::parse));
         if let Some(allowed) = &route.config.allowed_tiers {
             let asked = tier.unwrap_or(ServiceTier::Default);
             if !allowed.contains(&asked) {
@@ -484,9 +490,20 @@ fn prepare<'p>(
     let cap = output_cap::apply(route, pool, &asked, &mut estimate)?;
     let ask_usage = facts.operation == Operation::OpenAIChatCompletions
         && api.is_some_and(|api| api.stream && api.include_usage != Some(true));
+    // A route's forced tier: Converse names it in the body, InvokeModel in a header.
+    let forced_tier = route.config.service_tier;
+    let tier_in_body = matches!(
+        facts.operation,
+        Operation::Converse | Operation::ConverseStream
+    );
+    let tier_in_header = matches!(
+        facts.operation,
+        Operation::InvokeModel | Operation::InvokeModelWithResponseStream
+    );
     let edits = rewrite::Edits {
         ceiling: cap.write,
         ask_usage,
+        tier: forced_tier.filter(|_| tier_in_body),
     };
     let body = rewrite::apply(facts.operation, model, facts.body, edits)?;
     Ok(reserve::Prepared {
@@ -495,6 +512,7 @@ fn prepare<'p>(
         body,
         clamped: cap.clamped,
         strip_usage_chunk: ask_usage,
+        service_tier_header: forced_tier.filter(|_| tier_in_header),
         count_tokens_failed: count_failed,
     })
 }
