@@ -490,12 +490,10 @@ fn prepare<'p>(
     let cap = output_cap::apply(route, pool, &asked, &mut estimate)?;
     let ask_usage = facts.operation == Operation::OpenAIChatCompletions
         && api.is_some_and(|api| api.stream && api.include_usage != Some(true));
-    // A route's forced tier: Converse names it in the body, InvokeModel in a header.
+    // A route's forced tier: Converse and the OpenAI and Anthropic APIs name it in the body,
+    // InvokeModel in a header.
     let forced_tier = route.config.service_tier;
-    let tier_in_body = matches!(
-        facts.operation,
-        Operation::Converse | Operation::ConverseStream
-    );
+    let tier_in_body = body::tier_member(facts.operation).is_some();
     let tier_in_header = matches!(
         facts.operation,
         Operation::InvokeModel | Operation::InvokeModelWithResponseStream

@@ -10,8 +10,9 @@
 //!   ends with a usage chunk to settle on; the proxy takes that chunk out of what the client
 //!   receives ([`crate::bedrock::sse::UsageChunkFilter`]), so the client gets the stream it asked
 //!   for;
-//! - a route's forced service tier (`routes[].service_tier`), as Converse's `serviceTier.type`
-//!   (InvokeModel's is a header: [`super::Admitted::service_tier_header`]).
+//! - a route's forced service tier (`routes[].service_tier`), as Converse's `serviceTier.type` or
+//!   the OpenAI and Anthropic APIs' `service_tier` (InvokeModel's is a header:
+//!   [`super::Admitted::service_tier_header`]).
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -26,7 +27,7 @@ pub(super) struct Edits {
     pub ceiling: Option<u64>,
     /// Set `stream_options.include_usage` to true.
     pub ask_usage: bool,
-    /// Set Converse's `serviceTier` to `{"type": tier}`.
+    /// Name this tier in the body ([`super::body::tier_member`]).
     pub tier: Option<ServiceTier>,
 }
 
@@ -59,9 +60,13 @@ pub(super) fn apply(
     if edits.ask_usage {
         ask_usage(&mut json).map_err(failed)?;
     }
-    if let (Some(tier), Value::Object(top)) = (edits.tier, &mut json) {
-        let named = serde_json::json!({ "type": tier.label() });
-        top.insert("serviceTier".into(), named);
+    let member = super::body::tier_member(operation);
+    if let (Some(tier), Some(member), Value::Object(top)) = (edits.tier, member, &mut json) {
+        let named = match member {
+            "serviceTier" => serde_json::json!({ "type": tier.label() }),
+            _ => Value::String(tier.label().into()),
+        };
+        top.insert(member.into(), named);
     }
     let rewritten = serde_json::to_vec(&json).map_err(|e| failed(e.to_string()))?;
     Ok(Some(Bytes::from(rewritten)))
@@ -186,5 +191,10 @@ mod tests {
                 json!({"messages": [], "serviceTier": {"type": "flex"}})
             );
         }
+        let body = json!({"model": "m", "service_tier": "auto"});
+        assert_eq!(
+            rewrite(body, edits),
+            Some(json!({"model": "m", "service_tier": "flex"}))
+        );
     }
 }

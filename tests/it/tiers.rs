@@ -207,6 +207,19 @@ async fn a_route_that_forces_a_tier_runs_every_call_in_it() {
     assert_eq!(r.status, 200, "{}", r.message());
     assert_eq!(admitted(&stack).await, (3, 0));
     assert_eq!(served_in(&stack, "reserved"), 3);
+    // Anthropic Messages names it in the body's service_tier (its "auto" replaced).
+    let messages = serde_json::json!({"model": SONNET_US, "max_tokens": 100, "service_tier": "auto",
+        "messages": [{"role": "user", "content": "[sim:output=5] hi"}]});
+    let r = call(
+        "secret",
+        messages.to_string(),
+        "/anthropic/v1/messages".into(),
+        vec![],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.message());
+    assert_eq!(admitted(&stack).await, (4, 0));
+    assert_eq!(served_in(&stack, "reserved"), 4);
     // The other route's calls run in what they ask for.
     let r = call(
         "password",
@@ -216,10 +229,10 @@ async fn a_route_that_forces_a_tier_runs_every_call_in_it() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.message());
-    assert_eq!(admitted(&stack).await, (3, 1));
+    assert_eq!(admitted(&stack).await, (4, 1));
     assert_eq!(
         (served_in(&stack, "reserved"), served_in(&stack, "flex")),
-        (3, 1)
+        (4, 1)
     );
     stack.assert_ledger_zero().await;
 }
