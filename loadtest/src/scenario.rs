@@ -39,6 +39,12 @@ pub struct Scenario {
     pub pool: PoolSettings,
     #[serde(default)]
     pub groups: Vec<Group>,
+    /// The proxy's `[[routes]]`, one per team (`name` = a group's `team`): passed into the
+    /// proxy's config as written, with a key pair added to each, and the proxy run in
+    /// `auth.mode = "sigv4"`; each team's SDK client signs with its route's keys. None: the
+    /// proxy has its implicit route and every team is one route.
+    #[serde(default)]
+    pub routes: Vec<toml::Table>,
     /// Present only in the overhead scenario, which runs its own steps instead of `groups`.
     pub overhead: Option<Overhead>,
     /// Present only in a soak: the proxy side alone, faults injected, checked at the end.
@@ -49,6 +55,13 @@ pub struct Scenario {
 
 fn default_drain() -> f64 {
     30.0
+}
+
+/// A route's key pair, as the proxy's config and the team's SDK client hold it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteKey {
+    pub access_key_id: String,
+    pub secret_access_key: String,
 }
 
 /// The proxy's `[[pools]]` entry, apart from the quota.
@@ -221,6 +234,7 @@ impl Scenario {
         if self.soak.is_some() && self.overhead.is_some() {
             bail!("{}: a soak runs [[groups]], not [overhead]", self.name);
         }
+        self.check_routes()?;
         for g in &self.groups {
             if g.shapes.is_empty() || g.shapes.iter().all(|s| s.weight <= 0.0) {
                 bail!(
@@ -242,6 +256,66 @@ impl Scenario {
             }
         }
         Ok(())
+    }
+
+    /// Every route has a `name` and no credentials of its own (they are added here); with
+    /// routes, every group's team is one of them.
+    fn check_routes(&self) -> anyhow::Result<()> {
+        for (i, route) in self.routes.iter().enumerate() {
+            if route.get("name").and_then(|n| n.as_str()).is_none() {
+                bail!("{}: routes[{i}] needs a name (a group's team)", self.name);
+            }
+            let own = ["access_key_id", "secret_access_key", "secret_access_key_env"];
+            if let Some(key) = own.iter().find(|k| route.contains_key(**k)) {
+                bail!("{}: routes[{i}].{key} is set by loadgen; remove it", self.name);
+            }
+        }
+        if self.routes.is_empty() {
+            return Ok(());
+        }
+        for g in &self.groups {
+            if self.route_key(&g.team).is_none() {
+                bail!(
+                    "{}: group {} has no route of that name in [[routes]]",
+                    self.name,
+                    g.team
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The key pair the proxy gives `team`'s route (`None` without routes, or for a team
+    /// without one).
+    pub fn route_key(&self, team: &str) -> Option<RouteKey> {
+        let i = self
+            .routes
+            .iter()
+            .position(|r| r.get("name").and_then(|n| n.as_str()) == Some(team))?;
+        Some(RouteKey {
+            access_key_id: format!("AKIALOADGENROUTE{i:04}"),
+            secret_access_key: format!("loadgen-secret-{team}"),
+        })
+    }
+
+    /// `[auth]` and `[[routes]]` for the proxy's config: empty without routes.
+    fn routes_config(&self) -> String {
+        if self.routes.is_empty() {
+            return String::new();
+        }
+        let routes = self.routes.iter().map(|route| {
+            let mut route = route.clone();
+            let name = route.get("name").and_then(|n| n.as_str()).unwrap_or_default();
+            if let Some(key) = self.route_key(name) {
+                route.insert("access_key_id".into(), key.access_key_id.into());
+                route.insert("secret_access_key".into(), key.secret_access_key.into());
+            }
+            toml::Value::Table(route)
+        });
+        let mut doc = toml::Table::new();
+        doc.insert("routes".into(), toml::Value::Array(routes.collect()));
+        let routes = toml::to_string(&doc).unwrap_or_default();
+        format!("\n[auth]\nmode = \"sigv4\"\n\n{routes}")
     }
 
     /// `--quick`: a few seconds, a fast simulator, scaled load.
@@ -380,8 +454,9 @@ impl Scenario {
         format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
              endpoint = \"http://{upstream}\"\n{idle}\n[ledger]\nbackend = \"memory\"\n\n\
-             [log]\nlevel = \"{level}\"\n{}",
-            self.pools()
+             [log]\nlevel = \"{level}\"\n{}{}",
+            self.pools(),
+            self.routes_config()
         )
     }
 }
@@ -396,7 +471,7 @@ mod tests {
     #[test]
     fn every_scenario_s_proxy_config_parses() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let mut spilling = 0;
+        let (mut spilling, mut with_routes) = (0, 0);
         let entries = ["scenarios", "variants"]
             .into_iter()
             .flat_map(|dir| std::fs::read_dir(root.join(dir)).unwrap());
@@ -422,7 +497,49 @@ mod tests {
             } else {
                 assert_eq!(pools.len(), 1, "{}", path.display());
             }
+            if !s.routes.is_empty() {
+                with_routes += 1;
+                check_routes(&s, &config);
+            }
         }
         assert_eq!(spilling, 2);
+        assert_eq!(with_routes, 1);
+    }
+
+    /// A scenario with `[[routes]]`: the proxy checks SigV4, every team is a route of its own
+    /// with the scenario's settings, and the key pair its client signs with.
+    fn check_routes(s: &Scenario, config: &tokengate::config::Config) {
+        assert_eq!(config.auth.mode, tokengate::config::AuthMode::SigV4);
+        assert_eq!(config.routes.len(), s.routes.len());
+        for group in &s.groups {
+            let route = config.routes.iter().find(|r| r.name == group.team).unwrap();
+            let key = s.route_key(&group.team).unwrap();
+            assert_eq!(route.access_key_id.as_deref(), Some(key.access_key_id.as_str()));
+            let written = s.routes.iter().find(|r| r["name"].as_str() == Some(&group.team));
+            let written = written.unwrap();
+            let priority = written.get("priority").and_then(|p| p.as_integer());
+            assert_eq!(i64::from(route.priority), priority.unwrap_or(0));
+            let cap = written.get("max_concurrency").and_then(|c| c.as_integer());
+            assert_eq!(route.max_concurrency.map(i64::from), cap);
+        }
+        let keys: std::collections::BTreeSet<_> =
+            config.routes.iter().map(|r| r.access_key_id.clone()).collect();
+        assert_eq!(keys.len(), config.routes.len(), "a key pair per route");
+    }
+
+    /// A group whose team names no route, and a route that brings its own keys, are errors
+    /// that name what to change.
+    #[test]
+    fn routes_must_match_the_teams_and_leave_keys_to_loadgen() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/10-two-teams-routes.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let renamed = text.replace("name = \"batch\"", "name = \"bulk\"");
+        let s: Scenario = toml::from_str(&renamed).unwrap();
+        let e = s.check().unwrap_err().to_string();
+        assert!(e.contains("group batch has no route"), "{e}");
+        let keyed = text.replace("priority = 0", "priority = 0\naccess_key_id = \"AKIAX\"");
+        let s: Scenario = toml::from_str(&keyed).unwrap();
+        let e = s.check().unwrap_err().to_string();
+        assert!(e.contains("routes[1].access_key_id is set by loadgen"), "{e}");
     }
 }
