@@ -191,7 +191,11 @@ pub fn markdown(sides: &[&SideReport]) -> String {
     for s in sides {
         if let Some(refusals) = s.proxy_refusals.as_ref().filter(|r| !r.is_empty()) {
             let by_reason: Vec<String> = refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
-            out.push_str(&format!("\n{} refusals by reason: {}\n", s.side, by_reason.join(", ")));
+            out.push_str(&format!(
+                "\n{} refusals by reason: {}\n",
+                s.side,
+                by_reason.join(", ")
+            ));
         }
     }
     out

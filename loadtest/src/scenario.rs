@@ -265,9 +265,16 @@ impl Scenario {
             if route.get("name").and_then(|n| n.as_str()).is_none() {
                 bail!("{}: routes[{i}] needs a name (a group's team)", self.name);
             }
-            let own = ["access_key_id", "secret_access_key", "secret_access_key_env"];
+            let own = [
+                "access_key_id",
+                "secret_access_key",
+                "secret_access_key_env",
+            ];
             if let Some(key) = own.iter().find(|k| route.contains_key(**k)) {
-                bail!("{}: routes[{i}].{key} is set by loadgen; remove it", self.name);
+                bail!(
+                    "{}: routes[{i}].{key} is set by loadgen; remove it",
+                    self.name
+                );
             }
         }
         if self.routes.is_empty() {
@@ -305,7 +312,10 @@ impl Scenario {
         }
         let routes = self.routes.iter().map(|route| {
             let mut route = route.clone();
-            let name = route.get("name").and_then(|n| n.as_str()).unwrap_or_default();
+            let name = route
+                .get("name")
+                .and_then(|n| n.as_str())
+                .unwrap_or_default();
             if let Some(key) = self.route_key(name) {
                 route.insert("access_key_id".into(), key.access_key_id.into());
                 route.insert("secret_access_key".into(), key.secret_access_key.into());
@@ -514,16 +524,25 @@ mod tests {
         for group in &s.groups {
             let route = config.routes.iter().find(|r| r.name == group.team).unwrap();
             let key = s.route_key(&group.team).unwrap();
-            assert_eq!(route.access_key_id.as_deref(), Some(key.access_key_id.as_str()));
-            let written = s.routes.iter().find(|r| r["name"].as_str() == Some(&group.team));
+            assert_eq!(
+                route.access_key_id.as_deref(),
+                Some(key.access_key_id.as_str())
+            );
+            let written = s
+                .routes
+                .iter()
+                .find(|r| r["name"].as_str() == Some(&group.team));
             let written = written.unwrap();
             let priority = written.get("priority").and_then(|p| p.as_integer());
             assert_eq!(i64::from(route.priority), priority.unwrap_or(0));
             let cap = written.get("max_concurrency").and_then(|c| c.as_integer());
             assert_eq!(route.max_concurrency.map(i64::from), cap);
         }
-        let keys: std::collections::BTreeSet<_> =
-            config.routes.iter().map(|r| r.access_key_id.clone()).collect();
+        let keys: std::collections::BTreeSet<_> = config
+            .routes
+            .iter()
+            .map(|r| r.access_key_id.clone())
+            .collect();
         assert_eq!(keys.len(), config.routes.len(), "a key pair per route");
     }
 
@@ -540,6 +559,9 @@ mod tests {
         let keyed = text.replace("priority = 0", "priority = 0\naccess_key_id = \"AKIAX\"");
         let s: Scenario = toml::from_str(&keyed).unwrap();
         let e = s.check().unwrap_err().to_string();
-        assert!(e.contains("routes[1].access_key_id is set by loadgen"), "{e}");
+        assert!(
+            e.contains("routes[1].access_key_id is set by loadgen"),
+            "{e}"
+        );
     }
 }

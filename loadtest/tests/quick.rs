@@ -55,7 +55,10 @@ fn check_signed_teams(name: &str, proxy: &Value) {
             "{name}: team {team} completed nothing: {summary}"
         );
         for kind in ["unrecognizedclient", "accessdenied"] {
-            assert!(summary["errors"][kind].is_null(), "{name} {team}: {summary}");
+            assert!(
+                summary["errors"][kind].is_null(),
+                "{name} {team}: {summary}"
+            );
         }
     }
 }
