@@ -22,7 +22,7 @@ use aws_sdk_bedrockruntime::types::{
 use serde::Serialize;
 
 use crate::arrivals::{Call, Op};
-use crate::scenario::RouteKey;
+use crate::routes::RouteKey;
 
 /// One logical call as the application saw it (retries included).
 #[derive(Debug, Clone, Serialize)]
