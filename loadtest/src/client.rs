@@ -22,6 +22,7 @@ use aws_sdk_bedrockruntime::types::{
 use serde::Serialize;
 
 use crate::arrivals::{Call, Op};
+use crate::routes::RouteKey;
 
 /// One logical call as the application saw it (retries included).
 #[derive(Debug, Clone, Serialize)]
@@ -45,19 +46,22 @@ pub struct Record {
 }
 
 /// An SDK client for `addr`, as an application team would build it: standard retry mode with
-/// `attempts` attempts, its own retry partition (one application process per team).
-pub fn sdk_client(addr: SocketAddr, attempts: u32, partition: &str) -> Client {
+/// `attempts` attempts, its own retry partition (one application process per team), signing
+/// with its route's `key` (any key when the proxy does not check signatures).
+pub fn sdk_client(
+    addr: SocketAddr,
+    attempts: u32,
+    partition: &str,
+    key: Option<&RouteKey>,
+) -> Client {
+    let (id, secret) = key.map_or(("AKIALOADGEN", "loadgen"), |k| {
+        (k.access_key_id.as_str(), k.secret_access_key.as_str())
+    });
     let config = aws_sdk_bedrockruntime::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .endpoint_url(format!("http://{addr}"))
         .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new(
-            "AKIALOADGEN",
-            "loadgen",
-            None,
-            None,
-            "loadgen",
-        ))
+        .credentials_provider(Credentials::new(id, secret, None, None, "loadgen"))
         .retry_config(RetryConfig::standard().with_max_attempts(attempts.max(1)))
         .retry_partition(RetryPartition::new(partition.to_string()))
         // Long stalls are part of the memory test; the default guard would cut them.

@@ -103,7 +103,9 @@ pub async fn drive(scenario: &Scenario, addr: SocketAddr, side: &str) -> Vec<Rec
     let end = ctx.epoch + Duration::from_secs_f64(scenario.duration_secs);
     let mut set = JoinSet::new();
     for (i, group) in scenario.groups.iter().enumerate() {
-        let client = sdk_client(addr, group.max_attempts, &format!("{side}-{}", group.team));
+        let partition = format!("{side}-{}", group.team);
+        let key = scenario.route_key(&group.team);
+        let client = sdk_client(addr, group.max_attempts, &partition, key.as_ref());
         let seed = scenario.seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
         start_group(
             &mut set,

@@ -17,6 +17,7 @@ mod overhead;
 mod plot;
 mod proxy;
 mod report;
+mod routes;
 mod run;
 mod scenario;
 mod soak;

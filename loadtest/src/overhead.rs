@@ -198,7 +198,7 @@ async fn open_streams(
         epoch: Instant::now(),
         sink: Sink::default(),
     };
-    let client = sdk_client(addr, 1, "open-streams");
+    let client = sdk_client(addr, 1, "open-streams", None);
     let mut set = JoinSet::new();
     for i in 0..n {
         let (ctx, client) = (ctx.clone(), client.clone());

@@ -133,6 +133,8 @@ pub struct SideReport {
     pub teams: BTreeMap<String, Summary>,
     pub upstream: Upstream,
     pub proxy_memory: Option<Memory>,
+    /// Proxy side: its refusals by reason (`tokengate_rejections_total`), at the end of the run.
+    pub proxy_refusals: Option<BTreeMap<String, u64>>,
 }
 
 impl SideReport {
@@ -151,6 +153,7 @@ impl SideReport {
                 .collect(),
             upstream: Upstream::default(),
             proxy_memory: None,
+            proxy_refusals: None,
         }
     }
 }
@@ -182,6 +185,16 @@ pub fn markdown(sides: &[&SideReport]) -> String {
                 x.goodput_tpm, x.goodput_fraction * 100.0,
                 ms(x.latency_ms, |p| p.p50), ms(x.latency_ms, |p| p.p99),
                 ms(x.ttft_ms, |p| p.p50), ms(x.ttft_ms, |p| p.p99),
+            ));
+        }
+    }
+    for s in sides {
+        if let Some(refusals) = s.proxy_refusals.as_ref().filter(|r| !r.is_empty()) {
+            let by_reason: Vec<String> = refusals.iter().map(|(r, n)| format!("{r} {n}")).collect();
+            out.push_str(&format!(
+                "\n{} refusals by reason: {}\n",
+                s.side,
+                by_reason.join(", ")
             ));
         }
     }

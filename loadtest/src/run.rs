@@ -14,8 +14,8 @@ use crate::overhead::{self, OverheadReport};
 use crate::plot::{self, Series};
 use crate::report::{SideReport, markdown};
 use crate::scenario::Scenario;
-use crate::soak::{self, SoakReport};
-use crate::stack::{Options, start_proxy, start_simulator};
+use crate::soak::{self, SoakReport, series};
+use crate::stack::{Options, http_get, start_proxy, start_simulator};
 
 /// Everything one scenario produced; written as `<out>/<name>.json`.
 #[derive(Debug, Serialize)]
@@ -125,6 +125,8 @@ async fn run_side(
     report.upstream = (&sim.simulator.stats()).into();
     if let Some(p) = proxy {
         report.proxy_memory = Some(p.memory());
+        let metrics = http_get(p.addr, "/metrics").await?;
+        report.proxy_refusals = Some(series(&metrics, "tokengate_rejections_total", "reason"));
         p.stop().await;
     }
     sim.shutdown().await;

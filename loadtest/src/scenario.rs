@@ -37,12 +37,14 @@ pub struct Scenario {
     #[serde(default)]
     pub simulator: toml::Table,
     pub pool: PoolSettings,
-    /// Keys of the proxy's one route (`[[routes]]` named `default`, spilling like the implicit
-    /// route), e.g. `adaptive_max_tokens`; absent: the implicit route of a config without routes.
-    #[serde(default)]
-    pub route: Option<toml::Table>,
     #[serde(default)]
     pub groups: Vec<Group>,
+    /// The proxy's `[[routes]]`, one per team (`name` = a group's `team`): passed into the
+    /// proxy's config as written, with a key pair added to each, and the proxy run in
+    /// `auth.mode = "sigv4"`; each team's SDK client signs with its route's keys. None: the
+    /// proxy has its implicit route and every team is one route.
+    #[serde(default)]
+    pub routes: Vec<toml::Table>,
     /// Present only in the overhead scenario, which runs its own steps instead of `groups`.
     pub overhead: Option<Overhead>,
     /// Present only in a soak: the proxy side alone, faults injected, checked at the end.
@@ -225,6 +227,7 @@ impl Scenario {
         if self.soak.is_some() && self.overhead.is_some() {
             bail!("{}: a soak runs [[groups]], not [overhead]", self.name);
         }
+        self.check_routes()?;
         for g in &self.groups {
             if g.shapes.is_empty() || g.shapes.iter().all(|s| s.weight <= 0.0) {
                 bail!(
@@ -386,20 +389,8 @@ impl Scenario {
              endpoint = \"http://{upstream}\"\n{idle}\n[ledger]\nbackend = \"memory\"\n\n\
              [log]\nlevel = \"{level}\"\n{}{}",
             self.pools(),
-            self.routes()
+            self.routes_config()
         )
-    }
-
-    /// The proxy's `[[routes]]`: none, or one route `default` with the scenario's `route` keys.
-    fn routes(&self) -> String {
-        let Some(keys) = &self.route else {
-            return String::new();
-        };
-        let mut out = String::from("\n[[routes]]\nname = \"default\"\nspill = true\n");
-        for (key, value) in keys {
-            out.push_str(&format!("{key} = {value}\n"));
-        }
-        out
     }
 }
 
@@ -413,7 +404,7 @@ mod tests {
     #[test]
     fn every_scenario_s_proxy_config_parses() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let mut spilling = 0;
+        let (mut spilling, mut with_routes) = (0, 0);
         let entries = ["scenarios", "variants"]
             .into_iter()
             .flat_map(|dir| std::fs::read_dir(root.join(dir)).unwrap());
@@ -427,19 +418,6 @@ mod tests {
             let config = tokengate::config::Config::parse(&text)
                 .unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()));
             let pools = &config.policy.pools;
-            if s.route.is_some() {
-                assert_eq!(
-                    config.policy.routes[0].name,
-                    "default",
-                    "{}",
-                    path.display()
-                );
-                assert!(config.policy.routes[0].spill);
-            }
-            if s.name.ends_with("-adaptive") {
-                let adaptive = config.policy.routes[0].adaptive_max_tokens.as_ref();
-                assert!(adaptive.is_some(), "{}", path.display());
-            }
             if s.spill_pools == 1 {
                 spilling += 1;
                 assert_eq!(pools[0].spill_to, ["spill"]);
@@ -452,7 +430,57 @@ mod tests {
             } else {
                 assert_eq!(pools.len(), 1, "{}", path.display());
             }
+            if !s.routes.is_empty() {
+                with_routes += 1;
+                check_routes(&s, &config);
+            }
+            if s.name.ends_with("-adaptive") {
+                let route = &config.policy.routes[0];
+                assert!(route.adaptive_max_tokens.is_some(), "{}", path.display());
+            }
         }
         assert_eq!(spilling, 2);
+        // 10-two-teams-routes, and the adaptive maxTokens scenarios 11 and 13.
+        assert_eq!(with_routes, 3);
+    }
+
+    /// A scenario with `[[routes]]`: the proxy checks SigV4, every team is a route of its own
+    /// with the scenario's settings, and the key pair its client signs with.
+    fn check_routes(s: &Scenario, config: &tokengate::config::Config) {
+        assert_eq!(config.policy.auth.mode, tokengate::config::AuthMode::SigV4);
+        assert_eq!(config.policy.routes.len(), s.routes.len());
+        for group in &s.groups {
+            let route = config
+                .policy
+                .routes
+                .iter()
+                .find(|r| r.name == group.team)
+                .unwrap();
+            let key = s.route_key(&group.team).unwrap();
+            assert_eq!(
+                route.access_key_id.as_deref(),
+                Some(key.access_key_id.as_str())
+            );
+            let written = s
+                .routes
+                .iter()
+                .find(|r| r["name"].as_str() == Some(&group.team));
+            let written = written.unwrap();
+            let priority = written.get("priority").and_then(|p| p.as_integer());
+            assert_eq!(i64::from(route.priority), priority.unwrap_or(0));
+            let cap = written.get("max_concurrency").and_then(|c| c.as_integer());
+            assert_eq!(route.max_concurrency.map(i64::from), cap);
+        }
+        let keys: std::collections::BTreeSet<_> = config
+            .policy
+            .routes
+            .iter()
+            .map(|r| r.access_key_id.clone())
+            .collect();
+        assert_eq!(
+            keys.len(),
+            config.policy.routes.len(),
+            "a key pair per route"
+        );
     }
 }

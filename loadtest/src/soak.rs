@@ -427,7 +427,7 @@ async fn ledger_at_rest(addr: SocketAddr) -> anyhow::Result<LedgerEnd> {
 }
 
 /// The samples of counter `name` by the value of `label` (summed over the other labels).
-fn series(metrics: &str, name: &str, label: &str) -> BTreeMap<String, u64> {
+pub fn series(metrics: &str, name: &str, label: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     let prefix = format!("{name}{{");
     for line in metrics.lines().filter(|l| l.starts_with(&prefix)) {

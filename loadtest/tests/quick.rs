@@ -44,6 +44,25 @@ fn check_side(name: &str, side: &Value) {
     );
 }
 
+/// A scenario with `[[routes]]` (the proxy checks SigV4): every team's client, signing with its
+/// own route's keys, completed calls through the proxy, and none was refused as unidentified.
+fn check_signed_teams(name: &str, proxy: &Value) {
+    let teams = proxy["teams"].as_object().unwrap();
+    assert!(teams.len() >= 2, "{name}: teams {teams:?}");
+    for (team, summary) in teams {
+        assert!(
+            summary["completed"].as_u64().unwrap() > 0,
+            "{name}: team {team} completed nothing: {summary}"
+        );
+        for kind in ["unrecognizedclient", "accessdenied"] {
+            assert!(
+                summary["errors"][kind].is_null(),
+                "{name} {team}: {summary}"
+            );
+        }
+    }
+}
+
 /// The endpoint scenario: both sides made calls, completed them, and sampled the copies and
 /// the signal.
 fn check_endpoint(name: &str, report: &Value) {
@@ -159,9 +178,12 @@ fn every_scenario_runs_quick_on_both_sides() {
             );
             assert!(out.join(format!("{report_name}-tokens.png")).exists());
             assert!(out.join(format!("{report_name}.proxy.jsonl")).exists());
+            if scenario.contains_key("routes") {
+                check_signed_teams(name, &report["proxy"]);
+            }
         }
         seen += 1;
     }
-    assert_eq!(seen, 12, "twelve scenarios");
+    assert_eq!(seen, 13, "thirteen scenarios");
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -39,7 +39,9 @@ pub struct BodyFacts {
     pub input_tokens: u64,
     /// The OpenAI and Anthropic APIs' model and streaming; `None` for the other operations.
     pub api: Option<ApiBody>,
-    /// Converse's `serviceTier.type`, when the body names one.
+    /// The service tier the body names, as Bedrock names it: Converse's `serviceTier.type`, or
+    /// the OpenAI and Anthropic APIs' `service_tier` (their `auto`, and Anthropic's
+    /// `standard_only`, read as `default`).
     pub service_tier: Option<String>,
 }
 
@@ -83,7 +85,7 @@ pub fn read(
     }
     let mut top = TopLevel {
         api: operation.model_in_body().then(ApiMembers::default),
-        tiered: matches!(operation, Operation::Converse | Operation::ConverseStream),
+        tier_member: tier_member(operation),
         ..TopLevel::default()
     };
     // One UTF-8 check of the whole body costs a fraction of the parser's check of each string.
@@ -109,9 +111,28 @@ pub fn read(
     })
 }
 
-/// `serviceTier.type`, when it is a string.
+/// The member a body of `operation` names its service tier in, if it can.
+pub(super) fn tier_member(operation: Operation) -> Option<&'static str> {
+    if matches!(operation, Operation::Converse | Operation::ConverseStream) {
+        Some("serviceTier")
+    } else if operation.model_in_body() {
+        Some("service_tier")
+    } else {
+        None
+    }
+}
+
+/// The tier named: Converse's `{"type": ...}`, or an API's string (`auto` and `standard_only`
+/// being its default tier).
 fn tier_type(tier: &Value) -> Option<String> {
-    tier.get("type")?.as_str().map(str::to_string)
+    let name = match tier {
+        Value::String(name) => name.as_str(),
+        named => named.get("type")?.as_str()?,
+    };
+    Some(match name {
+        "auto" | "standard_only" => "default".to_string(),
+        other => other.to_string(),
+    })
 }
 
 /// The `modelId` of a StartAsyncInvoke body (`None` when absent: upstream then refuses the call
@@ -152,8 +173,8 @@ struct TopLevel {
     fields: MaxTokensFields,
     /// For the OpenAI and Anthropic APIs.
     api: Option<ApiMembers>,
-    /// Whether the body may name a `serviceTier` (Converse), and the one it names.
-    tiered: bool,
+    /// The member the body may name its tier in ([`tier_member`]), and what it names.
+    tier_member: Option<&'static str>,
     service_tier: Option<Value>,
 }
 
@@ -193,7 +214,7 @@ impl<'de> Handler<'de> for &mut TopLevel {
         let mut capture = Capture {
             fields: &mut self.fields,
             api: self.api.as_mut(),
-            tier: self.tiered.then_some(&mut self.service_tier),
+            tier: self.tier_member.map(|key| (key, &mut self.service_tier)),
         };
         walk::object(&mut self.tally, 1, map, &mut capture).map(|()| true)
     }
@@ -203,8 +224,8 @@ impl<'de> Handler<'de> for &mut TopLevel {
 struct Capture<'a> {
     fields: &'a mut MaxTokensFields,
     api: Option<&'a mut ApiMembers>,
-    /// Converse's `serviceTier` (not model input: the tally skips it).
-    tier: Option<&'a mut Option<Value>>,
+    /// The tier member's name and what it names (not model input: the tally skips it).
+    tier: Option<(&'static str, &'a mut Option<Value>)>,
 }
 
 impl<'de> Members<'de> for Capture<'_> {
@@ -212,7 +233,7 @@ impl<'de> Members<'de> for Capture<'_> {
         if self.api.is_some() && ApiMembers::wants(key) {
             return Ok(Taken::Value(map.next_value()?));
         }
-        if self.tier.is_some() && key == "serviceTier" {
+        if self.tier.as_ref().is_some_and(|(member, _)| key == *member) {
             return Ok(Taken::Value(map.next_value()?));
         }
         let fields = &mut *self.fields;
@@ -232,7 +253,7 @@ impl<'de> Members<'de> for Capture<'_> {
     fn keep(&mut self, key: &str, value: Value) {
         match (&mut self.api, &mut self.tier) {
             (Some(api), _) if ApiMembers::wants(key) => api.set(key, value),
-            (_, Some(tier)) if key == "serviceTier" => **tier = Some(value),
+            (_, Some((member, tier))) if key == *member => **tier = Some(value),
             _ => self.fields.set(None, key, value),
         }
     }

@@ -876,3 +876,32 @@ fn converse_names_its_service_tier_in_the_body_and_only_converse_is_read_for_it(
     let facts = read(Operation::InvokeModel, Some("anthropic"), native).expect("reads");
     assert_eq!(facts.service_tier, None);
 }
+
+#[test]
+fn the_openai_and_anthropic_apis_name_their_tier_in_service_tier() {
+    for (op, body, tier) in [
+        (
+            Operation::OpenAIChatCompletions,
+            r#"{"model":"m","messages":[],"service_tier":"flex"}"#,
+            Some("flex"),
+        ),
+        (
+            Operation::OpenAIResponses,
+            r#"{"model":"m","input":"hi","service_tier":"auto"}"#,
+            Some("default"),
+        ),
+        (
+            Operation::AnthropicMessages,
+            r#"{"model":"m","max_tokens":5,"messages":[],"service_tier":"standard_only"}"#,
+            Some("default"),
+        ),
+        (
+            Operation::AnthropicMessages,
+            r#"{"model":"m","max_tokens":5,"messages":[],"serviceTier":{"type":"flex"}}"#,
+            None,
+        ),
+    ] {
+        let facts = read(op, None, body.as_bytes()).expect("reads");
+        assert_eq!(facts.service_tier.as_deref(), tier, "{body}");
+    }
+}

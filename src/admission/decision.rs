@@ -10,7 +10,10 @@ use std::{sync::Arc, time::Duration};
 use bytes::Bytes;
 
 use super::{MissingMaxTokens, Pool, hold::Hold};
-use crate::{bedrock::max_tokens::MaxTokensError, ledger::Limit};
+use crate::{
+    bedrock::{max_tokens::MaxTokensError, tier::ServiceTier},
+    ledger::Limit,
+};
 
 /// The outcome of admission for one request.
 #[derive(Debug)]
@@ -73,6 +76,9 @@ pub struct Admitted {
     /// The forwarded body asks for a streamed usage chunk the caller did not ask for: take it
     /// out of the response ([`crate::bedrock::sse::UsageChunkFilter`]).
     pub strip_usage_chunk: bool,
+    /// The service tier to send in `X-Amzn-Bedrock-Service-Tier` in place of the caller's: a
+    /// route that forces one (`routes[].service_tier`), on InvokeModel.
+    pub service_tier_header: Option<ServiceTier>,
     /// How long it waited in the pool's queue, if it did.
     pub queued_for: Option<Duration>,
     /// An SDK retry admitted into the pool's retry reserve (its route's recovery budget).

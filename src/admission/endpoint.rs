@@ -263,6 +263,7 @@ impl Admission {
             body: None,
             clamped: false,
             strip_usage_chunk: false,
+            service_tier_header: None,
             count_tokens_failed: None,
             adaptive: None,
         };

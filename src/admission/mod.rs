@@ -255,8 +255,14 @@ impl Admission {
         facts: &Facts<'_>,
         configured: &str,
     ) -> Result<Option<usize>, Problem> {
-        let tier = body_tier.or_else(|| facts.service_tier.and_then(ServiceTier::parse));
         let route = &facts.caller.route;
+        // A route that forces a tier runs every call in it (written into the request on its
+        // way out: [`prepare`]); config checked it is among the route's allowed tiers.
+        let tier = route
+            .config
+            .service_tier
+            .or(body_tier)
+            .or_else(|| facts.service_tier.and_then(ServiceTier::parse));
         if let Some(allowed) = &route.config.allowed_tiers {
             let asked = tier.unwrap_or(ServiceTier::Default);
             if !allowed.contains(&asked) {
@@ -513,10 +519,19 @@ fn prepare<'p>(
     );
     let ask_usage = facts.operation == Operation::OpenAIChatCompletions
         && api.is_some_and(|api| api.stream && api.include_usage != Some(true));
+    // A route's forced tier: Converse and the OpenAI and Anthropic APIs name it in the body,
+    // InvokeModel in a header.
+    let forced_tier = route.config.service_tier;
+    let tier_in_body = body::tier_member(facts.operation).is_some();
+    let tier_in_header = matches!(
+        facts.operation,
+        Operation::InvokeModel | Operation::InvokeModelWithResponseStream
+    );
     let edits = rewrite::Edits {
         // The learned cap is below the ceiling or injected default when there is one.
         ceiling: adaptive.as_ref().and_then(|t| t.cap).or(cap.write),
         ask_usage,
+        tier: forced_tier.filter(|_| tier_in_body),
     };
     let body = rewrite::apply(facts.operation, model, facts.body, edits)?;
     Ok(reserve::Prepared {
@@ -525,6 +540,7 @@ fn prepare<'p>(
         body,
         clamped: cap.clamped,
         strip_usage_chunk: ask_usage,
+        service_tier_header: forced_tier.filter(|_| tier_in_header),
         count_tokens_failed: count_failed,
         adaptive,
     })

@@ -13,7 +13,10 @@ use super::{
     candidates::{FirstAdmitting, Refusal, first_admitting},
     hint, spill,
 };
-use crate::ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict};
+use crate::{
+    bedrock::tier::ServiceTier,
+    ledger::{LedgerError, Rejection, Reservation, ReserveRequest, Verdict},
+};
 
 /// What admission prepared before reserving: the estimate and the body to forward.
 #[derive(Debug)]
@@ -27,6 +30,8 @@ pub(super) struct Prepared<'a> {
     pub clamped: bool,
     /// The response's usage chunk is taken out ([`super::Admitted::strip_usage_chunk`]).
     pub strip_usage_chunk: bool,
+    /// [`super::Admitted::service_tier_header`].
+    pub service_tier_header: Option<ServiceTier>,
     /// Why exact input counting failed, if it did.
     pub count_tokens_failed: Option<String>,
     /// The route's adaptive maxTokens learner for this model, and the cap written if any.
@@ -233,6 +238,7 @@ impl Admission {
             body,
             clamped,
             strip_usage_chunk,
+            service_tier_header,
             count_tokens_failed,
             adaptive,
         } = prepared;
@@ -273,6 +279,7 @@ impl Admission {
             spilled_from,
             clamped,
             strip_usage_chunk,
+            service_tier_header,
             body,
             queued_for,
             recovered,

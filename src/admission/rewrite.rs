@@ -1,7 +1,7 @@
 //! The forwarded body, when it must say what the caller's does not: the one place the proxy
 //! re-serialises a request body (parsed once into a `Value`, edited, written once).
 //!
-//! Two edits, each for what upstream reads (and a third, [`with_model`], once a call of the
+//! Three edits, each for what upstream reads (and a third, [`with_model`], once a call of the
 //! OpenAI or Anthropic APIs spills to another pool: its `model`):
 //! - the route's `max_tokens_ceiling` ([`super::ceiling`]) or, below it, the cap the route's
 //!   `adaptive_max_tokens` learned ([`super::adaptive`]), written into the field the operation
@@ -10,13 +10,16 @@
 //!   (`stream_options.include_usage` absent or false) gets `include_usage: true`, so the stream
 //!   ends with a usage chunk to settle on; the proxy takes that chunk out of what the client
 //!   receives ([`crate::bedrock::sse::UsageChunkFilter`]), so the client gets the stream it asked
-//!   for.
+//!   for;
+//! - a route's forced service tier (`routes[].service_tier`), as Converse's `serviceTier.type` or
+//!   the OpenAI and Anthropic APIs' `service_tier` (InvokeModel's is a header:
+//!   [`super::Admitted::service_tier_header`]).
 
 use bytes::Bytes;
 use serde_json::Value;
 
 use super::Problem;
-use crate::bedrock::{ModelRef, Operation, max_tokens::clamp_max_tokens};
+use crate::bedrock::{ModelRef, Operation, max_tokens::clamp_max_tokens, tier::ServiceTier};
 
 /// What the forwarded body must say.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,11 +28,13 @@ pub(super) struct Edits {
     pub ceiling: Option<u64>,
     /// Set `stream_options.include_usage` to true.
     pub ask_usage: bool,
+    /// Name this tier in the body ([`super::body::tier_member`]).
+    pub tier: Option<ServiceTier>,
 }
 
 impl Edits {
     fn is_empty(&self) -> bool {
-        self.ceiling.is_none() && !self.ask_usage
+        self.ceiling.is_none() && !self.ask_usage && self.tier.is_none()
     }
 }
 
@@ -55,6 +60,14 @@ pub(super) fn apply(
     }
     if edits.ask_usage {
         ask_usage(&mut json).map_err(failed)?;
+    }
+    let member = super::body::tier_member(operation);
+    if let (Some(tier), Some(member), Value::Object(top)) = (edits.tier, member, &mut json) {
+        let named = match member {
+            "serviceTier" => serde_json::json!({ "type": tier.label() }),
+            _ => Value::String(tier.label().into()),
+        };
+        top.insert(member.into(), named);
     }
     let rewritten = serde_json::to_vec(&json).map_err(|e| failed(e.to_string()))?;
     Ok(Some(Bytes::from(rewritten)))
@@ -124,8 +137,8 @@ mod tests {
     #[test]
     fn usage_is_asked_for_keeping_other_stream_options() {
         let ask = Edits {
-            ceiling: None,
             ask_usage: true,
+            ..Edits::default()
         };
         let body = json!({"model": "m", "stream": true});
         assert_eq!(
@@ -149,6 +162,7 @@ mod tests {
         let edits = Edits {
             ceiling: Some(100),
             ask_usage: true,
+            tier: None,
         };
         let body = json!({"stream": true, "max_tokens": 5000});
         assert_eq!(
@@ -156,6 +170,32 @@ mod tests {
             Some(
                 json!({"stream": true, "max_tokens": 100, "stream_options": {"include_usage": true}})
             )
+        );
+    }
+
+    #[test]
+    fn a_forced_tier_replaces_the_one_converse_named() {
+        let model = ModelRef::parse("anthropic.claude-sonnet-4-20250514-v1:0");
+        let edits = Edits {
+            tier: Some(ServiceTier::Flex),
+            ..Edits::default()
+        };
+        for body in [
+            json!({"messages": []}),
+            json!({"messages": [], "serviceTier": {"type": "priority"}}),
+        ] {
+            let bytes = Bytes::from(body.to_string());
+            let written = apply(Operation::Converse, &model, &bytes, edits).unwrap();
+            let written: Value = serde_json::from_slice(&written.unwrap()).unwrap();
+            assert_eq!(
+                written,
+                json!({"messages": [], "serviceTier": {"type": "flex"}})
+            );
+        }
+        let body = json!({"model": "m", "service_tier": "auto"});
+        assert_eq!(
+            rewrite(body, edits),
+            Some(json!({"model": "m", "service_tier": "flex"}))
         );
     }
 }

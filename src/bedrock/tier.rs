@@ -1,6 +1,7 @@
-//! Bedrock's service tiers, as a request names them: Converse's body `serviceTier.type`, or
-//! InvokeModel's `X-Amzn-Bedrock-Service-Tier` header (read by admission's body reader and the
-//! pipeline); a route's `allowed_tiers` names them too.
+//! Bedrock's service tiers, as a request names them: Converse's body `serviceTier.type`, the
+//! OpenAI and Anthropic APIs' `service_tier`, or InvokeModel's `X-Amzn-Bedrock-Service-Tier`
+//! header (read by admission's body reader and the pipeline); a route's `allowed_tiers` and
+//! forced `service_tier` name them too.
 //!
 //! `priority`, `default` and `flex` draw on the on-demand quota; `reserved` on reserved capacity
 //! (a pool with `tier = "reserved"`), overflowing to the on-demand pool when the reserved one

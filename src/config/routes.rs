@@ -30,6 +30,7 @@ pub struct RawRoute {
     pub budgets: Option<RawBudgets>,
     pub max_concurrency: Option<u32>,
     pub allowed_tiers: Option<Vec<ServiceTier>>,
+    pub service_tier: Option<ServiceTier>,
 }
 
 /// `routes[].budgets`: tokens the route may use per hour, day and 30 days, across pools.
@@ -124,6 +125,9 @@ pub struct RouteConfig {
     pub max_concurrency: Option<u32>,
     /// The service tiers it may ask for; `None`: any.
     pub allowed_tiers: Option<Vec<ServiceTier>>,
+    /// The service tier every call of the route runs in, whatever it asks for: written into the
+    /// forwarded request (Converse's `serviceTier`, InvokeModel's header); `None`: the call's own.
+    pub service_tier: Option<ServiceTier>,
     /// Whether its requests may run in the pools of their home pool's `spill_to` chain.
     pub spill: bool,
     /// The Regions its requests may run in (data residency); `None`: any.
@@ -149,6 +153,7 @@ impl RouteConfig {
             budgets: RouteBudgets::default(),
             max_concurrency: None,
             allowed_tiers: None,
+            service_tier: None,
             // Without [[routes]], the pools' own spill_to chains are the only opt-in.
             spill: true,
             regions: None,
@@ -271,15 +276,7 @@ fn validate_route(
     }
     let shares = shares(&raw.shares, pools, &key)?;
     let budgets = budgets(raw.budgets.as_ref(), &key)?;
-    let allowed_tiers = match raw.allowed_tiers {
-        Some(tiers) if tiers.is_empty() => {
-            return Err(invalid(
-                key("allowed_tiers"),
-                "is empty: list the tiers the route may use (priority, default, flex, reserved), or remove the key",
-            ));
-        }
-        tiers => tiers,
-    };
+    let allowed_tiers = tiers(raw.allowed_tiers, raw.service_tier, &key)?;
     if raw.max_concurrency == Some(0) {
         return Err(invalid(
             key("max_concurrency"),
@@ -306,9 +303,39 @@ fn validate_route(
         budgets,
         max_concurrency: raw.max_concurrency,
         allowed_tiers,
+        service_tier: raw.service_tier,
         spill: raw.spill.unwrap_or(false),
         regions: raw.regions,
     })
+}
+
+/// `allowed_tiers` (not empty when set), and the forced `service_tier` among them.
+fn tiers(
+    allowed: Option<Vec<ServiceTier>>,
+    forced: Option<ServiceTier>,
+    key: &impl Fn(&str) -> String,
+) -> Result<Option<Vec<ServiceTier>>, ConfigError> {
+    let allowed_tiers = match allowed {
+        Some(tiers) if tiers.is_empty() => {
+            return Err(invalid(
+                key("allowed_tiers"),
+                "is empty: list the tiers the route may use (priority, default, flex, reserved), or remove the key",
+            ));
+        }
+        tiers => tiers,
+    };
+    if let (Some(forced), Some(allowed)) = (forced, &allowed_tiers)
+        && !allowed.contains(&forced)
+    {
+        return Err(invalid(
+            key("service_tier"),
+            format!(
+                "is {:?}, which the route's allowed_tiers leave out: add it there or choose one of them",
+                forced.label()
+            ),
+        ));
+    }
+    Ok(allowed_tiers)
 }
 
 /// `budgets`: each window positive and within the ledgers' exact range, at least one set, and a

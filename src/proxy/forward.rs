@@ -47,6 +47,10 @@ pub struct Outgoing<'a> {
     pub upstream: &'a Upstream,
 }
 
+/// InvokeModel's service tier (Converse names it in the body).
+pub(super) const SERVICE_TIER: header::HeaderName =
+    header::HeaderName::from_static("x-amzn-bedrock-service-tier");
+
 /// Forwards `request`; an `admitted` request takes `obs` along, to be written at settlement.
 pub async fn forward(
     state: &AppState,
@@ -59,9 +63,14 @@ pub async fn forward(
     let mut body = request.body;
     let mut spilled_path = None;
     let mut strip_usage_chunk = false;
+    let mut headers = request.headers;
     let in_flight = admitted.map(|admitted| {
         if let Some(rewritten) = admitted.body {
             body = rewritten;
+        }
+        if let Some(tier) = admitted.service_tier_header {
+            // The route's forced tier, in place of the caller's.
+            headers.insert(SERVICE_TIER, HeaderValue::from_static(tier.label()));
         }
         strip_usage_chunk = admitted.strip_usage_chunk;
         if admitted.spilled_from.is_some() {
@@ -82,7 +91,7 @@ pub async fn forward(
             &request.region,
             parts.method.clone(),
             path_and_query,
-            &request.headers,
+            &headers,
             body,
         )
         .await;

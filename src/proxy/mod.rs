@@ -216,7 +216,7 @@ async fn proxy(
 /// InvokeModel's service tier header, if sent.
 fn service_tier(headers: &http::HeaderMap) -> Option<&str> {
     headers
-        .get("x-amzn-bedrock-service-tier")
+        .get(forward::SERVICE_TIER)
         .and_then(|v| v.to_str().ok())
 }
 

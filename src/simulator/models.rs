@@ -4,9 +4,11 @@
 //!
 //! | model (base id contains) | max output | burndown |
 //! |---|---|---|
-//! | `claude-opus-4-5`, `-4-6`, `-4-7` (newest Opus) | 128000 | 5 |
+//! | `claude-sonnet-5`, `claude-opus-5` | 128000 | 10 |
+//! | `claude-opus-4-6`, `-4-7`, `-4-8`, `claude-sonnet-4-6` | 128000 | 5 |
+//! | `claude-opus-4-5` | 64000 | 5 |
 //! | `claude-opus-4`, `claude-opus-4-1` | 32000 | 5 |
-//! | `claude-sonnet-4*`, `claude-3-7-sonnet` | 64000 | 5 |
+//! | `claude-sonnet-4*` (but 4.6), `claude-3-7-sonnet` | 64000 | 5 |
 //! | `claude-haiku-4-5` | 64000 | 5 |
 //! | `claude-3-5-haiku`, `claude-3-5-sonnet` | 8192 | 1 |
 //! | `claude-3-haiku`, other Claude 3 | 4096 | 1 |
@@ -16,16 +18,24 @@
 //! | anything else | 4096 | 1 |
 //!
 //! Burndown is 5 for Claude 3.7 Sonnet and the Claude 4 family, 1 for everything else
-//! (AWS, "How tokens are counted in Amazon Bedrock").
+//! (AWS, "How tokens are counted in Amazon Bedrock"); 10 for Claude 5 (uncertain: one guide says so).
+//! Maximum outputs as `../shared/BEDROCK-APIS.md` lists them (Anthropic's model pages).
 
 /// The maximum output tokens of a model (the reservation when `maxTokens` is absent).
 pub fn max_output_tokens(base_model: &str) -> u64 {
     let m = base_model;
-    if m.contains("claude-opus-4-5")
-        || m.contains("claude-opus-4-6")
-        || m.contains("claude-opus-4-7")
-    {
+    let newest = [
+        "claude-opus-4-6",
+        "claude-opus-4-7",
+        "claude-opus-4-8",
+        "claude-sonnet-4-6",
+        "claude-sonnet-5",
+        "claude-opus-5",
+    ];
+    if newest.iter().any(|n| m.contains(n)) {
         128_000
+    } else if m.contains("claude-opus-4-5") {
+        64_000
     } else if m.contains("claude-opus-4") {
         32_000
     } else if m.contains("claude-sonnet-4")
@@ -48,7 +58,9 @@ pub fn max_output_tokens(base_model: &str) -> u64 {
 pub fn burndown(base_model: &str) -> u64 {
     let m = base_model;
     let claude4 = ["claude-sonnet-4", "claude-haiku-4", "claude-opus-4"];
-    if m.contains("claude-3-7-sonnet") || claude4.iter().any(|c| m.contains(c)) {
+    if m.contains("claude-sonnet-5") || m.contains("claude-opus-5") {
+        10
+    } else if m.contains("claude-3-7-sonnet") || claude4.iter().any(|c| m.contains(c)) {
         5
     } else {
         1
@@ -132,6 +144,12 @@ mod tests {
             32_000
         );
         assert_eq!(max_output_tokens("anthropic.claude-opus-4-6-v1"), 128_000);
+        assert_eq!(max_output_tokens("anthropic.claude-sonnet-4-6"), 128_000);
+        assert_eq!(
+            max_output_tokens("anthropic.claude-opus-4-5-20251101-v1:0"),
+            64_000
+        );
+        assert_eq!(burndown("anthropic.claude-opus-5-v1"), 10);
         assert_eq!(
             max_output_tokens("anthropic.claude-3-haiku-20240307-v1:0"),
             4_096

@@ -105,7 +105,15 @@ fn every_dashboard_query_uses_exported_metrics() {
     let mut exprs = Vec::new();
     strings_under(&dashboard["panels"], "expr", &mut exprs);
     let mut panels = 0;
+    let mut ids = BTreeSet::new();
     for panel in dashboard["panels"].as_array().expect("panels") {
+        // Grafana keys a panel's state (links, repeats, edits) by its id.
+        let id = panel["id"].as_u64().expect("every panel has an id");
+        assert!(
+            ids.insert(id),
+            "two panels have id {id}: {}",
+            panel["title"]
+        );
         if panel["type"] == "row" {
             continue;
         }

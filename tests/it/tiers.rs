@@ -151,3 +151,101 @@ async fn a_routes_allowed_tiers_refuse_the_others_saying_which_to_send() {
     assert_eq!(admitted(&stack).await, (0, 2));
     stack.assert_ledger_zero().await;
 }
+
+/// Calls upstream served in `tier`, as the simulator counted them.
+fn served_in(stack: &Stack, tier: &str) -> u64 {
+    let stats = stack.sim.simulator.stats();
+    stats.tiers.get(tier).map_or(0, |t| t.completed)
+}
+
+#[tokio::test]
+async fn a_route_that_forces_a_tier_runs_every_call_in_it() {
+    // The batch route runs in reserved capacity whatever its calls ask for (one of them asks for
+    // priority); the interactive route's calls keep their own.
+    let routes = "[auth]\nmode = \"bearer\"\nallow_plaintext_bearer = true\n\
+                  [[routes]]\nname = \"batch\"\nbearer_token_sha256 = \"2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b\"\n\
+                  service_tier = \"reserved\"\n\
+                  [[routes]]\nname = \"interactive\"\nbearer_token_sha256 = \"5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\"\n";
+    let stack = Stack::start(SIM, &pools(), routes).await;
+    let (addr, path) = (stack.proxy.addr, model_path(SONNET_US, "converse"));
+    let call = |key: &'static str,
+                body: String,
+                path: String,
+                extra: Vec<(&'static str, &'static str)>| async move {
+        let auth = format!("Bearer {key}");
+        let mut headers = vec![("authorization", auth.as_str())];
+        headers.extend(extra);
+        raw_request_with(addr, "POST", &path, body, false, &headers).await
+    };
+    // "secret" and "password" are the keys whose SHA-256 the routes hold.
+    for tier in [None, Some("priority")] {
+        let r = call(
+            "secret",
+            tiered("[sim:output=5] hi", tier, 100),
+            path.clone(),
+            vec![],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{tier:?}: {}", r.message());
+    }
+    assert_eq!(
+        admitted(&stack).await,
+        (2, 0),
+        "charged to reserved capacity"
+    );
+    assert_eq!(served_in(&stack, "reserved"), 2, "and sent as reserved");
+    // InvokeModel: the header is written (or replaced).
+    let invoke = r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":100,"messages":[{"role":"user","content":"[sim:output=5] hi"}]}"#;
+    let invoke_path = model_path(SONNET_US, "invoke");
+    let r = call(
+        "secret",
+        invoke.to_string(),
+        invoke_path.clone(),
+        vec![("x-amzn-bedrock-service-tier", "flex")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.message());
+    assert_eq!(admitted(&stack).await, (3, 0));
+    assert_eq!(served_in(&stack, "reserved"), 3);
+    // Anthropic Messages names it in the body's service_tier (its "auto" replaced).
+    let messages = serde_json::json!({"model": SONNET_US, "max_tokens": 100, "service_tier": "auto",
+        "messages": [{"role": "user", "content": "[sim:output=5] hi"}]});
+    let r = call(
+        "secret",
+        messages.to_string(),
+        "/anthropic/v1/messages".into(),
+        vec![],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.message());
+    assert_eq!(admitted(&stack).await, (4, 0));
+    assert_eq!(served_in(&stack, "reserved"), 4);
+    // The other route's calls run in what they ask for.
+    let r = call(
+        "password",
+        tiered("[sim:output=5] hi", Some("flex"), 100),
+        path.clone(),
+        vec![],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.message());
+    assert_eq!(admitted(&stack).await, (4, 1));
+    assert_eq!(
+        (served_in(&stack, "reserved"), served_in(&stack, "flex")),
+        (4, 1)
+    );
+    stack.assert_ledger_zero().await;
+}
+
+#[test]
+fn a_forced_tier_outside_the_routes_allowed_tiers_is_a_config_error() {
+    let text = "[server]\nlisten = \"127.0.0.1:0\"\n[upstream]\nregion = \"us-east-1\"\nendpoint = \"simulated\"\n\
+                [[routes]]\nname = \"batch\"\nallowed_tiers = [\"flex\"]\nservice_tier = \"priority\"\n";
+    let e = tokengate::config::Config::parse(text)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        e.contains("routes[0] (batch).service_tier") && e.contains("allowed_tiers"),
+        "{e}"
+    );
+}
