@@ -246,11 +246,7 @@ impl Gateway {
             &metrics,
             &self.state.telemetry,
         );
-        for pool in policy.admission.pools() {
-            if let Some(previous) = old.admission.pools().iter().find(|p| p.name == pool.name) {
-                pool.inherit(previous);
-            }
-        }
+        policy.admission.inherit(&old.admission);
         crate::copies::follow(&policy.admission, &self.state.sagemaker, &self.refreshers);
         self.state.policy.store(Arc::new(policy));
         let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());

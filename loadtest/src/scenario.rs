@@ -434,9 +434,14 @@ mod tests {
                 with_routes += 1;
                 check_routes(&s, &config);
             }
+            if s.name.ends_with("-adaptive") {
+                let route = &config.policy.routes[0];
+                assert!(route.adaptive_max_tokens.is_some(), "{}", path.display());
+            }
         }
         assert_eq!(spilling, 2);
-        assert_eq!(with_routes, 1);
+        // 10-two-teams-routes, and the adaptive maxTokens scenarios 11 and 13.
+        assert_eq!(with_routes, 3);
     }
 
     /// A scenario with `[[routes]]`: the proxy checks SigV4, every team is a route of its own

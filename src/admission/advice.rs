@@ -292,12 +292,20 @@ impl Slot {
 
 /// p99 output x [`SUGGESTION_MARGIN`], rounded up to [`SUGGESTION_STEP`]; never below the p99.
 fn suggest(p99_output: u64) -> u64 {
-    let with_margin = (p99_output as f64 * SUGGESTION_MARGIN).ceil() as u64;
-    with_margin
+    with_margin(p99_output, SUGGESTION_MARGIN)
+}
+
+/// `tokens` x `margin`, rounded up to a multiple of [`SUGGESTION_STEP`]; never below `tokens`
+/// (saturating: a product past `u64::MAX` is `u64::MAX`). Also the adaptive cap's rounding
+/// ([`super::adaptive`]).
+pub fn with_margin(tokens: u64, margin: f64) -> u64 {
+    // `as` saturates a float too large for u64.
+    let scaled = (tokens as f64 * margin).ceil() as u64;
+    scaled
         .max(1)
         .div_ceil(SUGGESTION_STEP)
         .saturating_mul(SUGGESTION_STEP)
-        .max(p99_output)
+        .max(tokens)
 }
 
 #[cfg(test)]

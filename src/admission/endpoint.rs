@@ -265,6 +265,7 @@ impl Admission {
             strip_usage_chunk: false,
             service_tier_header: None,
             count_tokens_failed: None,
+            adaptive: None,
         };
         self.take(pool, prepared, facts, (shadow, None)).await
     }

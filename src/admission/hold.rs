@@ -15,7 +15,9 @@
 //! The guard settles on `Drop` by the `abandoned` rule, so no path can leak a reservation or a
 //! concurrency permit. Each `settle_*` returns what it settled ([`Settled`]) for the pipeline to
 //! observe; the guard itself only settles: it updates the ledger and what its pool learns
-//! (calibration, typical duration, maxTokens advice, the load it carries), nothing else.
+//! (calibration, typical duration, maxTokens advice, the load it carries) and, for a route with
+//! adaptive maxTokens, what that route learns of the model's outputs ([`super::adaptive`]),
+//! nothing else.
 
 use std::{sync::Arc, time::Duration};
 
@@ -23,7 +25,8 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 
 use super::{
-    advice::SlotIndex, budgets::TakenBudgets, pools::Pool, queue::AdmissionQueue, routes::RouteSlot,
+    adaptive::Ticket, advice::SlotIndex, budgets::TakenBudgets, pools::Pool, queue::AdmissionQueue,
+    routes::RouteSlot,
 };
 use crate::{
     bedrock::Usage,
@@ -114,6 +117,11 @@ pub struct Hold {
     /// Budgets taken before the reservation, settled with it (boxed: most requests have none,
     /// and every `Decision` carries a `Hold`'s size).
     budgets: Option<Box<TakenBudgets>>,
+    /// Its route's adaptive maxTokens learner for its model, told the output at settlement
+    /// (boxed: most requests have none, and every `Decision` carries a `Hold`'s size).
+    adaptive: Option<Box<Ticket>>,
+    /// Its stop reason said the output hit its cap ([`Hold::note_truncated`]).
+    stopped_at_cap: bool,
 }
 
 impl Hold {
@@ -140,6 +148,8 @@ impl Hold {
             route,
             excess_claimed: 0,
             budgets: None,
+            adaptive: None,
+            stopped_at_cap: false,
         }
     }
 
@@ -149,8 +159,21 @@ impl Hold {
         self
     }
 
-    /// The call stopped at its output cap: counted beside its pool's maxTokens advice.
-    pub fn note_truncated(&self) {
+    /// Reports the output to `ticket`'s learner when the request settles with usage.
+    pub(crate) fn with_adaptive(mut self, ticket: Option<Ticket>) -> Hold {
+        self.adaptive = ticket.map(Box::new);
+        self
+    }
+
+    /// The adaptive maxTokens cap the proxy wrote into the forwarded body, if it capped it.
+    pub fn adaptive_cap(&self) -> Option<u64> {
+        self.adaptive.as_ref().and_then(|t| t.cap)
+    }
+
+    /// The call stopped at its output cap (its stop reason said so): counted beside its pool's
+    /// maxTokens advice, and told to its adaptive maxTokens learner at settlement.
+    pub fn note_truncated(&mut self) {
+        self.stopped_at_cap = true;
         self.pool.advice.truncated(self.advice_slot);
     }
 
@@ -217,6 +240,12 @@ impl Hold {
             self.estimate.max_tokens,
             usage.output_tokens,
         );
+        if let Some(ticket) = &self.adaptive {
+            // A capped call is a proxy-caused truncation when its stop reason said so (noted
+            // before the usage settles it), or, where no stop reason is read (InvokeModel
+            // streams), when its output reached the cap.
+            ticket.settled(usage.output_tokens, self.stopped_at_cap);
+        }
         self.finish(charge, SettlementRule::Usage, elapsed, Some(*usage))
     }
 

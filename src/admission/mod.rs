@@ -18,7 +18,9 @@
 //! that settles it ([`hold`] has the rules); a refusal says why and, when retrying can help, when
 //! to come back ([`hint`]). Nothing here speaks HTTP, writes a metric or a log line: the pipeline
 //! answers ([`crate::answer`]) and records ([`crate::observe`]) what was decided.
+//! (Over 500 lines: the decision's steps and `GET /v1/pools`' pool view share these types.)
 
+pub mod adaptive;
 pub mod advice;
 mod allow;
 pub mod body;
@@ -123,7 +125,7 @@ impl Admission {
     ) -> Admission {
         Admission {
             table: PoolTable::new(pools, routes, &config),
-            routes: RouteTable::new(routes),
+            routes: RouteTable::new(routes, pools),
             ledger,
             account_budget: config
                 .account_tokens_per_day
@@ -416,11 +418,29 @@ impl Admission {
                 learned: pool.learned_view(),
                 queue: pool.queue.view(),
                 max_tokens_advice: pool.advice.view(),
+                adaptive_max_tokens: adaptive::views(self.routes.routes(), &pool.config.models),
                 routes: pool.shares.views(),
                 endpoint: pool.endpoint_view(),
             });
         }
         out
+    }
+
+    /// Takes over what `previous` (the policy before a reload) learned: each pool's history
+    /// ([`Pool::inherit`]) and each route's adaptive maxTokens, by name.
+    pub fn inherit(&self, previous: &Admission) {
+        for pool in self.pools() {
+            if let Some(old) = previous.pools().iter().find(|p| p.name == pool.name) {
+                pool.inherit(old);
+            }
+        }
+        for route in self.routes.routes() {
+            let old = previous.routes.get(&route.name);
+            if let (Some(new), Some(old)) = (&route.adaptive, old.and_then(|r| r.adaptive.as_ref()))
+            {
+                new.inherit(old);
+            }
+        }
     }
 
     /// Answers every queued request at once (shutdown).
@@ -464,8 +484,9 @@ fn problem(operation: Operation, e: &body::BodyError) -> Problem {
     }
 }
 
-/// The route's ceiling applied, and the body to forward: rewritten for the ceiling, or to ask
-/// for a streamed Chat Completions usage the caller did not ask for ([`rewrite`]).
+/// The route's ceiling and its learned cap applied ([`adaptive`]), and the body to forward:
+/// rewritten for either, or to ask for a streamed Chat Completions usage the caller did not ask
+/// for ([`rewrite`]).
 fn prepare<'p>(
     route: &Route,
     pool: &PoolConfig,
@@ -488,6 +509,14 @@ fn prepare<'p>(
         max_tokens: requested,
     };
     let cap = output_cap::apply(route, pool, &asked, &mut estimate)?;
+    let learned = (model, configured_model);
+    let adaptive = adaptive::apply(
+        route,
+        facts.operation,
+        learned,
+        requested.is_some(),
+        &mut estimate,
+    );
     let ask_usage = facts.operation == Operation::OpenAIChatCompletions
         && api.is_some_and(|api| api.stream && api.include_usage != Some(true));
     // A route's forced tier: Converse and the OpenAI and Anthropic APIs name it in the body,
@@ -499,7 +528,8 @@ fn prepare<'p>(
         Operation::InvokeModel | Operation::InvokeModelWithResponseStream
     );
     let edits = rewrite::Edits {
-        ceiling: cap.write,
+        // The learned cap is below the ceiling or injected default when there is one.
+        ceiling: adaptive.as_ref().and_then(|t| t.cap).or(cap.write),
         ask_usage,
         tier: forced_tier.filter(|_| tier_in_body),
     };
@@ -512,6 +542,7 @@ fn prepare<'p>(
         strip_usage_chunk: ask_usage,
         service_tier_header: forced_tier.filter(|_| tier_in_header),
         count_tokens_failed: count_failed,
+        adaptive,
     })
 }
 
@@ -569,6 +600,9 @@ pub struct PoolView {
     pub queue: queue::QueueView,
     /// Output lengths against the maxTokens reserved, per model seen ([`advice`]).
     pub max_tokens_advice: Vec<advice::MaxTokensAdvice>,
+    /// What each route with `adaptive_max_tokens` learned for this pool's models: samples, the
+    /// cap in force, capped calls, proxy-caused truncations and raises ([`adaptive`]).
+    pub adaptive_max_tokens: Vec<adaptive::LearnerView>,
     /// Each route's share of this pool and what it used, in slot order.
     pub routes: Vec<routes::RouteView>,
     /// An endpoint pool's copies and scaling signal; absent for a Bedrock pool.

@@ -34,6 +34,8 @@ pub(super) struct Prepared<'a> {
     pub service_tier_header: Option<ServiceTier>,
     /// Why exact input counting failed, if it did.
     pub count_tokens_failed: Option<String>,
+    /// The route's adaptive maxTokens learner for this model, and the cap written if any.
+    pub adaptive: Option<super::adaptive::Ticket>,
 }
 
 /// A reservation taken, the pool it was taken in, and how long the request waited in the queue
@@ -238,6 +240,7 @@ impl Admission {
             strip_usage_chunk,
             service_tier_header,
             count_tokens_failed,
+            adaptive,
         } = prepared;
         // Reserved capacity for the call's own model (a `reserved` tier call) is no spill.
         let spilled =
@@ -269,7 +272,8 @@ impl Admission {
             advice_slot,
             route,
         )
-        .with_budgets(budgets);
+        .with_budgets(budgets)
+        .with_adaptive(adaptive);
         Admitted {
             hold,
             spilled_from,

@@ -3,7 +3,8 @@
 //!
 //! Three edits, each for what upstream reads (and a third, [`with_model`], once a call of the
 //! OpenAI or Anthropic APIs spills to another pool: its `model`):
-//! - the route's `max_tokens_ceiling` ([`super::ceiling`]), written into the field the operation
+//! - the route's `max_tokens_ceiling` ([`super::ceiling`]) or, below it, the cap the route's
+//!   `adaptive_max_tokens` learned ([`super::adaptive`]), written into the field the operation
 //!   reads ([`crate::bedrock::max_tokens::clamp_max_tokens`]);
 //! - a streamed Chat Completions call that did not ask for its usage
 //!   (`stream_options.include_usage` absent or false) gets `include_usage: true`, so the stream
@@ -23,7 +24,7 @@ use crate::bedrock::{ModelRef, Operation, max_tokens::clamp_max_tokens, tier::Se
 /// What the forwarded body must say.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Edits {
-    /// Write this `maxTokens` ceiling.
+    /// Write this `maxTokens` ceiling (the route's, or its learned cap).
     pub ceiling: Option<u64>,
     /// Set `stream_options.include_usage` to true.
     pub ask_usage: bool,

@@ -23,6 +23,8 @@ pub struct Route {
     pub budget: Option<Arc<super::budgets::Budget>>,
     /// The ledger "pool" its `max_concurrency` is counted in (`route:NAME`, its own keys).
     pub concurrency_key: Arc<str>,
+    /// What its `adaptive_max_tokens` learned, per model; `None` when it does not opt in.
+    pub adaptive: Option<super::adaptive::RouteLearners>,
 }
 
 impl Route {
@@ -43,7 +45,8 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
-    pub fn new(routes: &[RouteConfig]) -> RouteTable {
+    /// The routes, with their adaptive maxTokens learners over `pools`' models.
+    pub fn new(routes: &[RouteConfig], pools: &[PoolConfig]) -> RouteTable {
         let routes: Vec<Arc<Route>> = routes
             .iter()
             .map(|r| {
@@ -53,6 +56,7 @@ impl RouteTable {
                     budget: super::budgets::Budget::route(&r.name, r.budgets.windows())
                         .map(Arc::new),
                     concurrency_key: Arc::from(format!("route:{}", r.name)),
+                    adaptive: super::adaptive::RouteLearners::new(r, pools),
                 })
             })
             .collect();

@@ -12,6 +12,7 @@
 //! Keys that take one of a few words are serde enums: a wrong word is refused by the parser, with
 //! the line, the key and the words it accepts.
 
+pub mod adaptive;
 pub mod admission;
 pub mod auth;
 pub mod endpoints;
@@ -28,6 +29,7 @@ pub mod upstream;
 
 use std::path::Path;
 
+pub use adaptive::AdaptiveMaxTokens;
 pub use admission::{AdmissionConfig, UnknownModels};
 pub use auth::{AuthConfig, AuthMode, Secret};
 pub use endpoints::EndpointConfig;

@@ -20,6 +20,7 @@ pub struct RawRoute {
     pub models: Option<Vec<String>>,
     pub max_tokens_ceiling: Option<u64>,
     pub max_tokens_policy: Option<MaxTokensPolicy>,
+    pub adaptive_max_tokens: Option<super::adaptive::RawAdaptive>,
     pub shadow: Option<bool>,
     pub recovery_budget: Option<f64>,
     pub spill: Option<bool>,
@@ -108,6 +109,9 @@ pub struct RouteConfig {
     pub models: Option<Vec<String>>,
     pub max_tokens_ceiling: Option<u64>,
     pub max_tokens_policy: MaxTokensPolicy,
+    /// The output cap learned from the route's outputs ([`crate::admission::adaptive`]);
+    /// `None`: the caller's own `maxTokens` (within the ceiling) is forwarded.
+    pub adaptive_max_tokens: Option<super::AdaptiveMaxTokens>,
     /// Decide and count, but forward everything.
     pub shadow: bool,
     /// Fraction of a pool's tokens per minute this route's retries may take from the pool's
@@ -142,6 +146,7 @@ impl RouteConfig {
             models: None,
             max_tokens_ceiling: None,
             max_tokens_policy: MaxTokensPolicy::Clamp,
+            adaptive_max_tokens: None,
             shadow: false,
             recovery_budget: None,
             shares: BTreeMap::new(),
@@ -278,6 +283,7 @@ fn validate_route(
             "must be greater than zero (remove the key for no limit)",
         ));
     }
+    let adaptive_max_tokens = super::adaptive::validate(raw.adaptive_max_tokens, pools, &key)?;
     for region in raw.regions.iter().flatten() {
         super::upstream::region(&key("regions"), region.clone())?;
     }
@@ -290,6 +296,7 @@ fn validate_route(
         models: raw.models,
         max_tokens_ceiling: raw.max_tokens_ceiling,
         max_tokens_policy: raw.max_tokens_policy.unwrap_or(MaxTokensPolicy::Clamp),
+        adaptive_max_tokens,
         shadow: raw.shadow.unwrap_or(false),
         recovery_budget: raw.recovery_budget,
         shares,

@@ -76,6 +76,11 @@ pub struct Metrics {
     pub requested_max_tokens_p99: IntGaugeVec,
     pub suggested_max_tokens: IntGaugeVec,
     pub max_tokens_unused_ratio: GaugeVec,
+    // === Adaptive maxTokens (see `admission::adaptive`), per pool, route and model ===
+    pub adaptive_max_tokens: IntGaugeVec,
+    pub adaptive_capped_calls: IntGaugeVec,
+    pub adaptive_proxy_truncations: IntGaugeVec,
+    pub adaptive_raises: IntGaugeVec,
     // === Routes and callers (see `admission::routes`, `auth`) ===
     /// Requests by pool, route and outcome: admitted, rejected, not_allowed, invalid, shadow_rejected.
     pub route_requests: IntCounterVec,
@@ -204,6 +209,10 @@ impl Metrics {
             requested_max_tokens_p99: r.int_gauge("tokengate_requested_max_tokens_p99", "p99 maxTokens reserved per request since start, by pool and configured model (maxTokens advice).", &["pool", "model"])?,
             suggested_max_tokens: r.int_gauge("tokengate_suggested_max_tokens", "Suggested maxTokens: p99 output x 1.2 rounded up to 64, once 20 requests were seen (maxTokens advice).", &["pool", "model"])?,
             max_tokens_unused_ratio: r.gauge("tokengate_max_tokens_unused_ratio", "Share of reserved maxTokens that output did not use since start: 1 - sum(output) / sum(maxTokens).", &["pool", "model"])?,
+            adaptive_max_tokens: r.int_gauge("tokengate_adaptive_max_tokens", "The output cap a route's adaptive_max_tokens learned for a model and writes into forwarded requests (0 until min_samples).", &["pool", "route", "model"])?,
+            adaptive_capped_calls: r.int_gauge("tokengate_adaptive_capped_calls", "Calls settled with usage whose maxTokens the learned cap lowered, since start.", &["pool", "route", "model"])?,
+            adaptive_proxy_truncations: r.int_gauge("tokengate_adaptive_proxy_truncations", "Capped calls that stopped at the learned cap (truncations the proxy caused), since start.", &["pool", "route", "model"])?,
+            adaptive_raises: r.int_gauge("tokengate_adaptive_raises", "Times the truncation guard raised the learned cap, since start.", &["pool", "route", "model"])?,
             route_requests: r.counter("tokengate_route_requests_total", "Requests by pool, route and outcome: admitted, rejected, not_allowed, invalid, shadow_rejected.", &["pool", "route", "outcome"])?,
             route_reserved_tokens: r.int_gauge("tokengate_route_reserved_tokens", "Tokens reserved by the route's requests in flight.", &["pool", "route"])?,
             route_charged_tokens: r.counter("tokengate_route_charged_tokens_total", "Quota tokens charged to the route at settlement.", &["pool", "route"])?,

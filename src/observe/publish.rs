@@ -1,5 +1,5 @@
 //! What `/metrics` copies from live state at each scrape: gauges of what pools, queues, routes
-//! and the ledger hold now, the maxTokens advice, and counts kept by their owners (queue
+//! and the ledger hold now, the maxTokens advice, what adaptive maxTokens learned, and counts kept by their owners (queue
 //! cancellations, reservations dropped unsettled). Computing them here, when read, keeps the
 //! request path free of it.
 
@@ -67,6 +67,23 @@ impl Observer {
                 published.publish(counter, endpoint.refresh_errors);
             }
             self.publish_advice(&pool.name, view);
+            self.publish_adaptive(&pool.name, view);
+        }
+    }
+
+    /// What each route's adaptive maxTokens learned, as `{pool,route,model}` gauges.
+    fn publish_adaptive(&self, pool: &str, view: &PoolView) {
+        let m = &self.metrics;
+        for a in &view.adaptive_max_tokens {
+            let labels = [pool, a.route.as_str(), a.model.as_str()];
+            let gauge = |g: &prometheus::IntGaugeVec, v: u64| {
+                g.with_label_values(&labels)
+                    .set(i64::try_from(v).unwrap_or(i64::MAX));
+            };
+            gauge(&m.adaptive_max_tokens, a.cap.unwrap_or(0));
+            gauge(&m.adaptive_capped_calls, a.guard.capped_calls);
+            gauge(&m.adaptive_proxy_truncations, a.guard.proxy_truncations);
+            gauge(&m.adaptive_raises, u64::from(a.guard.raises));
         }
     }
 

@@ -167,9 +167,12 @@ fn now() -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_panel_and_alert_evaluates_on_a_real_prometheus() {
-    // A daily quota and budgets, for the panels of what is left of them.
+    // A daily quota and budgets, for the panels of what is left of them; the implicit route's
+    // settings declared with an adaptive maxTokens too (that never has its samples, so nothing
+    // here is capped), so that its panels have series to show.
     let budgets = "[admission]\naccount_tokens_per_day = 1000000000\n\
-                   [[routes]]\nname = \"default\"\nspill = true\nbudgets = { tokens_per_day = 1000000000 }\n";
+                   [[routes]]\nname = \"default\"\nspill = true\nbudgets = { tokens_per_day = 1000000000 }\n\
+                   adaptive_max_tokens = { min_samples = 1000000 }\n";
     let stack = Stack::start(SIM, &pools(), budgets).await;
     let addr = stack.proxy.addr;
     let rules = std::path::Path::new(ROOT).join("config/prometheus/alerts.yml");

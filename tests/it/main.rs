@@ -29,6 +29,7 @@
 mod common;
 
 mod access_log;
+mod adaptive;
 mod admin;
 mod admission;
 mod apis;

@@ -56,12 +56,12 @@ impl Sums {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
-    let stack = Stack::start(
-        SIM,
-        &pools(),
-        "[admission]\naccount_tokens_per_day = 1000000000\n",
-    )
-    .await;
+    // The implicit route's settings, declared to add an adaptive maxTokens that never has its
+    // samples: its gauges are in the scrape, and nothing is capped.
+    let extra = "[admission]\naccount_tokens_per_day = 1000000000\n\
+                 [[routes]]\nname = \"default\"\nspill = true\n\
+                 adaptive_max_tokens = { min_samples = 1000000 }\n";
+    let stack = Stack::start(SIM, &pools(), extra).await;
     let addr = stack.proxy.addr;
     let mut sonnet = Sums::default();
     let mut requested = 0;
@@ -433,6 +433,13 @@ async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
     m.expect("tokengate_suggested_max_tokens", &[s, model], 128.0);
     let unused = 1.0 - n(sonnet.output) / n(requested);
     assert!((m.get("tokengate_max_tokens_unused_ratio", &[s, model]) - unused).abs() < 1e-9);
+
+    // Adaptive maxTokens before its samples: nothing capped, no cap.
+    let learner = [s, ("route", "default"), model];
+    m.expect("tokengate_adaptive_max_tokens", &learner, 0.0);
+    m.expect("tokengate_adaptive_capped_calls", &learner, 0.0);
+    m.expect("tokengate_adaptive_proxy_truncations", &learner, 0.0);
+    m.expect("tokengate_adaptive_raises", &learner, 0.0);
 
     // What is left of haiku's day and of the account's: every admitted call's charge is gone.
     let day = m.get("tokengate_daily_tokens_available", &[h]);
