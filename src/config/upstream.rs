@@ -186,7 +186,9 @@ pub fn notes(upstream: &UpstreamConfig, pools: &[PoolConfig]) -> Vec<String> {
         .collect()
 }
 
-/// `url` with any userinfo (`user:password@`) replaced by `***`, for messages and logs.
+/// `url` with any userinfo (`user:password@`) replaced by `***@`, for messages and logs. Errs on
+/// the side of hiding: everything from the scheme to the last `@` goes (a password may itself
+/// hold `/`, `?` or `#`).
 pub fn redact_userinfo(url: &str) -> std::borrow::Cow<'_, str> {
     let after_scheme = url.find("://").map_or(0, |i| i + 3);
     match url[after_scheme..].rfind('@') {

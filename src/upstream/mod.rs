@@ -84,21 +84,8 @@ impl UpstreamError {
     }
 }
 
-/// `url` with any userinfo (`user:password@`) replaced by `***@`, for messages and logs. Errs on
-/// the side of hiding: everything from the scheme to the last `@` goes (a password may itself
-/// hold `/`, `?` or `#`).
-pub fn redact_userinfo(url: &str) -> std::borrow::Cow<'_, str> {
-    let after_scheme = url.find("://").map_or(0, |i| i + 3);
-    match url[after_scheme..].rfind('@') {
-        Some(at) => format!(
-            "{}***@{}",
-            &url[..after_scheme],
-            &url[after_scheme + at + 1..]
-        )
-        .into(),
-        None => url.into(),
-    }
-}
+/// The one redaction of a URL's userinfo, shared with the config's messages.
+pub use crate::config::upstream::redact_userinfo;
 
 /// The pooled, signing client for one upstream.
 #[derive(Debug)]

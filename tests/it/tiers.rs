@@ -11,6 +11,9 @@ use crate::common::*;
 const SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_tokens_per_minute = 10000000\n\
                    [[quotas]]\nmodel = \"us.anthropic.claude-sonnet-4-20250514-v1:0\"\nreserved_tokens_per_minute = 5000\n";
 
+/// An InvokeModel body for Claude: the tier goes in a header.
+const INVOKE: &str = r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":100,"messages":[{"role":"user","content":"[sim:output=5] hi"}]}"#;
+
 fn pools() -> String {
     format!(
         "{}max_wait_ms = 0\n\n[[pools]]\nname = \"sonnet-reserved\"\ntier = \"reserved\"\nmodels = [\"{SONNET_US}\"]\n\
@@ -71,12 +74,11 @@ async fn reserved_calls_use_reserved_capacity_and_overflow_to_on_demand() {
         "an overflow is no refusal"
     );
     // InvokeModel names its tier in a header.
-    let invoke = r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":100,"messages":[{"role":"user","content":"[sim:output=5] hi"}]}"#;
     let r = raw_request_with(
         addr,
         "POST",
         &model_path(SONNET_US, "invoke"),
-        invoke,
+        INVOKE,
         false,
         &[("x-amzn-bedrock-service-tier", "reserved")],
     )
@@ -137,12 +139,11 @@ async fn a_routes_allowed_tiers_refuse_the_others_saying_which_to_send() {
             );
         }
     }
-    let invoke = r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
     let r = raw_request_with(
         addr,
         "POST",
         &model_path(SONNET_US, "invoke"),
-        invoke,
+        INVOKE,
         false,
         &[("x-amzn-bedrock-service-tier", "reserved")],
     )
@@ -195,11 +196,10 @@ async fn a_route_that_forces_a_tier_runs_every_call_in_it() {
     );
     assert_eq!(served_in(&stack, "reserved"), 2, "and sent as reserved");
     // InvokeModel: the header is written (or replaced).
-    let invoke = r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":100,"messages":[{"role":"user","content":"[sim:output=5] hi"}]}"#;
     let invoke_path = model_path(SONNET_US, "invoke");
     let r = call(
         "secret",
-        invoke.to_string(),
+        INVOKE.to_string(),
         invoke_path.clone(),
         vec![("x-amzn-bedrock-service-tier", "flex")],
     )
