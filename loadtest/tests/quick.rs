@@ -24,6 +24,7 @@ fn check_side(name: &str, side: &Value) {
         "requests",
         "completed",
         "failed",
+        "cut_short",
         "retries",
         "goodput_tpm",
         "goodput_fraction",
