@@ -195,6 +195,26 @@ mod tests {
     }
 
     #[test]
+    fn adaptive_retry_needs_adaptive_max_tokens() {
+        let retry = |table: &str| {
+            Config::parse(&format!("{BASE}{table}"))
+                .map(|c| c.policy.routes[0].adaptive_retry)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(retry(""), Ok(false), "off unless asked for");
+        assert_eq!(
+            retry("adaptive_retry = true\nadaptive_max_tokens = {}\n"),
+            Ok(true)
+        );
+        let err = retry("adaptive_retry = true\n").expect_err("no learned cap to retry");
+        assert!(
+            err.contains("routes[0] (chat).adaptive_retry: retries calls the learned cap")
+                && err.contains("adaptive_max_tokens = {}"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn each_invalid_adaptive_setting_names_its_key() {
         let cases = [
             (

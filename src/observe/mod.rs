@@ -443,6 +443,16 @@ impl Observer {
         }
     }
 
+    /// A call of `pool` and `route` that stopped at the learned cap was sent again with the
+    /// caller's own maxTokens; `outcome` is what the caller got
+    /// ([`crate::proxy::adaptive_retry::Outcome`]).
+    pub fn adaptive_retry(&self, pool: &Pool, route: &str, outcome: &str) {
+        self.metrics
+            .adaptive_retries
+            .with_label_values(&[&pool.name, route, outcome])
+            .inc();
+    }
+
     /// Upstream refused a call of `pool` on its daily quota; `hint` is passed on to the client.
     pub fn upstream_daily_throttled(&self, pool: &Pool, hint: Duration) {
         self.metrics

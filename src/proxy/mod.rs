@@ -26,6 +26,7 @@
 //! InvokeModelWithBidirectionalStream takes the same steps from its head alone, its body being
 //! the session's events, which stream upstream as they come ([`duplex`], [`relay`]).
 
+pub mod adaptive_retry;
 pub mod caller;
 pub mod count_tokens;
 pub mod duplex;
@@ -202,6 +203,16 @@ async fn proxy(
     let mut headers =
         headers::table(operation.api()).forwarded(&parts.headers, identity.signed_headers());
     record.propagate_trace(&parts.headers, identity.signed_headers(), &mut headers);
+    let retry = match &call {
+        Call::Model(target) => adaptive_retry::Retry::for_call(
+            &caller,
+            operation,
+            (target.model_id.as_deref(), tier),
+            &body,
+            &headers,
+        ),
+        Call::Endpoint(_) => None,
+    };
     let request = forward::Outgoing {
         parts: &parts,
         headers,
@@ -209,6 +220,7 @@ async fn proxy(
         region,
         body,
         upstream: &upstream,
+        retry,
     };
     forward::forward(state, policy, request, admitted, obs).await
 }
@@ -317,7 +329,7 @@ async fn read_body(
 
 /// The Region a decided request goes to: its pool's (the one it was admitted in), else
 /// `upstream.region` ([`crate::admission::Admission::region_of`]).
-fn region(
+pub(super) fn region(
     state: &AppState,
     policy: &Policy,
     decision: &Decision,
