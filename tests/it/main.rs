@@ -30,6 +30,7 @@ mod common;
 
 mod access_log;
 mod adaptive;
+mod adaptive_decisions;
 mod adaptive_retry;
 mod admin;
 mod admission;
