@@ -26,6 +26,22 @@
 //! observer's, noted on the [`super::Hold`] before the usage settles it), or, where no stop
 //! reason is read (InvokeModel streams), from the output reaching the cap (`output >= cap`).
 //!
+//! # Where it meets the rest of the policy
+//! - **Shadow** (the route's or the pool's `shadow`): the cap is not written and the caller's
+//!   value is reserved ([`Capping::Observe`]); the learner learns, and the guard counts what the
+//!   cap would have done (a call it would have lowered as capped, an output at or past it as a
+//!   truncation, raising the cap as enforcement would), so `/v1/pools` shows what turning it on
+//!   would give.
+//! - **A call that names no `maxTokens`** and gets the cap counts as
+//!   [`MissingMaxTokens::AdaptiveCap`] (what was written in and reserved), not as the pool's rule.
+//! - **A spilled call** keeps the cap learned for the model it asked for (the body is written
+//!   before the pools are tried), and its [`Ticket`] goes with its hold, so that model's learner
+//!   learns its output: an answer's length is the prompt's, and a spill target is usually the
+//!   same model elsewhere.
+//! - **The adaptive retry** (`routes[].adaptive_retry`, `crate::proxy::adaptive_retry`) of a
+//!   call the cap stopped is decided with [`Capping::Uncapped`]: the caller's value, and its
+//!   output (the whole answer) learned.
+//!
 //! # Scope
 //! The learned cap is per replica: in memory, from that replica's traffic; a reload keeps what
 //! a route learned for a model when its `adaptive_max_tokens` did not change

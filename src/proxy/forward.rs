@@ -5,7 +5,8 @@
 //! error shape of the request's API); the reservation settled by the rule that applies
 //! ([`crate::admission::hold`]). A streamed Chat Completions call whose usage the proxy asked
 //! for on the client's behalf has the usage chunk taken out of its stream
-//! ([`UsageChunkFilter`]).
+//! ([`UsageChunkFilter`]). A success of a call whose route retries what its learned cap
+//! truncated goes to [`adaptive_retry::after_capped`] instead of straight to the client.
 
 use std::sync::Arc;
 

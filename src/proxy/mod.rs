@@ -7,7 +7,9 @@
 //! 2. **Caller**: who is calling, from the head before any body byte is read, and in sigv4 mode
 //!    from the signature over the body too ([`caller`]); the body is read (bounded) in between.
 //! 3. **Decide**: [`crate::admission::Admission::decide`] returns a pure [`Decision`].
-//! 4. **Answer** a refusal ([`crate::answer`]), or **forward** the request ([`forward`]).
+//! 4. **Answer** a refusal ([`crate::answer`]), or **forward** the request ([`forward`]); a
+//!    call its route's learned cap stopped may be sent again with the caller's own `maxTokens`
+//!    ([`adaptive_retry`]).
 //! 5. **Meter** the response on its way back and settle the reservation ([`meter`]).
 //!
 //! Every step records what happened through the policy's [`crate::observe::Observer`]: an
