@@ -183,6 +183,35 @@ impl Ticket {
     }
 }
 
+/// What became of the adaptive retry of a call the cap stopped (`routes[].adaptive_retry`,
+/// `crate::proxy::adaptive_retry`): the `outcome` label of `tokengate_adaptive_retries_total`
+/// and the value of the `x-tokengate-adaptive-retry` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryOutcome {
+    /// Admitted and answered 2xx: the retry's answer returned.
+    Answered,
+    /// Not admitted: the truncated first answer returned.
+    Refused,
+    /// Upstream failed it: the first answer returned.
+    Failed,
+}
+
+impl RetryOutcome {
+    pub const ALL: [RetryOutcome; 3] = [
+        RetryOutcome::Answered,
+        RetryOutcome::Refused,
+        RetryOutcome::Failed,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            RetryOutcome::Answered => "answered",
+            RetryOutcome::Refused => "refused",
+            RetryOutcome::Failed => "failed",
+        }
+    }
+}
+
 /// One (route, model) in `GET /v1/pools` (`adaptive_max_tokens`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LearnerView {

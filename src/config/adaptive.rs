@@ -149,6 +149,24 @@ pub(super) fn validate(
     }))
 }
 
+/// Validates a route's `adaptive_retry`: it retries what the learned cap truncated, so it needs
+/// the route's `adaptive_max_tokens` (`learns`).
+pub(super) fn validate_retry(
+    raw: Option<bool>,
+    learns: bool,
+    key: &dyn Fn(&str) -> String,
+) -> Result<bool, ConfigError> {
+    let retry = raw.unwrap_or(false);
+    if retry && !learns {
+        return Err(invalid(
+            key("adaptive_retry"),
+            "retries calls the learned cap truncated, so it needs adaptive_max_tokens on the \
+             same route (add `adaptive_max_tokens = {}`), or remove the key",
+        ));
+    }
+    Ok(retry)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

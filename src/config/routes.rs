@@ -290,14 +290,8 @@ fn validate_route(
         ));
     }
     let adaptive_max_tokens = super::adaptive::validate(raw.adaptive_max_tokens, pools, &key)?;
-    let adaptive_retry = raw.adaptive_retry.unwrap_or(false);
-    if adaptive_retry && adaptive_max_tokens.is_none() {
-        return Err(invalid(
-            key("adaptive_retry"),
-            "retries calls the learned cap truncated, so it needs adaptive_max_tokens on the \
-             same route (add `adaptive_max_tokens = {}`), or remove the key",
-        ));
-    }
+    let adaptive_retry =
+        super::adaptive::validate_retry(raw.adaptive_retry, adaptive_max_tokens.is_some(), &key)?;
     for region in raw.regions.iter().flatten() {
         super::upstream::region(&key("regions"), region.clone())?;
     }

@@ -159,10 +159,7 @@ const LEDGER_BUCKETS: &[f64] = &[
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new(registry: &Registry) -> Result<Metrics, prometheus::Error> {
-        let r = Reg {
-            registry,
-            families: RefCell::new(Vec::new()),
-        };
+        let r = Reg::new(registry);
         Ok(Metrics {
             requests: r.counter("tokengate_requests_total", "Requests by pool, API, operation and outcome.", &["pool", "api", "operation", "outcome"])?,
             rejections: r.counter("tokengate_rejections_total", "Requests turned away, by pool and the limit that bound.", &["pool", "reason"])?,
@@ -319,7 +316,14 @@ struct Reg<'a> {
     families: RefCell<Vec<Family>>,
 }
 
-impl Reg<'_> {
+impl<'a> Reg<'a> {
+    fn new(registry: &'a Registry) -> Reg<'a> {
+        Reg {
+            registry,
+            families: RefCell::new(Vec::new()),
+        }
+    }
+
     fn register(
         &self,
         name: &'static str,

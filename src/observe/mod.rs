@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use crate::{
     admission::{
         Admission, Admitted, Decision, MissingMaxTokens, Pass, Pool, Problem, QueueRefusal,
-        Settled, Throttle, ThrottleWhy, Unavailability,
+        Settled, Throttle, ThrottleWhy, Unavailability, adaptive::RetryOutcome,
     },
     metrics::{Metrics, NO_POOL},
 };
@@ -443,14 +443,18 @@ impl Observer {
         }
     }
 
-    /// A call of `pool` and `route` that stopped at the learned cap was sent again with the
-    /// caller's own maxTokens; `outcome` is what the caller got
-    /// ([`crate::proxy::adaptive_retry::Outcome`]).
-    pub fn adaptive_retry(&self, pool: &Pool, route: &str, outcome: &str) {
-        self.metrics
-            .adaptive_retries
-            .with_label_values(&[&pool.name, route, outcome])
-            .inc();
+    /// A call of `pool` from route slot `route` that stopped at the learned cap was sent again
+    /// with the caller's own maxTokens; `outcome` is what the caller got.
+    pub fn adaptive_retry(
+        &self,
+        pool: &Pool,
+        route: Option<crate::admission::routes::RouteSlot>,
+        outcome: RetryOutcome,
+    ) {
+        let series = route.and_then(|slot| self.series(pool)?.route(slot.index()));
+        if let Some(counter) = series.and_then(|s| s.adaptive_retry(outcome)) {
+            counter.inc();
+        }
     }
 
     /// Upstream refused a call of `pool` on its daily quota; `hint` is passed on to the client.

@@ -13,7 +13,7 @@
 //! no learned cap, whose output the learner records (the whole answer the cap cut short). It
 //! has its own observation, so its own access-log line, and is forwarded as any call.
 //!
-//! # What the caller gets ([`Outcome`], the `x-tokengate-adaptive-retry` header and
+//! # What the caller gets ([`RetryOutcome`], the `x-tokengate-adaptive-retry` header and
 //! `tokengate_adaptive_retries_total`)
 //! - `answered`: the retry was admitted and upstream answered it 2xx: the retry's answer.
 //! - `refused`: the retry was not admitted (no room within its queue wait, a budget, ...): the
@@ -43,11 +43,12 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
 use super::{
+    Call,
     forward::{self, Head, Outgoing},
     meter::InFlight,
 };
 use crate::{
-    admission::{Caller, Decision, Facts},
+    admission::{Caller, Decision, Facts, adaptive::RetryOutcome},
     answer,
     bedrock::{Operation, usage::ResponseKind},
     observe::Observation,
@@ -63,24 +64,6 @@ pub const X_TOKENGATE_ADAPTIVE_RETRY: HeaderName =
 /// is a learned output length).
 pub const FIRST_ANSWER_LIMIT: usize = 8 * 1024 * 1024;
 
-/// What became of an adaptive retry: the `outcome` label and the header's value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Answered,
-    Refused,
-    Failed,
-}
-
-impl Outcome {
-    pub fn label(self) -> &'static str {
-        match self {
-            Outcome::Answered => "answered",
-            Outcome::Refused => "refused",
-            Outcome::Failed => "failed",
-        }
-    }
-}
-
 /// What the second call needs of the first: who called, what, and the caller's own body.
 #[derive(Debug)]
 pub struct Retry<'a> {
@@ -94,19 +77,25 @@ pub struct Retry<'a> {
 }
 
 impl<'a> Retry<'a> {
-    /// The retry of a call, if its route retries and its operation can be: `model` is the
-    /// path's modelId and the `X-Amzn-Bedrock-Service-Tier` header.
+    /// The retry of `call`, if its route retries and its operation can be: `service_tier` is
+    /// its `X-Amzn-Bedrock-Service-Tier` header; `body` the caller's, `headers` those forwarded.
     pub fn for_call(
         caller: &'a Caller,
-        operation: Operation,
-        (model_id, service_tier): (Option<&'a str>, Option<&'a str>),
+        call: &'a Call,
+        service_tier: Option<&'a str>,
         body: &Bytes,
         headers: &http::HeaderMap,
     ) -> Option<Retry<'a>> {
-        let retryable = matches!(operation, Operation::Converse | Operation::InvokeModel);
+        let Call::Model(target) = call else {
+            return None;
+        };
+        let retryable = matches!(
+            target.operation,
+            Operation::Converse | Operation::InvokeModel
+        );
         (retryable && caller.route.config.adaptive_retry).then(|| Retry {
             caller,
-            model_id,
+            model_id: target.model_id.as_deref(),
             service_tier,
             body: body.clone(),
             headers: headers.clone(),
@@ -123,7 +112,7 @@ pub struct First<'a> {
 }
 
 /// Upstream answered 2xx a call the learned cap was written into: its answer, or, when it
-/// stopped at the cap and `retry` is set, the retry's ([`Outcome`]).
+/// stopped at the cap and `retry` is set, the retry's ([`RetryOutcome`]).
 pub async fn after_capped(
     state: &AppState,
     policy: &Arc<Policy>,
@@ -140,7 +129,7 @@ pub async fn after_capped(
     let Some(retry) = retry.filter(|_| whole) else {
         return forward::respond(state, policy, operation, Some(in_flight), response, false);
     };
-    let pool = in_flight.hold().pool().clone();
+    let (pool, slot) = (in_flight.hold().pool().clone(), in_flight.hold().route());
     let (head, incoming) = response.into_parts();
     let Head { head, meter, .. } = forward::answer_head(policy, operation, Some(in_flight), head);
     let read = Limited::new(incoming, FIRST_ANSWER_LIMIT).collect();
@@ -154,11 +143,8 @@ pub async fn after_capped(
     if !truncated {
         return Response::from_parts(head, Body::from(body));
     }
-    let route = retry.caller.route.name.clone();
     let (outcome, answer) = second_call(state, policy, &first, retry).await;
-    policy
-        .observer
-        .adaptive_retry(&pool, &route, outcome.label());
+    policy.observer.adaptive_retry(&pool, slot, outcome);
     let mut answer = answer.unwrap_or_else(|| Response::from_parts(head, Body::from(body)));
     answer.headers_mut().insert(
         X_TOKENGATE_ADAPTIVE_RETRY,
@@ -187,7 +173,7 @@ async fn second_call(
     policy: &Arc<Policy>,
     first: &First<'_>,
     retry: Retry<'_>,
-) -> (Outcome, Option<Response>) {
+) -> (RetryOutcome, Option<Response>) {
     let operation = first.operation;
     let mut obs = Observation::start();
     policy.observer.began(&mut obs, &first.parts.headers);
@@ -213,7 +199,7 @@ async fn second_call(
             obs.answered(refusal.status(), refusal.headers());
         }
         policy.observer.finished(obs);
-        return (Outcome::Refused, None);
+        return (RetryOutcome::Refused, None);
     };
     let request = Outgoing {
         parts: first.parts,
@@ -234,8 +220,8 @@ async fn second_call(
     ))
     .await;
     if response.status().is_success() {
-        (Outcome::Answered, Some(response))
+        (RetryOutcome::Answered, Some(response))
     } else {
-        (Outcome::Failed, None)
+        (RetryOutcome::Failed, None)
     }
 }

@@ -186,17 +186,9 @@ async fn proxy(
     if let Some(refusal) = answer::refusal(&decision, operation) {
         return refusal;
     }
-    let upstream = match upstream_of(state, &call, &decision) {
-        Ok(upstream) => upstream,
-        Err(e) => {
-            let (hint, dialect) = (Default::default(), Dialect::Bedrock);
-            return answer::upstream_unreachable("sagemaker-runtime", &e, None, hint, dialect);
-        }
-    };
-    let region = match &call {
-        Call::Model(target) => region(state, policy, &decision, target.model_id.as_deref()),
-        // An endpoint's client is its Region's.
-        Call::Endpoint(_) => upstream.signer().default_region().to_string(),
+    let (upstream, region) = match destination(state, policy, &call, &decision) {
+        Ok(destination) => destination,
+        Err(unreachable) => return *unreachable,
     };
     let admitted = match decision {
         Decision::Admit(admitted) => Some(admitted),
@@ -205,16 +197,7 @@ async fn proxy(
     let mut headers =
         headers::table(operation.api()).forwarded(&parts.headers, identity.signed_headers());
     record.propagate_trace(&parts.headers, identity.signed_headers(), &mut headers);
-    let retry = match &call {
-        Call::Model(target) => adaptive_retry::Retry::for_call(
-            &caller,
-            operation,
-            (target.model_id.as_deref(), tier),
-            &body,
-            &headers,
-        ),
-        Call::Endpoint(_) => None,
-    };
+    let retry = adaptive_retry::Retry::for_call(&caller, &call, tier, &body, &headers);
     let request = forward::Outgoing {
         parts: &parts,
         headers,
@@ -232,6 +215,32 @@ fn service_tier(headers: &http::HeaderMap) -> Option<&str> {
     headers
         .get(forward::SERVICE_TIER)
         .and_then(|v| v.to_str().ok())
+}
+
+/// Where a decided call goes: its upstream ([`upstream_of`]) and Region (its pool's, or for an
+/// endpoint its client's); the answer to give when no client can be made.
+fn destination(
+    state: &AppState,
+    policy: &Policy,
+    call: &Call,
+    decision: &Decision,
+) -> Result<(Arc<Upstream>, String), Box<Response>> {
+    let upstream = upstream_of(state, call, decision).map_err(|e| {
+        let (hint, dialect) = (Default::default(), Dialect::Bedrock);
+        Box::new(answer::upstream_unreachable(
+            "sagemaker-runtime",
+            &e,
+            None,
+            hint,
+            dialect,
+        ))
+    })?;
+    let region = match call {
+        Call::Model(target) => region(state, policy, decision, target.model_id.as_deref()),
+        // An endpoint's client is its Region's.
+        Call::Endpoint(_) => upstream.signer().default_region().to_string(),
+    };
+    Ok((upstream, region))
 }
 
 /// Where a call goes: bedrock-runtime, or the sagemaker-runtime of its endpoint's pool (of
