@@ -1,6 +1,7 @@
 //! Adaptive retry (`routes[].adaptive_retry`, issue #22): a non-streamed call that stopped at the
 //! route's learned cap is sent again with the caller's own maxTokens and that answer returned;
-//! when the retry is not admitted the caller gets the truncated first answer; a stream is never
+//! when the retry is not admitted, or upstream fails it, the caller gets the truncated first
+//! answer; a stream is never
 //! retried. Through aws-sdk-bedrockruntime (Converse, InvokeModel, ConverseStream) and the
 //! simulator, which stops at the maxTokens it receives and counts every call it is sent.
 
@@ -221,5 +222,31 @@ async fn adaptive_retry_never_retries_a_stream() {
     assert_eq!(upstream_calls(&stack), sent + 1);
     assert_eq!(learned(&stack).await.guard.proxy_truncations, 1);
     assert_eq!(retries(&stack, "answered").await, 0.0);
+    stack.assert_ledger_zero().await;
+}
+
+#[tokio::test]
+async fn adaptive_retry_failed_upstream_returns_the_first_answer() {
+    // Upstream's own quota (3,000 tokens a minute, the proxy's pool believing in far more)
+    // holds the capped call (input + 128) but throttles its retry (input + 4000).
+    let sim =
+        "time_to_first_token_ms = 0\ntokens_per_second = 0\ndefault_tokens_per_minute = 3000\n";
+    let stack = Stack::start(sim, &haiku_pool(), &retry_route("")).await;
+    for _ in 0..3 {
+        assert_eq!(converse(&stack, "[sim:output=100] a", 400).await.0, 100);
+    }
+    assert_eq!(learned(&stack).await.cap, Some(128));
+    let sent = upstream_calls(&stack);
+    assert_eq!(
+        converse(&stack, "[sim:output=900] j", 4000).await,
+        (128, StopReason::MaxTokens),
+        "the first answer"
+    );
+    assert_eq!(
+        upstream_calls(&stack),
+        sent + 2,
+        "the retry reached upstream"
+    );
+    assert_eq!(retries(&stack, "failed").await, 1.0);
     stack.assert_ledger_zero().await;
 }
