@@ -1,9 +1,9 @@
 //! Adaptive retry (`routes[].adaptive_retry`, issue #22): a non-streamed call that stopped at the
 //! route's learned cap is sent again with the caller's own maxTokens and that answer returned;
 //! when the retry is not admitted, or upstream fails it, the caller gets the truncated first
-//! answer; a stream is never
-//! retried. Through aws-sdk-bedrockruntime (Converse, InvokeModel, ConverseStream) and the
-//! simulator, which stops at the maxTokens it receives and counts every call it is sent.
+//! answer; a stream is never retried. Through aws-sdk-bedrockruntime (Converse, InvokeModel,
+//! ConverseStream) and the simulator, which stops at the maxTokens it receives and counts every
+//! call it is sent.
 
 use aws_sdk_bedrockruntime::{
     primitives::Blob,
