@@ -12,17 +12,10 @@ use tokengate::{
     ledger::{ReserveRequest, Verdict},
 };
 
-use crate::common::*;
-
-const INSTANT_SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\n\
-                           default_tokens_per_minute = 10000000\n";
-
-fn haiku_pool() -> String {
-    format!(
-        "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 10000000\n\
-         max_concurrency = 64\noutput_burndown = 1\ndefault_max_tokens = 4000\n"
-    )
-}
+use crate::{
+    adaptive::{INSTANT_SIM, haiku_pool},
+    common::*,
+};
 
 /// A route `chat` learning from 3 calls, floor 64; `extra` adds keys.
 fn route(extra: &str) -> String {

@@ -10,19 +10,11 @@ use aws_sdk_bedrockruntime::{
     types::{ConverseStreamOutput, StopReason},
 };
 use serde_json::{Value, json};
-use tokengate::admission::adaptive::LearnerView;
 
-use crate::common::*;
-
-const INSTANT_SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\n\
-                           default_tokens_per_minute = 10000000\n";
-
-fn haiku_pool() -> String {
-    format!(
-        "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 10000000\n\
-         max_concurrency = 64\noutput_burndown = 1\ndefault_max_tokens = 4000\n"
-    )
-}
+use crate::{
+    adaptive::{INSTANT_SIM, converse_answer, haiku_pool, learned},
+    common::*,
+};
 
 /// A route learning from 3 calls, floor 64, retrying what its cap truncated; `extra` adds keys.
 fn retry_route(extra: &str) -> String {
@@ -32,29 +24,14 @@ fn retry_route(extra: &str) -> String {
     )
 }
 
-async fn learned(stack: &Stack) -> LearnerView {
-    stack.proxy.admission().pool_views().await[0].adaptive_max_tokens[0].clone()
-}
-
 /// Calls the simulator was sent.
 fn upstream_calls(stack: &Stack) -> u64 {
     let stats = stack.sim.simulator.stats();
     stats.buckets.values().map(|b| b.requests).sum()
 }
 
-/// A Converse call's output tokens and stop reason.
 async fn converse(stack: &Stack, prompt: &str, max: i32) -> (i32, StopReason) {
-    let out = stack
-        .client()
-        .converse()
-        .model_id(HAIKU)
-        .messages(user_message(prompt))
-        .inference_config(max_tokens(max))
-        .send()
-        .await
-        .expect("admitted and answered");
-    let output = out.usage().map_or(0, |u| u.output_tokens());
-    (output, out.stop_reason().clone())
+    converse_answer(stack, prompt, max).await
 }
 
 /// Three calls of 100 output tokens: the cap is 100 x 1.2, rounded up to 128.
@@ -62,7 +39,7 @@ async fn learn(stack: &Stack) {
     for _ in 0..3 {
         assert_eq!(converse(stack, "[sim:output=100] a", 4000).await.0, 100);
     }
-    assert_eq!(learned(stack).await.cap, Some(128));
+    assert_eq!(learned(&stack.proxy).await.cap, Some(128));
 }
 
 /// `tokengate_adaptive_retries_total` of the route, by outcome (0 before the first).
@@ -98,7 +75,7 @@ async fn adaptive_retry_answers_a_converse_call_the_cap_cut_with_the_callers_own
     assert_eq!(retries(&stack, "answered").await, 1.0);
     // Both calls settled with usage and were learned: the truncated 128 (capped, the guard's
     // truncation) and the retry's 900 (uncapped: the answer's real length).
-    let view = learned(&stack).await;
+    let view = learned(&stack.proxy).await;
     assert_eq!(
         (
             view.samples,
@@ -175,7 +152,7 @@ async fn adaptive_retry_refused_returns_the_truncated_first_answer() {
     for _ in 0..3 {
         assert_eq!(converse(&stack, "[sim:output=100] a", 400).await.0, 100);
     }
-    assert_eq!(learned(&stack).await.cap, Some(128));
+    assert_eq!(learned(&stack.proxy).await.cap, Some(128));
     let sent = upstream_calls(&stack);
     assert_eq!(
         converse(&stack, "[sim:output=900] g", 4000).await,
@@ -220,7 +197,7 @@ async fn adaptive_retry_never_retries_a_stream() {
     // Cut at the cap, and it stays cut: the caller has the content already.
     assert_eq!((output, stop), (Some(128), Some(StopReason::MaxTokens)));
     assert_eq!(upstream_calls(&stack), sent + 1);
-    assert_eq!(learned(&stack).await.guard.proxy_truncations, 1);
+    assert_eq!(learned(&stack.proxy).await.guard.proxy_truncations, 1);
     assert_eq!(retries(&stack, "answered").await, 0.0);
     stack.assert_ledger_zero().await;
 }
@@ -235,7 +212,7 @@ async fn adaptive_retry_failed_upstream_returns_the_first_answer() {
     for _ in 0..3 {
         assert_eq!(converse(&stack, "[sim:output=100] a", 400).await.0, 100);
     }
-    assert_eq!(learned(&stack).await.cap, Some(128));
+    assert_eq!(learned(&stack.proxy).await.cap, Some(128));
     let sent = upstream_calls(&stack);
     assert_eq!(
         converse(&stack, "[sim:output=900] j", 4000).await,

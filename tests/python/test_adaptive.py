@@ -32,8 +32,11 @@ def learner(proxy) -> dict:
     return views[0]
 
 
-def learn(proxy, client) -> None:
-    """Five answers of 100 tokens: the cap is 100 x 1.2, rounded up to 128."""
+def learned_proxy(start_proxy, route_extra: str = ""):
+    """A proxy whose route `chat` learned from five answers of 100 tokens (the cap is 100 x 1.2,
+    rounded up to 128), and a boto3 client of it."""
+    proxy = start_proxy(haiku_pool(), extra=ROUTE.format(extra=route_extra))
+    client = proxy.client()
     for _ in range(4):
         assert converse(client, "[sim:output=100] a", 4000)["usage"]["outputTokens"] == 100
     before = learner(proxy)
@@ -41,12 +44,11 @@ def learn(proxy, client) -> None:
     assert converse(client, "[sim:output=100] a", 4000)["usage"]["outputTokens"] == 100
     after = learner(proxy)
     assert (after["samples"], after["cap"], after["quantile_output"]) == (5, 128, 100), after
+    return proxy, client
 
 
 def test_the_learned_cap_is_shown_and_written_into_boto3_calls(start_proxy):
-    proxy = start_proxy(haiku_pool(), extra=ROUTE.format(extra=""))
-    client = proxy.client()
-    learn(proxy, client)
+    proxy, client = learned_proxy(start_proxy)
     # Written into Converse's inferenceConfig.maxTokens: a 900-token answer comes back at 128.
     out = converse(client, "[sim:output=900] b", 4000)
     assert (out["usage"]["outputTokens"], out["stopReason"]) == (128, "max_tokens")
@@ -63,9 +65,7 @@ def test_the_learned_cap_is_shown_and_written_into_boto3_calls(start_proxy):
 
 
 def test_adaptive_retry_returns_the_whole_answer_to_boto3(start_proxy):
-    proxy = start_proxy(haiku_pool(), extra=ROUTE.format(extra="adaptive_retry = true\n"))
-    client = proxy.client()
-    learn(proxy, client)
+    proxy, client = learned_proxy(start_proxy, "adaptive_retry = true\n")
     out = converse(client, "[sim:output=900] e", 4000)
     assert (out["usage"]["outputTokens"], out["stopReason"]) == (900, "end_turn")
     assert out["ResponseMetadata"]["HTTPHeaders"]["x-tokengate-adaptive-retry"] == "answered"
