@@ -443,9 +443,9 @@ mod tests {
             assert_eq!(learns, s.name.ends_with("-adaptive"), "{}", path.display());
         }
         assert_eq!(spilling, 2);
-        // 10-two-teams-routes, the adaptive maxTokens scenarios 11, 13 and 15, and their
-        // counterparts 12 and 14 on the same route.
-        assert_eq!(with_routes, 6);
+        // 10-two-teams-routes, the adaptive maxTokens scenarios 11, 13, 17 and 19, and their
+        // counterparts 12, 16 and 18 on the same route.
+        assert_eq!(with_routes, 8);
     }
 
     /// A scenario with `[[routes]]`: the proxy checks SigV4, every team is a route of its own

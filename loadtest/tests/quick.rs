@@ -196,6 +196,6 @@ fn every_scenario_runs_quick_on_both_sides() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 15, "fifteen scenarios");
+    assert_eq!(seen, 17, "seventeen scenarios");
     let _ = std::fs::remove_dir_all(&out);
 }
