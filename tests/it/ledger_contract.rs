@@ -49,8 +49,8 @@ use std::{
 };
 
 use tokengate::ledger::{
-    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Ledger, Limit, Limits, MemoryLedger,
-    PoolSnapshot, RedisLedger, RedisOptions, Rejection, Reservation, ReserveRequest, RouteShare,
+    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, LeaseOptions, LeasedLedger, Ledger, Limit,
+    Limits, MemoryLedger, PoolSnapshot, RedisLedger, RedisOptions, Rejection, Reservation, ReserveRequest, RouteShare,
     ShareRequest, Verdict,
 };
 use tokio::sync::Barrier;
@@ -143,8 +143,31 @@ async fn redis_ledger() -> Option<Backend> {
     })
 }
 
+/// The Redis ledger with local capacity leases, slices up to the whole of each limit: most
+/// cases' requests are then admitted from a slice, and every case must hold as it does without.
+async fn redis_leased_ledger() -> Option<Backend> {
+    let server = redis_server::RedisServer::start().await?;
+    let options = RedisOptions {
+        url: server.url(),
+        timeout: Duration::from_secs(5),
+        lease: Duration::from_secs(60),
+    };
+    let shared = RedisLedger::connect(options).await.expect("redis ledger");
+    assert!(shared.is_healthy(), "the private redis-server answers");
+    let leases = LeaseOptions {
+        horizon: Duration::from_millis(250),
+        max_fraction: 1.0,
+        max_age: Duration::from_secs(1),
+    };
+    Some(Backend {
+        ledger: Arc::new(LeasedLedger::new(shared, leases)),
+        _server: Some(server),
+    })
+}
+
 contract_suite!(memory => memory_ledger());
 contract_suite!(redis => redis_ledger());
+contract_suite!(redis_leases => redis_leased_ledger());
 
 // === helpers ===
 

@@ -1,0 +1,648 @@
+//! Local capacity leases: a replica takes a slice of a pool's shared bucket in one round trip and
+//! admits from it in memory, giving back what it does not use (`[ledger.local_leases]`).
+//!
+//! [`LeasedLedger`] wraps the [`RedisLedger`] behind the same [`Ledger`] trait. Most decisions
+//! then take one mutex in this process and no round trip; Redis is asked only to give a slice back
+//! and take the next one (`lua/slice.lua`, both in one call).
+//!
+//! # What a slice is
+//!
+//! Tokens, request-bucket units and concurrency permits taken from the pool's shared state exactly
+//! as a reservation takes them (the same checks, all or nothing, the transit hold), held in the
+//! pool's lease set as leases of their own (one member per permit, so every replica counts them
+//! in flight, and a slice that nobody gives back expires like a lease). A request is admitted
+//! from the slice when it fits what is left of it, under the limits the slice was taken with;
+//! its settlement credits back (or debits) the slice. The reservations still in flight when a
+//! slice is given back become ordinary leases in the same call, settled in Redis later.
+//!
+//! **No over-admission, whatever the number of replicas.** Everything out (reservations and
+//! slices) was taken from the shared bucket, so the bucket never holds less than is out. And what
+//! a slice has not used was never sent upstream, whose own bucket still holds it: the shared
+//! bucket's refill and credits stop at its capacity less what live slices hold (`top` in
+//! `lua/common.lua`), so the shared level plus every replica's unused slice never exceeds
+//! capacity. The cost is under-admission while a pool's bucket is near full (refill waits for the
+//! slice to come back); under load, when the bucket is low, nothing is lost.
+//!
+//! # Which requests
+//!
+//! A request is decided from a slice when it has no route share (shares need every route's state:
+//! Redis decides them), no hold-back (what the whole bucket must keep is known only in Redis), its
+//! pool has no daily quota, and its tokens, one request and one permit are within `max_fraction`
+//! of the pool's limits; any other request is a plain [`RedisLedger::reserve`]. So a pool whose
+//! concurrency (or request limit) times `max_fraction` is below one keeps every decision in Redis:
+//! concurrency stays exact where it binds.
+//!
+//! # Sizing
+//!
+//! A slice holds about twice the pool's demand on this replica (tokens and requests asked) over
+//! the last `horizon`, and twice the most requests it had in flight at once since the last slice;
+//! at least what the asking request needs, at most `max_fraction` of each limit (and never more
+//! than the bucket holds: Redis takes what there is up to the size asked). A slice is given back:
+//! when the next request does not fit it (with the next one taken in the same call), at once when
+//! a request uses it up (so an empty slice never holds the bucket's top down), when it has not
+//! admitted for `horizon` or is `max_age` old (a background sweep), when the request's limits
+//! differ from the ones it was taken with, and at shutdown ([`Ledger::close`]). A `horizon` of
+//! zero makes every slice exactly the request that asks: the shared state then moves exactly as
+//! with plain reservations (the differential test holds it to that).
+//!
+//! # Failure semantics
+//!
+//! - **Redis fails a slice call**: the error goes to the caller (admission answers it by
+//!   `on_error`, as for any ledger error). A slice that was being given back is forgotten here: it
+//!   expires in Redis like a dead replica's leases, its tokens charged in full and its permits back
+//!   at expiry; its reservations still in flight settle in Redis, where settling an unknown lease
+//!   debits only a charge above its reservation (see [`super::redis`]).
+//! - **A replica dies**: its slice expires with its leases (`ledger.lease_secs`): tokens stay
+//!   charged, permits come back.
+//! - **Settling while the slice is given back**: waits for that call (one per pool at a time), so
+//!   the reservation is a lease in Redis by the time it is settled there.
+//! - **Rolling deploys**: no new key layout (a slice is leases in the same set, plus two fields of
+//!   the pool's hash), but a build without slices does not lower the bucket's top for them: turn
+//!   `local_leases` on once every replica runs a build that has it.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard, Weak},
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+use tokio::{task::AbortHandle, time::Instant};
+
+use super::{
+    BudgetRequest, BudgetVerdict, BudgetWindow, Issuer, Ledger, LedgerError, LedgerMode,
+    LedgerStats, Limits, Origin, PoolSnapshot, RedisLedger, Rejection, Reservation,
+    ReserveRequest, Verdict, WindowSnapshot,
+    scripts::{MAX_CHARGE, SliceBack, SliceReply, SliceTake},
+};
+
+/// The most permits one slice holds (each is a member of the pool's lease set).
+const MAX_SLICE_PERMITS: u32 = 1_024;
+
+/// How slices are sized and how long they live (`[ledger.local_leases]`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeaseOptions {
+    /// A slice holds about twice the demand of the last `horizon`; a slice that admitted nothing
+    /// for this long is given back. Zero: every slice is exactly the request that asks.
+    pub horizon: Duration,
+    /// The largest part of each of a pool's limits one slice holds, in (0, 1].
+    pub max_fraction: f64,
+    /// A slice is given back at the latest this long after it was taken.
+    pub max_age: Duration,
+}
+
+/// The Redis ledger with local capacity slices in front of it.
+#[derive(Debug)]
+pub struct LeasedLedger {
+    inner: Arc<Inner>,
+    sweeper: AbortHandle,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shared: RedisLedger,
+    options: LeaseOptions,
+    pools: DashMap<Arc<str>, Arc<PoolSlices>>,
+}
+
+/// One pool's slice on this replica.
+#[derive(Debug)]
+struct PoolSlices {
+    /// Shared by every reservation admitted from the pool's slices: how settle knows them.
+    issuer: Arc<Issuer>,
+    /// Held across every slice call of the pool (one at a time), and by whoever must see the
+    /// slice and Redis agree: a snapshot, a settlement whose slice is being given back.
+    exchange: tokio::sync::Mutex<()>,
+    local: Mutex<Local>,
+}
+
+#[derive(Debug, Default)]
+struct Local {
+    slice: Option<Slice>,
+    demand: Demand,
+}
+
+/// A live slice: what it was taken with, what is left, its reservations in flight.
+#[derive(Debug)]
+struct Slice {
+    id: u64,
+    limits: Limits,
+    tokens: u64,
+    requests: u64,
+    permits: u32,
+    unused_tokens: i64,
+    unused_requests: u64,
+    free_permits: u32,
+    from_full: bool,
+    taken_at: Instant,
+    last_admit: Instant,
+    /// Reservation id -> tokens.
+    in_flight: HashMap<u64, u64>,
+}
+
+/// What this replica asked of a pool since its last slice was taken.
+#[derive(Debug, Default)]
+struct Demand {
+    since: Option<Instant>,
+    tokens: u64,
+    requests: u64,
+    peak_in_flight: u32,
+}
+
+// === impl LeasedLedger ===
+
+impl LeasedLedger {
+    /// `shared` with slices sized by `options`; starts the sweep that gives idle slices back.
+    pub fn new(shared: RedisLedger, options: LeaseOptions) -> LeasedLedger {
+        let inner = Arc::new(Inner {
+            shared,
+            options,
+            pools: DashMap::new(),
+        });
+        let sweeper = tokio::spawn(sweep(Arc::downgrade(&inner))).abort_handle();
+        LeasedLedger { inner, sweeper }
+    }
+
+    pub fn shared(&self) -> &RedisLedger {
+        &self.inner.shared
+    }
+
+    /// Slices this replica holds now.
+    pub fn live_slices(&self) -> usize {
+        self.inner
+            .pools
+            .iter()
+            .filter(|p| lock(&p.local).slice.is_some())
+            .count()
+    }
+
+    /// Gives every slice back now (the sweep does this for idle ones; shutdown for all).
+    pub async fn give_back_all(&self) {
+        for pool in self.inner.pool_list() {
+            let _turn = pool.exchange.lock().await;
+            self.inner.give_back(&pool).await;
+        }
+    }
+}
+
+impl Drop for LeasedLedger {
+    fn drop(&mut self) {
+        self.sweeper.abort();
+    }
+}
+
+/// Every `horizon / 2` (10 ms to 1 s), gives back the slices idle for `horizon` or `max_age` old.
+async fn sweep(inner: Weak<Inner>) {
+    let Some(options) = inner.upgrade().map(|i| i.options) else {
+        return;
+    };
+    let every = (options.horizon / 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        for pool in inner.pool_list() {
+            if !lock(&pool.local).stale(&options, Instant::now()) {
+                continue;
+            }
+            let _turn = pool.exchange.lock().await;
+            if lock(&pool.local).stale(&options, Instant::now()) {
+                inner.give_back(&pool).await;
+            }
+        }
+    }
+}
+
+// === impl Inner ===
+
+impl Inner {
+    /// Whether `request` may be decided from a slice (see the module docs).
+    fn sliceable(&self, request: &ReserveRequest<'_>) -> bool {
+        let limits = &request.limits;
+        let f = self.options.max_fraction;
+        request.share.is_none()
+            && request.hold_back == 0
+            && limits.tokens_per_day.is_none()
+            && request.tokens <= part(limits.tokens_per_minute, f)
+            && part(u64::from(limits.max_concurrency), f) >= 1
+            && limits.requests_per_minute.is_none_or(|r| part(r, f) >= 1)
+    }
+
+    fn pool(&self, name: &str) -> Arc<PoolSlices> {
+        if let Some(pool) = self.pools.get(name) {
+            return pool.clone();
+        }
+        let key: Arc<str> = Arc::from(name);
+        self.pools
+            .entry(key.clone())
+            .or_insert_with(|| {
+                Arc::new(PoolSlices {
+                    issuer: Arc::new(Issuer {
+                        pool: key,
+                        origin: Origin::Shared,
+                        stats: self.shared.stats_handle(),
+                    }),
+                    exchange: tokio::sync::Mutex::new(()),
+                    local: Mutex::new(Local::default()),
+                })
+            })
+            .clone()
+    }
+
+    fn pool_list(&self) -> Vec<Arc<PoolSlices>> {
+        self.pools.iter().map(|p| p.value().clone()).collect()
+    }
+
+    /// The slow path: gives the pool's slice back and takes the next one for `request`, in one
+    /// round trip, holding the pool's turn (another caller may have taken one meanwhile).
+    async fn exchange(
+        &self,
+        pool: &PoolSlices,
+        request: &ReserveRequest<'_>,
+    ) -> Result<Verdict, LedgerError> {
+        let _turn = pool.exchange.lock().await;
+        let now = Instant::now();
+        let next = {
+            let mut local = lock(&pool.local);
+            match local.admit(request, &self.options, now) {
+                Some(admitted) => Err(admitted),
+                None => {
+                    let take = local.demand.size(rand::random(), request, &self.options, now);
+                    Ok((local.slice.take(), take))
+                }
+            }
+        };
+        let (back, take) = match next {
+            Ok(next) => next,
+            // Another caller took a slice meanwhile, and this request fits it.
+            Err((id, exhausted)) => {
+                return Ok(self.granted(pool, request.tokens, id, exhausted).await);
+            }
+        };
+        let in_flight = back.as_ref().map(Slice::in_flight).unwrap_or_default();
+        let back = back.as_ref().map(|s| s.back(&in_flight));
+        let reply = self
+            .shared
+            .slice(&pool.issuer.pool, &request.limits, back.as_ref(), Some(&take))
+            .await?;
+        match reply {
+            SliceReply::Granted {
+                tokens,
+                requests,
+                permits,
+                ..
+            } => {
+                let mut slice = Slice::new(&take, request.limits, (tokens, requests, permits), now);
+                let id = slice.admit(request.tokens, now);
+                let exhausted = slice.exhausted();
+                lock(&pool.local).slice = Some(slice);
+                Ok(self.granted(pool, request.tokens, id, exhausted).await)
+            }
+            SliceReply::Refused {
+                limit,
+                wait_ms,
+                deficit,
+                reserved,
+                in_flight,
+                held_for_others,
+                ..
+            } => Ok(Verdict::Refused(Rejection {
+                limit,
+                refill_wait: wait_ms.map(Duration::from_millis),
+                token_deficit: deficit,
+                in_flight_tokens: reserved,
+                in_flight_requests: in_flight,
+                held_for_others,
+            })),
+            SliceReply::Returned { .. } => Err(LedgerError {
+                backend: self.shared.backend(),
+                message: format!(
+                    "slice for pool {:?}: given back but none taken",
+                    pool.issuer.pool
+                ),
+            }),
+        }
+    }
+
+    /// The reservation admitted from the slice; a slice it used up is given back first (the
+    /// caller holds the pool's turn).
+    async fn granted(&self, pool: &PoolSlices, tokens: u64, id: u64, exhausted: bool) -> Verdict {
+        if exhausted {
+            self.give_back(pool).await;
+        }
+        Verdict::Granted(Reservation::new(pool.issuer.clone(), tokens, id))
+    }
+
+    /// Gives the pool's slice back, if it has one; the caller holds the pool's turn. A failure is
+    /// absorbed: the slice expires in Redis.
+    async fn give_back(&self, pool: &PoolSlices) {
+        let Some(slice) = lock(&pool.local).slice.take() else {
+            return;
+        };
+        let in_flight = slice.in_flight();
+        let back = slice.back(&in_flight);
+        if let Err(e) = self
+            .shared
+            .slice(&pool.issuer.pool, &slice.limits, Some(&back), None)
+            .await
+        {
+            self.shared.stats().count_absorbed_error();
+            tracing::warn!(error = %e, "a capacity slice was not given back: it expires with its lease, charged in full");
+        }
+    }
+}
+
+// === impl Local, Slice, Demand ===
+
+impl Local {
+    /// Admits `request` from the live slice if it fits: the reservation's id, and whether that
+    /// used the slice up.
+    fn admit(
+        &mut self,
+        request: &ReserveRequest<'_>,
+        options: &LeaseOptions,
+        now: Instant,
+    ) -> Option<(u64, bool)> {
+        let slice = self.slice.as_mut()?;
+        if !slice.fits(request, options, now) {
+            return None;
+        }
+        let id = slice.admit(request.tokens, now);
+        Some((id, slice.exhausted()))
+    }
+
+    /// Whether the sweep should give the slice back.
+    fn stale(&self, options: &LeaseOptions, now: Instant) -> bool {
+        self.slice.as_ref().is_some_and(|s| {
+            now.duration_since(s.last_admit) >= options.horizon
+                || now.duration_since(s.taken_at) >= options.max_age
+        })
+    }
+
+    /// Settles a reservation of the live slice in it; false if it is not one of them.
+    fn settle(&mut self, id: u64, charged: u64) -> bool {
+        let Some(slice) = self.slice.as_mut() else {
+            return false;
+        };
+        let Some(tokens) = slice.in_flight.remove(&id) else {
+            return false;
+        };
+        let delta = i128::from(tokens) - i128::from(charged.min(MAX_CHARGE));
+        slice.unused_tokens = i64::try_from(i128::from(slice.unused_tokens) + delta)
+            .unwrap_or(i64::MIN)
+            .max(-i64::try_from(MAX_CHARGE).unwrap_or(i64::MAX));
+        slice.free_permits += 1;
+        true
+    }
+}
+
+impl Slice {
+    fn new(take: &SliceTake, limits: Limits, (tokens, requests, permits): (u64, u64, u32), now: Instant) -> Slice {
+        Slice {
+            id: take.id,
+            limits,
+            tokens,
+            requests,
+            permits,
+            unused_tokens: i64::try_from(tokens).unwrap_or(i64::MAX),
+            unused_requests: requests,
+            free_permits: permits,
+            from_full: false,
+            taken_at: now,
+            last_admit: now,
+            in_flight: HashMap::new(),
+        }
+    }
+
+    fn request_limited(&self) -> bool {
+        self.limits.requests_per_minute.is_some()
+    }
+
+    fn fits(&self, request: &ReserveRequest<'_>, options: &LeaseOptions, now: Instant) -> bool {
+        self.limits == request.limits
+            && now.duration_since(self.taken_at) < options.max_age
+            && i128::from(self.unused_tokens) >= i128::from(request.tokens)
+            && self.free_permits > 0
+            && (!self.request_limited() || self.unused_requests > 0)
+    }
+
+    /// Takes a fitting request's tokens, request and permit; its reservation id.
+    fn admit(&mut self, tokens: u64, now: Instant) -> u64 {
+        self.from_full |= self.unused_tokens >= i64::try_from(self.tokens).unwrap_or(i64::MAX);
+        self.unused_tokens -= i64::try_from(tokens).unwrap_or(i64::MAX);
+        self.free_permits -= 1;
+        if self.request_limited() {
+            self.unused_requests -= 1;
+        }
+        self.last_admit = now;
+        let id = rand::random();
+        self.in_flight.insert(id, tokens);
+        id
+    }
+
+    /// Nothing more fits: no permit, no request, or (for a slice of tokens) no token left.
+    fn exhausted(&self) -> bool {
+        self.free_permits == 0
+            || (self.request_limited() && self.unused_requests == 0)
+            || (self.tokens > 0 && self.unused_tokens <= 0)
+    }
+
+    fn in_flight(&self) -> Vec<(u64, u64)> {
+        self.in_flight.iter().map(|(&id, &t)| (id, t)).collect()
+    }
+
+    fn back<'a>(&self, in_flight: &'a [(u64, u64)]) -> SliceBack<'a> {
+        SliceBack {
+            id: self.id,
+            tokens: self.tokens,
+            requests: self.requests,
+            permits: self.permits,
+            unused_tokens: self.unused_tokens,
+            unused_requests: self.unused_requests,
+            from_full: self.from_full,
+            in_flight,
+        }
+    }
+
+    /// Adds this slice's view to the shared snapshot: its unused part is available here, its
+    /// reservations (not the slice) are in flight.
+    fn add_to(&self, snapshot: &mut PoolSnapshot) {
+        let reserved: u64 = self.in_flight.values().sum();
+        let in_flight = u32::try_from(self.in_flight.len()).unwrap_or(u32::MAX);
+        snapshot.tokens_available = snapshot.tokens_available.saturating_add(self.unused_tokens);
+        snapshot.reserved_tokens = snapshot.reserved_tokens.saturating_sub(self.tokens) + reserved;
+        snapshot.in_flight_requests =
+            snapshot.in_flight_requests.saturating_sub(self.permits) + in_flight;
+        if let Some(r) = snapshot.requests_available.as_mut() {
+            *r += self.unused_requests;
+        }
+    }
+}
+
+impl Demand {
+    /// Counts a request asking, with `in_flight` already admitted from the slice.
+    fn note(&mut self, tokens: u64, in_flight: usize, now: Instant) {
+        self.since.get_or_insert(now);
+        self.tokens = self.tokens.saturating_add(tokens);
+        self.requests += 1;
+        let in_flight = u32::try_from(in_flight).unwrap_or(u32::MAX);
+        self.peak_in_flight = self.peak_in_flight.max(in_flight.saturating_add(1));
+    }
+
+    /// The next slice for `request`, from the demand since the last one (which starts afresh).
+    fn size(
+        &mut self,
+        id: u64,
+        request: &ReserveRequest<'_>,
+        options: &LeaseOptions,
+        now: Instant,
+    ) -> SliceTake {
+        let demand = std::mem::take(self);
+        self.since = Some(now);
+        let limits = &request.limits;
+        let f = options.max_fraction;
+        let elapsed = demand.since.map_or(Duration::ZERO, |s| now.duration_since(s));
+        // Twice the demand of the last horizon: the whole demand when it came within one.
+        let scale = if options.horizon.is_zero() {
+            0.0
+        } else if elapsed <= options.horizon {
+            2.0
+        } else {
+            2.0 * options.horizon.as_secs_f64() / elapsed.as_secs_f64()
+        };
+        let scaled = |n: u64| (n as f64 * scale).ceil() as u64;
+        let permits = if options.horizon.is_zero() {
+            1
+        } else {
+            demand.peak_in_flight.saturating_mul(2)
+        };
+        let permit_cap = part(u64::from(limits.max_concurrency), f).min(u64::from(MAX_SLICE_PERMITS));
+        SliceTake {
+            id,
+            least: request.tokens,
+            tokens: scaled(demand.tokens)
+                .min(part(limits.tokens_per_minute, f))
+                .max(request.tokens),
+            requests: limits
+                .requests_per_minute
+                .map_or(0, |r| scaled(demand.requests).min(part(r, f)).max(1)),
+            permits: u32::try_from(u64::from(permits).min(permit_cap))
+                .unwrap_or(1)
+                .max(1),
+        }
+    }
+}
+
+/// `fraction` of a limit, rounded down.
+fn part(limit: u64, fraction: f64) -> u64 {
+    (limit as f64 * fraction).floor() as u64
+}
+
+/// A poisoned lock means a panic mid-update elsewhere; the few integers inside stay consistent.
+fn lock(local: &Mutex<Local>) -> MutexGuard<'_, Local> {
+    local.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+// === impl Ledger for LeasedLedger ===
+
+#[async_trait]
+impl Ledger for LeasedLedger {
+    async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
+        let inner = &self.inner;
+        if !inner.sliceable(request) {
+            return inner.shared.reserve(request).await;
+        }
+        let pool = inner.pool(request.pool);
+        let now = Instant::now();
+        let admitted = {
+            let mut local = lock(&pool.local);
+            let in_flight = local.slice.as_ref().map_or(0, |s| s.in_flight.len());
+            local.demand.note(request.tokens, in_flight, now);
+            local.admit(request, &inner.options, now)
+        };
+        match admitted {
+            Some((id, false)) => Ok(Verdict::Granted(Reservation::new(
+                pool.issuer.clone(),
+                request.tokens,
+                id,
+            ))),
+            Some((id, true)) => {
+                let _turn = pool.exchange.lock().await;
+                let used_up = lock(&pool.local).slice.as_ref().is_some_and(Slice::exhausted);
+                Ok(inner.granted(&pool, request.tokens, id, used_up).await)
+            }
+            None => inner.exchange(&pool, request).await,
+        }
+    }
+
+    async fn settle(
+        &self,
+        reservation: Reservation,
+        charged_tokens: u64,
+    ) -> Result<(), LedgerError> {
+        let inner = &self.inner;
+        let pool = inner.pools.get(reservation.pool()).map(|p| p.clone());
+        let Some(pool) = pool.filter(|p| Arc::ptr_eq(&p.issuer, &reservation.issuer)) else {
+            return inner.shared.settle(reservation, charged_tokens).await;
+        };
+        if lock(&pool.local).settle(reservation.id(), charged_tokens) {
+            let _ = reservation.disarm();
+            return Ok(());
+        }
+        // Its slice was given back (or is being given back now): it is a lease in Redis.
+        let _turn = pool.exchange.lock().await;
+        inner.shared.settle(reservation, charged_tokens).await
+    }
+
+    async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError> {
+        let inner = &self.inner;
+        let Some(slices) = inner.pools.get(pool).map(|p| p.clone()) else {
+            return inner.shared.snapshot(pool, limits).await;
+        };
+        let _turn = slices.exchange.lock().await;
+        let mut snapshot = inner.shared.snapshot(pool, limits).await?;
+        if let Some(slice) = &lock(&slices.local).slice {
+            slice.add_to(&mut snapshot);
+        }
+        Ok(snapshot)
+    }
+
+    async fn take_budget(&self, request: &BudgetRequest<'_>) -> Result<BudgetVerdict, LedgerError> {
+        self.inner.shared.take_budget(request).await
+    }
+
+    async fn settle_budget(
+        &self,
+        request: &BudgetRequest<'_>,
+        origin: Origin,
+        charged: u64,
+    ) -> Result<(), LedgerError> {
+        self.inner.shared.settle_budget(request, origin, charged).await
+    }
+
+    async fn budget_snapshot(
+        &self,
+        scope: &str,
+        windows: &[BudgetWindow],
+    ) -> Result<Vec<WindowSnapshot>, LedgerError> {
+        self.inner.shared.budget_snapshot(scope, windows).await
+    }
+
+    fn backend(&self) -> &'static str {
+        self.inner.shared.backend()
+    }
+
+    fn stats(&self) -> &LedgerStats {
+        self.inner.shared.stats()
+    }
+
+    fn mode(&self) -> LedgerMode {
+        self.inner.shared.mode()
+    }
+
+    async fn close(&self) {
+        self.give_back_all().await;
+    }
+}
