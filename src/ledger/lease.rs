@@ -62,7 +62,10 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, MutexGuard, Weak},
+    sync::{
+        Arc, Mutex, MutexGuard, Weak,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -104,6 +107,17 @@ struct Inner {
     shared: RedisLedger,
     options: LeaseOptions,
     pools: DashMap<Arc<str>, Arc<PoolSlices>>,
+    from_slices: AtomicU64,
+    slice_calls: AtomicU64,
+}
+
+/// How this replica's decisions were made: from a slice in memory, or with a round trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseCounts {
+    /// Requests admitted from a slice (including the one each new slice was taken for).
+    pub from_slices: u64,
+    /// Calls to `lua/slice.lua`: slices taken and given back (one call may do both).
+    pub slice_calls: u64,
 }
 
 /// One pool's slice on this replica.
@@ -159,6 +173,8 @@ impl LeasedLedger {
             shared,
             options,
             pools: DashMap::new(),
+            from_slices: AtomicU64::new(0),
+            slice_calls: AtomicU64::new(0),
         });
         let sweeper = tokio::spawn(sweep(Arc::downgrade(&inner))).abort_handle();
         LeasedLedger { inner, sweeper }
@@ -166,6 +182,13 @@ impl LeasedLedger {
 
     pub fn shared(&self) -> &RedisLedger {
         &self.inner.shared
+    }
+
+    pub fn counts(&self) -> LeaseCounts {
+        LeaseCounts {
+            from_slices: self.inner.from_slices.load(Ordering::Relaxed),
+            slice_calls: self.inner.slice_calls.load(Ordering::Relaxed),
+        }
     }
 
     /// Slices this replica holds now.
@@ -284,8 +307,7 @@ impl Inner {
         let in_flight = back.as_ref().map(Slice::in_flight).unwrap_or_default();
         let back = back.as_ref().map(|s| s.back(&in_flight));
         let reply = self
-            .shared
-            .slice(&pool.issuer.pool, &request.limits, back.as_ref(), Some(&take))
+            .slice_call(pool, &request.limits, back.as_ref(), Some(&take))
             .await?;
         match reply {
             SliceReply::Granted {
@@ -332,7 +354,42 @@ impl Inner {
         if exhausted {
             self.give_back(pool).await;
         }
+        self.from_slices.fetch_add(1, Ordering::Relaxed);
         Verdict::Granted(Reservation::new(pool.issuer.clone(), tokens, id))
+    }
+
+    /// One call to `lua/slice.lua`, counted.
+    async fn slice_call(
+        &self,
+        pool: &PoolSlices,
+        limits: &Limits,
+        back: Option<&SliceBack<'_>>,
+        take: Option<&SliceTake>,
+    ) -> Result<SliceReply, LedgerError> {
+        self.slice_calls.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .slice(&pool.issuer.pool, limits, back, take)
+            .await
+    }
+
+    /// Gives the pool's slice back if it was taken under other limits than a call's: limits
+    /// that shrank clamp the bucket, and the slice must not keep more than the bucket may hold.
+    async fn give_back_under_other_limits(&self, pool: &str, limits: &Limits) {
+        let Some(slices) = self.pools.get(pool).map(|p| p.clone()) else {
+            return;
+        };
+        let stale = |slices: &PoolSlices| {
+            lock(&slices.local)
+                .slice
+                .as_ref()
+                .is_some_and(|s| s.limits != *limits)
+        };
+        if stale(&slices) {
+            let _turn = slices.exchange.lock().await;
+            if stale(&slices) {
+                self.give_back(&slices).await;
+            }
+        }
     }
 
     /// Gives the pool's slice back, if it has one; the caller holds the pool's turn. A failure is
@@ -343,11 +400,7 @@ impl Inner {
         };
         let in_flight = slice.in_flight();
         let back = slice.back(&in_flight);
-        if let Err(e) = self
-            .shared
-            .slice(&pool.issuer.pool, &slice.limits, Some(&back), None)
-            .await
-        {
+        if let Err(e) = self.slice_call(pool, &slice.limits, Some(&back), None).await {
             self.shared.stats().count_absorbed_error();
             tracing::warn!(error = %e, "a capacity slice was not given back: it expires with its lease, charged in full");
         }
@@ -552,6 +605,7 @@ impl Ledger for LeasedLedger {
     async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         let inner = &self.inner;
         if !inner.sliceable(request) {
+            inner.give_back_under_other_limits(request.pool, &request.limits).await;
             return inner.shared.reserve(request).await;
         }
         let pool = inner.pool(request.pool);
@@ -563,11 +617,14 @@ impl Ledger for LeasedLedger {
             local.admit(request, &inner.options, now)
         };
         match admitted {
-            Some((id, false)) => Ok(Verdict::Granted(Reservation::new(
-                pool.issuer.clone(),
-                request.tokens,
-                id,
-            ))),
+            Some((id, false)) => {
+                inner.from_slices.fetch_add(1, Ordering::Relaxed);
+                Ok(Verdict::Granted(Reservation::new(
+                    pool.issuer.clone(),
+                    request.tokens,
+                    id,
+                )))
+            }
             Some((id, true)) => {
                 let _turn = pool.exchange.lock().await;
                 let used_up = lock(&pool.local).slice.as_ref().is_some_and(Slice::exhausted);
@@ -583,16 +640,25 @@ impl Ledger for LeasedLedger {
         charged_tokens: u64,
     ) -> Result<(), LedgerError> {
         let inner = &self.inner;
-        let pool = inner.pools.get(reservation.pool()).map(|p| p.clone());
-        let Some(pool) = pool.filter(|p| Arc::ptr_eq(&p.issuer, &reservation.issuer)) else {
+        let Some(pool) = inner.pools.get(reservation.pool()).map(|p| p.clone()) else {
             return inner.shared.settle(reservation, charged_tokens).await;
         };
-        if lock(&pool.local).settle(reservation.id(), charged_tokens) {
+        let from_slice = Arc::ptr_eq(&pool.issuer, &reservation.issuer);
+        if from_slice && lock(&pool.local).settle(reservation.id(), charged_tokens) {
             let _ = reservation.disarm();
             return Ok(());
         }
-        // Its slice was given back (or is being given back now): it is a lease in Redis.
+        let debt = charged_tokens > reservation.tokens();
+        if !from_slice && !debt {
+            return inner.shared.settle(reservation, charged_tokens).await;
+        }
+        // A reservation of a slice given back (or being given back now) is a lease in Redis by
+        // the time the turn comes. A charge above the reservation puts the shared bucket in debt,
+        // which the pool's live slice must meet: it goes back first.
         let _turn = pool.exchange.lock().await;
+        if debt {
+            inner.give_back(&pool).await;
+        }
         inner.shared.settle(reservation, charged_tokens).await
     }
 
@@ -602,6 +668,9 @@ impl Ledger for LeasedLedger {
             return inner.shared.snapshot(pool, limits).await;
         };
         let _turn = slices.exchange.lock().await;
+        if lock(&slices.local).slice.as_ref().is_some_and(|s| s.limits != *limits) {
+            inner.give_back(&slices).await;
+        }
         let mut snapshot = inner.shared.snapshot(pool, limits).await?;
         if let Some(slice) = &lock(&slices.local).slice {
             slice.add_to(&mut snapshot);

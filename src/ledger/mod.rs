@@ -58,7 +58,7 @@ use serde::{Deserialize, Serialize};
 pub use budget::{BudgetRefusal, BudgetRequest, BudgetWindow, WindowSnapshot};
 pub use clock::Clock;
 pub use fallback::{FallbackLedger, SharedLedger};
-pub use lease::{LeaseOptions, LeasedLedger};
+pub use lease::{LeaseCounts, LeaseOptions, LeasedLedger};
 pub use memory::MemoryLedger;
 pub use redis::{RedisLedger, RedisOptions};
 pub use shares::{RouteShare, ShareHold, ShareRequest};

@@ -219,8 +219,10 @@ local function load_synced(tpm, rpm, tpd, now)
     end
     refill(s.requests, now)
   elseif rpm >= 0 then
+    -- New, full up to its top: slices taken under an earlier request limit still hold requests.
     s.requests = bucket_new(rpm, now)
     s.requests.held = s.requests_held
+    s.requests.level = math.min(s.requests.level, top(s.requests))
   else
     s.requests = nil
   end
