@@ -229,6 +229,17 @@ const QUOTA: u64 = 300_000;
 /// measure as `tests/saturation.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_share_one_quota() {
+    three_replicas_on_one_redis("").await;
+}
+
+/// The same with local capacity leases: most decisions come from each replica's slice of the
+/// bucket, and upstream still never throttles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_share_one_quota_with_local_leases() {
+    three_replicas_on_one_redis("[ledger.local_leases]\nmax_fraction = 0.1\n").await;
+}
+
+async fn three_replicas_on_one_redis(leases: &str) {
     let Some(server) = RedisServer::start().await else {
         return;
     };
@@ -238,7 +249,7 @@ async fn three_replicas_share_one_quota() {
     .await;
     let pool = format!("{}max_wait_ms = 0\n", sonnet_pool(QUOTA, 64));
     let ledger = format!(
-        "[ledger]\nbackend = \"redis\"\nurl = \"{}\"\n",
+        "[ledger]\nbackend = \"redis\"\nurl = \"{}\"\n{leases}",
         server.url()
     );
     let mut replicas = Vec::new();
