@@ -1,5 +1,6 @@
 //! Admission decisions against each ledger backend, in one run: the memory ledger, and the Redis
-//! ledger over loopback TCP and over a unix socket, each against a private `redis-server`.
+//! ledger over loopback TCP and over a unix socket, each against a private `redis-server`, alone
+//! and with local capacity leases (`LeasedLedger`, the default `[ledger.local_leases]`).
 //!
 //! For each backend:
 //! - **latency**: one task doing `reserve` then `settle`, one after the other; the latency of each
@@ -24,7 +25,8 @@ use std::{
 };
 
 use tokengate::ledger::{
-    Clock, Ledger, Limits, MemoryLedger, RedisLedger, RedisOptions, ReserveRequest, Verdict,
+    Clock, LeaseOptions, LeasedLedger, Ledger, Limits, MemoryLedger, RedisLedger, RedisOptions,
+    ReserveRequest, Verdict,
 };
 
 const LIMITS: Limits = Limits {
@@ -58,20 +60,34 @@ async fn run() {
     println!("|---|---|---|---|---|---|---|---|---|");
     let memory: Arc<dyn Ledger> = Arc::new(MemoryLedger::new(Clock::tokio()));
     report("memory", &memory, None).await;
-    for (name, url) in [
-        ("redis, loopback TCP", tcp.clone()),
-        ("redis, unix socket", unix.url()),
+    for (name, url, leases) in [
+        ("redis, loopback TCP", tcp.clone(), false),
+        ("redis, unix socket", unix.url(), false),
+        ("redis + local leases, loopback TCP", tcp.clone(), true),
+        ("redis + local leases, unix socket", unix.url(), true),
     ] {
         let options = RedisOptions {
             url: url.clone(),
             timeout: Duration::from_secs(2),
             lease: Duration::from_secs(600),
         };
-        let ledger: Arc<dyn Ledger> =
-            Arc::new(RedisLedger::connect(options).await.expect("redis ledger"));
+        let shared = RedisLedger::connect(options).await.expect("redis ledger");
+        let ledger: Arc<dyn Ledger> = if leases {
+            Arc::new(LeasedLedger::new(shared, LEASES))
+        } else {
+            Arc::new(shared)
+        };
         report(name, &ledger, Some(&url)).await;
+        ledger.close().await;
     }
 }
+
+/// `[ledger.local_leases]` with its defaults (`src/config/ledger.rs`).
+const LEASES: LeaseOptions = LeaseOptions {
+    horizon: Duration::from_millis(250),
+    max_fraction: 0.1,
+    max_age: Duration::from_secs(2),
+};
 
 async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: Option<&str>) {
     // Warm up: connection, script load.

@@ -1,3 +1,6 @@
+//! Config validation: one case per rule, each error naming its key.
+//! (Over 500 lines: the cases of every section, with the helpers they share.)
+
 use std::time::Duration;
 
 use super::*;
@@ -232,9 +235,12 @@ fn the_redis_ledger_keys_parse_with_defaults() {
             max_age: Duration::from_secs(2),
         })
     );
-    let leases = redis("local_leases = { horizon_ms = 100, max_fraction = 0.25, max_age_ms = 500 }");
+    let leases =
+        redis("local_leases = { horizon_ms = 100, max_fraction = 0.25, max_age_ms = 500 }");
     assert_eq!(
-        leases.local_leases.map(|l| (l.horizon, l.max_fraction, l.max_age)),
+        leases
+            .local_leases
+            .map(|l| (l.horizon, l.max_fraction, l.max_age)),
         Some((Duration::from_millis(100), 0.25, Duration::from_millis(500)))
     );
     let local =

@@ -9,7 +9,8 @@
 //! expiry (its size is the number of requests in flight). The logic is server-side Lua
 //! (`src/ledger/lua/`), one script per operation, each one round trip: `admit` (purge expired
 //! leases, refill, check tokens, requests, concurrency and the caller's route share, take all or
-//! nothing), `settle`, `renew`, `snapshot`; and `budget` for a scope's budget
+//! nothing), `settle`, `renew`, `snapshot`, `slice` (a replica's capacity slice given back and
+//! taken, [`super::lease`]); and `budget` for a scope's budget
 //! (`tg:v1:{budget:SCOPE}:b`, its own hash tag: see [`super::budget`]). Scripts are called by SHA1 (`EVALSHA`; a Redis that
 //! lost them gets them again on `NOSCRIPT`) and read the time from Redis `TIME`, never from a
 //! replica. Each answers a JSON object decoded into a typed reply; how the scripts are built

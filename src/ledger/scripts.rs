@@ -1,4 +1,5 @@
 //! The Redis ledger's Lua scripts (`lua/`) and their wire: how each script is built, what each
+//! (Over 500 lines: every script's arguments and reply, side by side with the others.)
 //! call sends (keys and arguments) and what it answers (typed replies).
 //!
 //! # Building
@@ -17,7 +18,7 @@
 //! # Replies
 //!
 //! Each script answers one JSON object, decoded here with serde ([`AdmitReply`], [`SettleReply`],
-//! [`PoolSnapshot`]); a reply that does not decode is a [`LedgerError`] quoting it. The scripts
+//! [`SliceReply`], [`PoolSnapshot`]); a reply that does not decode is a [`LedgerError`] quoting it. The scripts
 //! write each reply with one `string.format` of a fixed template: integers through `%d`, exact for
 //! every integer a double holds (`cjson.encode` keeps only 14 digits), and one string made per
 //! reply (a field-by-field encoder cost Redis about 3 µs more per call: `loadtest/RESULTS.md`).
@@ -205,7 +206,14 @@ impl Scripts {
                 .arg(b.unused_tokens)
                 .arg(b.unused_requests)
                 .arg(u8::from(b.from_full)),
-            None => invocation.arg("-").arg(0).arg(0).arg(0).arg(0).arg(0).arg(0),
+            None => invocation
+                .arg("-")
+                .arg(0)
+                .arg(0)
+                .arg(0)
+                .arg(0)
+                .arg(0)
+                .arg(0),
         };
         match take {
             Some(t) => invocation

@@ -50,8 +50,8 @@ use std::{
 
 use tokengate::ledger::{
     BudgetRequest, BudgetVerdict, BudgetWindow, Clock, LeaseOptions, LeasedLedger, Ledger, Limit,
-    Limits, MemoryLedger, PoolSnapshot, RedisLedger, RedisOptions, Rejection, Reservation, ReserveRequest, RouteShare,
-    ShareRequest, Verdict,
+    Limits, MemoryLedger, PoolSnapshot, RedisLedger, RedisOptions, Rejection, Reservation,
+    ReserveRequest, RouteShare, ShareRequest, Verdict,
 };
 use tokio::sync::Barrier;
 

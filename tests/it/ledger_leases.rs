@@ -1,4 +1,5 @@
 //! Local capacity leases (`ledger::lease`): what slices of more than one request may change, and
+//! (Over 500 lines: the property run and the Redis scenarios share the helpers here.)
 //! what they never may. (The contract suite runs on the leased ledger too, and the differential
 //! test holds one-request slices to the memory ledger's answers exactly.)
 //!
@@ -215,7 +216,15 @@ fn slices_never_admit_more_than_the_exact_bucket() {
             let mut held = Vec::new();
             let mut outcome = Ok(());
             for op in &case.ops {
-                outcome = shadow_step(&leased, &exact, &clock, (&pool, &case, op), &mut held, &tally).await;
+                outcome = shadow_step(
+                    &leased,
+                    &exact,
+                    &clock,
+                    (&pool, &case, op),
+                    &mut held,
+                    &tally,
+                )
+                .await;
                 if outcome.is_err() {
                     break;
                 }
@@ -228,7 +237,10 @@ fn slices_never_admit_more_than_the_exact_bucket() {
             leased.close().await;
             outcome?;
             let last = case.limits[case.limits.len() - 1];
-            let (l, m) = (snapshot(&leased, &pool, last).await, snapshot(&exact, &pool, last).await);
+            let (l, m) = (
+                snapshot(&leased, &pool, last).await,
+                snapshot(&exact, &pool, last).await,
+            );
             proptest::prop_assert_eq!((l.reserved_tokens, l.in_flight_requests), (0, 0));
             proptest::prop_assert!(l.tokens_available <= m.tokens_available, "{:?} {:?}", l, m);
             proptest::prop_assert_eq!(leased.live_slices(), 0, "close gave every slice back");
@@ -306,7 +318,10 @@ async fn replicas_sharing_one_redis_never_grant_more_than_the_bucket() {
         "the replicas used the quota: {granted_tokens} tokens granted"
     );
     for replica in &replicas {
-        assert!(replica.counts().from_slices > 0, "every replica admitted from slices");
+        assert!(
+            replica.counts().from_slices > 0,
+            "every replica admitted from slices"
+        );
         replica.close().await;
         assert_eq!(replica.live_slices(), 0);
         assert_eq!(replica.stats().unsettled_drops(), 0);
@@ -360,16 +375,26 @@ async fn a_dead_replicas_slice_expires_and_its_permits_return() {
     };
     let lease = Duration::from_secs(1);
     let dying = LeasedLedger::new(
-        RedisLedger::connect(options(&server, lease)).await.expect("redis"),
+        RedisLedger::connect(options(&server, lease))
+            .await
+            .expect("redis"),
         leases,
     );
     let first = admit(&dying, &request(&pool, l, 60)).await;
     assert_eq!(dying.live_slices(), 1);
-    let other = RedisLedger::connect(options(&server, lease)).await.expect("redis");
+    let other = RedisLedger::connect(options(&server, lease))
+        .await
+        .expect("redis");
     let before = snapshot(&other, &pool, l).await;
     let slice_tokens = before.reserved_tokens;
-    assert!(slice_tokens > 60, "the slice holds more than its request: {before:?}");
-    assert!(before.in_flight_requests >= 2, "and more than one permit: {before:?}");
+    assert!(
+        slice_tokens > 60,
+        "the slice holds more than its request: {before:?}"
+    );
+    assert!(
+        before.in_flight_requests >= 2,
+        "and more than one permit: {before:?}"
+    );
     let died_ms = server.time_ms().await;
     // Dies: nothing is settled, given back or renewed again.
     std::mem::forget(first);
@@ -380,14 +405,18 @@ async fn a_dead_replicas_slice_expires_and_its_permits_return() {
         if s.in_flight_requests == 0 {
             break s;
         }
-        assert!(tokio::time::Instant::now() < deadline, "the slice never expired: {s:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slice never expired: {s:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let refill = i64::try_from((server.time_ms().await - died_ms) / 100 + 1).expect("small");
     assert_eq!(after.reserved_tokens, 0, "{after:?}");
     let charged = 600 - i64::try_from(slice_tokens).expect("small");
     assert!(
-        after.tokens_available <= before.tokens_available + refill && after.tokens_available <= charged + refill,
+        after.tokens_available <= before.tokens_available + refill
+            && after.tokens_available <= charged + refill,
         "the slice's tokens stay charged: {after:?} (slice {slice_tokens}, before {before:?})"
     );
     // Every permit is back.
@@ -422,7 +451,10 @@ async fn idle_slices_go_back_and_close_gives_back_the_rest() {
     assert_eq!(ledger.live_slices(), 1);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while ledger.live_slices() > 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the idle slice stayed");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the idle slice stayed"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let other = RedisLedger::connect(options(&server, Duration::from_secs(60)))
@@ -430,7 +462,10 @@ async fn idle_slices_go_back_and_close_gives_back_the_rest() {
         .expect("redis");
     let s = snapshot(&other, &idle_pool, l).await;
     assert_eq!((s.reserved_tokens, s.in_flight_requests), (0, 0), "{s:?}");
-    assert!(s.tokens_available >= 600_000 - 40, "only the charge stays taken: {s:?}");
+    assert!(
+        s.tokens_available >= 600_000 - 40,
+        "only the charge stays taken: {s:?}"
+    );
 
     // A slice in use goes back at close, its reservation in flight a lease of its own.
     let a = admit(&ledger, &request(&busy_pool, l, 100)).await;
@@ -460,7 +495,10 @@ async fn an_unreachable_redis_is_an_error_or_the_local_share() {
     };
     let pool = pool_name("outage");
     let l = limits(600_000, 100);
-    let closed = LeasedLedger::new(RedisLedger::connect(nobody.clone()).await.expect("url"), leases);
+    let closed = LeasedLedger::new(
+        RedisLedger::connect(nobody.clone()).await.expect("url"),
+        leases,
+    );
     let e = closed
         .reserve(&request(&pool, l, 100))
         .await

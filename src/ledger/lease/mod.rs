@@ -1,4 +1,5 @@
 //! Local capacity leases: a replica takes a slice of a pool's shared bucket in one round trip and
+//! (Over 500 lines: most of it is this design note; the code is the trait's calls and the exchange.)
 //! admits from it in memory, giving back what it does not use (`[ledger.local_leases]`).
 //!
 //! [`LeasedLedger`] wraps the [`RedisLedger`] behind the same [`Ledger`] trait. Most decisions
@@ -23,6 +24,17 @@
 //! capacity. The cost is under-admission while a pool's bucket is near full (refill waits for the
 //! slice to come back); under load, when the bucket is low, nothing is lost.
 //!
+//! Two things change the bucket under a slice without its holder knowing, and each gives the
+//! slice back first: a call carrying other limits (a bucket that shrank is clamped, and a slice
+//! must not keep more than it may hold), and a settlement charged above its reservation in Redis
+//! (its debt must meet the slice's unused part; one settled from the slice debits the slice). What
+//! stays open: a debt settled by *another* replica is not seen by this one's slice until it goes
+//! back (within `max_age`), so while it lives the pool may admit up to that debt (output burndown
+//! above the reservation; admission's hold-back for streams in flight takes the Redis path, so
+//! the expected part is exact); and after slices the shared level can trail the exact one, so a
+//! take from a bucket just short of full starts refill at once where upstream's full bucket waits
+//! a transit: at most 100 ms of refill (0.17% of a minute's tokens) per such take.
+//!
 //! # Which requests
 //!
 //! A request is decided from a slice when it has no route share (shares need every route's state:
@@ -40,8 +52,9 @@
 //! than the bucket holds: Redis takes what there is up to the size asked). A slice is given back:
 //! when the next request does not fit it (with the next one taken in the same call), at once when
 //! a request uses it up (so an empty slice never holds the bucket's top down), when it has not
-//! admitted for `horizon` or is `max_age` old (a background sweep), when the request's limits
-//! differ from the ones it was taken with, and at shutdown ([`Ledger::close`]). A `horizon` of
+//! admitted for `horizon` or is `max_age` old (a background sweep), when a call's limits differ
+//! from the ones it was taken with, before a debt is settled (above), and at shutdown
+//! ([`Ledger::close`]). A `horizon` of
 //! zero makes every slice exactly the request that asks: the shared state then moves exactly as
 //! with plain reservations (the differential test holds it to that).
 //!
@@ -60,10 +73,11 @@
 //!   the pool's hash), but a build without slices does not lower the bucket's top for them: turn
 //!   `local_leases` on once every replica runs a build that has it.
 
+mod slice;
+
 use std::{
-    collections::HashMap,
     sync::{
-        Arc, Mutex, MutexGuard, Weak,
+        Arc, Mutex, Weak,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -75,13 +89,11 @@ use tokio::{task::AbortHandle, time::Instant};
 
 use super::{
     BudgetRequest, BudgetVerdict, BudgetWindow, Issuer, Ledger, LedgerError, LedgerMode,
-    LedgerStats, Limits, Origin, PoolSnapshot, RedisLedger, Rejection, Reservation,
-    ReserveRequest, Verdict, WindowSnapshot,
-    scripts::{MAX_CHARGE, SliceBack, SliceReply, SliceTake},
+    LedgerStats, Limits, Origin, PoolSnapshot, RedisLedger, Rejection, Reservation, ReserveRequest,
+    Verdict, WindowSnapshot,
+    scripts::{SliceBack, SliceReply, SliceTake},
 };
-
-/// The most permits one slice holds (each is a member of the pool's lease set).
-const MAX_SLICE_PERMITS: u32 = 1_024;
+use slice::{Local, Slice, lock, part};
 
 /// How slices are sized and how long they live (`[ledger.local_leases]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -129,39 +141,6 @@ struct PoolSlices {
     /// slice and Redis agree: a snapshot, a settlement whose slice is being given back.
     exchange: tokio::sync::Mutex<()>,
     local: Mutex<Local>,
-}
-
-#[derive(Debug, Default)]
-struct Local {
-    slice: Option<Slice>,
-    demand: Demand,
-}
-
-/// A live slice: what it was taken with, what is left, its reservations in flight.
-#[derive(Debug)]
-struct Slice {
-    id: u64,
-    limits: Limits,
-    tokens: u64,
-    requests: u64,
-    permits: u32,
-    unused_tokens: i64,
-    unused_requests: u64,
-    free_permits: u32,
-    from_full: bool,
-    taken_at: Instant,
-    last_admit: Instant,
-    /// Reservation id -> tokens.
-    in_flight: HashMap<u64, u64>,
-}
-
-/// What this replica asked of a pool since its last slice was taken.
-#[derive(Debug, Default)]
-struct Demand {
-    since: Option<Instant>,
-    tokens: u64,
-    requests: u64,
-    peak_in_flight: u32,
 }
 
 // === impl LeasedLedger ===
@@ -292,7 +271,9 @@ impl Inner {
             match local.admit(request, &self.options, now) {
                 Some(admitted) => Err(admitted),
                 None => {
-                    let take = local.demand.size(rand::random(), request, &self.options, now);
+                    let take = local
+                        .demand
+                        .size(rand::random(), request, &self.options, now);
                     Ok((local.slice.take(), take))
                 }
             }
@@ -382,7 +363,7 @@ impl Inner {
             lock(&slices.local)
                 .slice
                 .as_ref()
-                .is_some_and(|s| s.limits != *limits)
+                .is_some_and(|s| s.limits() != limits)
         };
         if stale(&slices) {
             let _turn = slices.exchange.lock().await;
@@ -400,202 +381,14 @@ impl Inner {
         };
         let in_flight = slice.in_flight();
         let back = slice.back(&in_flight);
-        if let Err(e) = self.slice_call(pool, &slice.limits, Some(&back), None).await {
+        if let Err(e) = self
+            .slice_call(pool, slice.limits(), Some(&back), None)
+            .await
+        {
             self.shared.stats().count_absorbed_error();
             tracing::warn!(error = %e, "a capacity slice was not given back: it expires with its lease, charged in full");
         }
     }
-}
-
-// === impl Local, Slice, Demand ===
-
-impl Local {
-    /// Admits `request` from the live slice if it fits: the reservation's id, and whether that
-    /// used the slice up.
-    fn admit(
-        &mut self,
-        request: &ReserveRequest<'_>,
-        options: &LeaseOptions,
-        now: Instant,
-    ) -> Option<(u64, bool)> {
-        let slice = self.slice.as_mut()?;
-        if !slice.fits(request, options, now) {
-            return None;
-        }
-        let id = slice.admit(request.tokens, now);
-        Some((id, slice.exhausted()))
-    }
-
-    /// Whether the sweep should give the slice back.
-    fn stale(&self, options: &LeaseOptions, now: Instant) -> bool {
-        self.slice.as_ref().is_some_and(|s| {
-            now.duration_since(s.last_admit) >= options.horizon
-                || now.duration_since(s.taken_at) >= options.max_age
-        })
-    }
-
-    /// Settles a reservation of the live slice in it; false if it is not one of them.
-    fn settle(&mut self, id: u64, charged: u64) -> bool {
-        let Some(slice) = self.slice.as_mut() else {
-            return false;
-        };
-        let Some(tokens) = slice.in_flight.remove(&id) else {
-            return false;
-        };
-        let delta = i128::from(tokens) - i128::from(charged.min(MAX_CHARGE));
-        slice.unused_tokens = i64::try_from(i128::from(slice.unused_tokens) + delta)
-            .unwrap_or(i64::MIN)
-            .max(-i64::try_from(MAX_CHARGE).unwrap_or(i64::MAX));
-        slice.free_permits += 1;
-        true
-    }
-}
-
-impl Slice {
-    fn new(take: &SliceTake, limits: Limits, (tokens, requests, permits): (u64, u64, u32), now: Instant) -> Slice {
-        Slice {
-            id: take.id,
-            limits,
-            tokens,
-            requests,
-            permits,
-            unused_tokens: i64::try_from(tokens).unwrap_or(i64::MAX),
-            unused_requests: requests,
-            free_permits: permits,
-            from_full: false,
-            taken_at: now,
-            last_admit: now,
-            in_flight: HashMap::new(),
-        }
-    }
-
-    fn request_limited(&self) -> bool {
-        self.limits.requests_per_minute.is_some()
-    }
-
-    fn fits(&self, request: &ReserveRequest<'_>, options: &LeaseOptions, now: Instant) -> bool {
-        self.limits == request.limits
-            && now.duration_since(self.taken_at) < options.max_age
-            && i128::from(self.unused_tokens) >= i128::from(request.tokens)
-            && self.free_permits > 0
-            && (!self.request_limited() || self.unused_requests > 0)
-    }
-
-    /// Takes a fitting request's tokens, request and permit; its reservation id.
-    fn admit(&mut self, tokens: u64, now: Instant) -> u64 {
-        self.from_full |= self.unused_tokens >= i64::try_from(self.tokens).unwrap_or(i64::MAX);
-        self.unused_tokens -= i64::try_from(tokens).unwrap_or(i64::MAX);
-        self.free_permits -= 1;
-        if self.request_limited() {
-            self.unused_requests -= 1;
-        }
-        self.last_admit = now;
-        let id = rand::random();
-        self.in_flight.insert(id, tokens);
-        id
-    }
-
-    /// Nothing more fits: no permit, no request, or (for a slice of tokens) no token left.
-    fn exhausted(&self) -> bool {
-        self.free_permits == 0
-            || (self.request_limited() && self.unused_requests == 0)
-            || (self.tokens > 0 && self.unused_tokens <= 0)
-    }
-
-    fn in_flight(&self) -> Vec<(u64, u64)> {
-        self.in_flight.iter().map(|(&id, &t)| (id, t)).collect()
-    }
-
-    fn back<'a>(&self, in_flight: &'a [(u64, u64)]) -> SliceBack<'a> {
-        SliceBack {
-            id: self.id,
-            tokens: self.tokens,
-            requests: self.requests,
-            permits: self.permits,
-            unused_tokens: self.unused_tokens,
-            unused_requests: self.unused_requests,
-            from_full: self.from_full,
-            in_flight,
-        }
-    }
-
-    /// Adds this slice's view to the shared snapshot: its unused part is available here, its
-    /// reservations (not the slice) are in flight.
-    fn add_to(&self, snapshot: &mut PoolSnapshot) {
-        let reserved: u64 = self.in_flight.values().sum();
-        let in_flight = u32::try_from(self.in_flight.len()).unwrap_or(u32::MAX);
-        snapshot.tokens_available = snapshot.tokens_available.saturating_add(self.unused_tokens);
-        snapshot.reserved_tokens = snapshot.reserved_tokens.saturating_sub(self.tokens) + reserved;
-        snapshot.in_flight_requests =
-            snapshot.in_flight_requests.saturating_sub(self.permits) + in_flight;
-        if let Some(r) = snapshot.requests_available.as_mut() {
-            *r += self.unused_requests;
-        }
-    }
-}
-
-impl Demand {
-    /// Counts a request asking, with `in_flight` already admitted from the slice.
-    fn note(&mut self, tokens: u64, in_flight: usize, now: Instant) {
-        self.since.get_or_insert(now);
-        self.tokens = self.tokens.saturating_add(tokens);
-        self.requests += 1;
-        let in_flight = u32::try_from(in_flight).unwrap_or(u32::MAX);
-        self.peak_in_flight = self.peak_in_flight.max(in_flight.saturating_add(1));
-    }
-
-    /// The next slice for `request`, from the demand since the last one (which starts afresh).
-    fn size(
-        &mut self,
-        id: u64,
-        request: &ReserveRequest<'_>,
-        options: &LeaseOptions,
-        now: Instant,
-    ) -> SliceTake {
-        let demand = std::mem::take(self);
-        self.since = Some(now);
-        let limits = &request.limits;
-        let f = options.max_fraction;
-        let elapsed = demand.since.map_or(Duration::ZERO, |s| now.duration_since(s));
-        // Twice the demand of the last horizon: the whole demand when it came within one.
-        let scale = if options.horizon.is_zero() {
-            0.0
-        } else if elapsed <= options.horizon {
-            2.0
-        } else {
-            2.0 * options.horizon.as_secs_f64() / elapsed.as_secs_f64()
-        };
-        let scaled = |n: u64| (n as f64 * scale).ceil() as u64;
-        let permits = if options.horizon.is_zero() {
-            1
-        } else {
-            demand.peak_in_flight.saturating_mul(2)
-        };
-        let permit_cap = part(u64::from(limits.max_concurrency), f).min(u64::from(MAX_SLICE_PERMITS));
-        SliceTake {
-            id,
-            least: request.tokens,
-            tokens: scaled(demand.tokens)
-                .min(part(limits.tokens_per_minute, f))
-                .max(request.tokens),
-            requests: limits
-                .requests_per_minute
-                .map_or(0, |r| scaled(demand.requests).min(part(r, f)).max(1)),
-            permits: u32::try_from(u64::from(permits).min(permit_cap))
-                .unwrap_or(1)
-                .max(1),
-        }
-    }
-}
-
-/// `fraction` of a limit, rounded down.
-fn part(limit: u64, fraction: f64) -> u64 {
-    (limit as f64 * fraction).floor() as u64
-}
-
-/// A poisoned lock means a panic mid-update elsewhere; the few integers inside stay consistent.
-fn lock(local: &Mutex<Local>) -> MutexGuard<'_, Local> {
-    local.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 // === impl Ledger for LeasedLedger ===
@@ -605,14 +398,16 @@ impl Ledger for LeasedLedger {
     async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         let inner = &self.inner;
         if !inner.sliceable(request) {
-            inner.give_back_under_other_limits(request.pool, &request.limits).await;
+            inner
+                .give_back_under_other_limits(request.pool, &request.limits)
+                .await;
             return inner.shared.reserve(request).await;
         }
         let pool = inner.pool(request.pool);
         let now = Instant::now();
         let admitted = {
             let mut local = lock(&pool.local);
-            let in_flight = local.slice.as_ref().map_or(0, |s| s.in_flight.len());
+            let in_flight = local.slice.as_ref().map_or(0, Slice::admitted);
             local.demand.note(request.tokens, in_flight, now);
             local.admit(request, &inner.options, now)
         };
@@ -627,7 +422,10 @@ impl Ledger for LeasedLedger {
             }
             Some((id, true)) => {
                 let _turn = pool.exchange.lock().await;
-                let used_up = lock(&pool.local).slice.as_ref().is_some_and(Slice::exhausted);
+                let used_up = lock(&pool.local)
+                    .slice
+                    .as_ref()
+                    .is_some_and(Slice::exhausted);
                 Ok(inner.granted(&pool, request.tokens, id, used_up).await)
             }
             None => inner.exchange(&pool, request).await,
@@ -668,7 +466,11 @@ impl Ledger for LeasedLedger {
             return inner.shared.snapshot(pool, limits).await;
         };
         let _turn = slices.exchange.lock().await;
-        if lock(&slices.local).slice.as_ref().is_some_and(|s| s.limits != *limits) {
+        if lock(&slices.local)
+            .slice
+            .as_ref()
+            .is_some_and(|s| s.limits() != limits)
+        {
             inner.give_back(&slices).await;
         }
         let mut snapshot = inner.shared.snapshot(pool, limits).await?;
@@ -688,7 +490,10 @@ impl Ledger for LeasedLedger {
         origin: Origin,
         charged: u64,
     ) -> Result<(), LedgerError> {
-        self.inner.shared.settle_budget(request, origin, charged).await
+        self.inner
+            .shared
+            .settle_budget(request, origin, charged)
+            .await
     }
 
     async fn budget_snapshot(
