@@ -166,20 +166,23 @@ pub(super) fn validate(raw: RawLedger, env: &Env) -> Result<LedgerConfig, Config
             ));
         }
     };
-    let local_leases = raw
-        .local_leases
-        .map(|l| local_leases(l, lease))
-        .transpose()?;
     Ok(LedgerConfig::Redis(RedisLedgerConfig {
         url,
         timeout,
         lease,
         on_error,
-        local_leases,
+        local_leases: local_leases(raw.local_leases, lease)?,
     }))
 }
 
-fn local_leases(raw: RawLocalLeases, lease: Duration) -> Result<LocalLeasesConfig, ConfigError> {
+/// `[ledger.local_leases]`, when present.
+fn local_leases(
+    raw: Option<RawLocalLeases>,
+    lease: Duration,
+) -> Result<Option<LocalLeasesConfig>, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
     let horizon = Duration::from_millis(positive(
         "ledger.local_leases.horizon_ms",
         raw.horizon_ms.unwrap_or(DEFAULT_SLICE_HORIZON_MS),
@@ -201,11 +204,11 @@ fn local_leases(raw: RawLocalLeases, lease: Duration) -> Result<LocalLeasesConfi
             "must be at least horizon_ms and at most a third of ledger.lease_secs (a slice goes back long before its lease ends)",
         ));
     }
-    Ok(LocalLeasesConfig {
+    Ok(Some(LocalLeasesConfig {
         horizon,
         max_fraction,
         max_age,
-    })
+    }))
 }
 
 /// `ledger.url`, or the value of the variable `ledger.url_env` names: one of the two.
