@@ -514,3 +514,54 @@ async fn an_unreachable_redis_is_an_error_or_the_local_share() {
     local.settle(r, 100).await.expect("settles locally");
     assert_eq!(local.stats().unsettled_drops(), 0);
 }
+
+/// Callers that go away mid-decision (a client hanging up while its request waits for a slice):
+/// the slice call runs to its end, and a reservation nobody took is settled uncharged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_goes_away_leaves_nothing_held() {
+    let Some(server) = RedisServer::start().await else {
+        return;
+    };
+    let pool = pool_name("abandoned");
+    let l = limits(600_000, 8);
+    let ledger = leased(
+        &server,
+        LeaseOptions {
+            horizon: Duration::from_millis(250),
+            max_fraction: 0.5,
+            max_age: Duration::from_secs(1),
+        },
+    )
+    .await;
+    let mut abandoned = 0;
+    for _ in 0..50 {
+        // Polled once, then dropped: mid-way through the round trip when it needed one.
+        match tokio::time::timeout(Duration::ZERO, ledger.reserve(&request(&pool, l, 1_000))).await
+        {
+            Ok(verdict) => {
+                if let Verdict::Granted(r) = verdict.expect("redis answers") {
+                    ledger.settle(r, 0).await.expect("settles");
+                }
+            }
+            Err(_) => abandoned += 1,
+        }
+    }
+    assert!(abandoned > 0, "some callers went away mid-way");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = snapshot(&ledger, &pool, l).await;
+        if (s.reserved_tokens, s.in_flight_requests) == (0, 0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still held: {s:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    ledger.close().await;
+    let other = RedisLedger::connect(options(&server, Duration::from_secs(60)))
+        .await
+        .expect("redis");
+    let s = snapshot(&other, &pool, l).await;
+    assert_eq!((s.reserved_tokens, s.in_flight_requests), (0, 0), "{s:?}");
+    assert_eq!(s.tokens_available, 600_000, "everything given back: {s:?}");
+    assert_eq!(ledger.stats().unsettled_drops(), 0);
+}

@@ -139,7 +139,7 @@ struct PoolSlices {
     issuer: Arc<Issuer>,
     /// Held across every slice call of the pool (one at a time), and by whoever must see the
     /// slice and Redis agree: a snapshot, a settlement whose slice is being given back.
-    exchange: tokio::sync::Mutex<()>,
+    exchange: Arc<tokio::sync::Mutex<()>>,
     local: Mutex<Local>,
 }
 
@@ -182,8 +182,7 @@ impl LeasedLedger {
     /// Gives every slice back now (the sweep does this for idle ones; shutdown for all).
     pub async fn give_back_all(&self) {
         for pool in self.inner.pool_list() {
-            let _turn = pool.exchange.lock().await;
-            self.inner.give_back(&pool).await;
+            self.inner.give_back_if(&pool, |l| l.slice.is_some()).await;
         }
     }
 }
@@ -246,7 +245,7 @@ impl Inner {
                         origin: Origin::Shared,
                         stats: self.shared.stats_handle(),
                     }),
-                    exchange: tokio::sync::Mutex::new(()),
+                    exchange: Arc::new(tokio::sync::Mutex::new(())),
                     local: Mutex::new(Local::default()),
                 })
             })
@@ -257,23 +256,33 @@ impl Inner {
         self.pools.iter().map(|p| p.value().clone()).collect()
     }
 
-    /// The slow path: gives the pool's slice back and takes the next one for `request`, in one
-    /// round trip, holding the pool's turn (another caller may have taken one meanwhile).
+    /// The slow path, run to its end even if the caller goes away (a client that hung up): gives
+    /// the pool's slice back and takes the next one for a request of `tokens` under `limits`, in
+    /// one round trip, holding the pool's turn (another caller may have taken one meanwhile). A
+    /// grant is [`Pending`] until the caller takes it.
     async fn exchange(
-        &self,
-        pool: &PoolSlices,
-        request: &ReserveRequest<'_>,
-    ) -> Result<Verdict, LedgerError> {
-        let _turn = pool.exchange.lock().await;
+        self: Arc<Self>,
+        pool: Arc<PoolSlices>,
+        limits: Limits,
+        tokens: u64,
+    ) -> Result<Exchanged, LedgerError> {
+        let _turn = pool.exchange.clone().lock_owned().await;
+        let request = ReserveRequest {
+            pool: &pool.issuer.pool,
+            limits,
+            tokens,
+            share: None,
+            hold_back: 0,
+        };
         let now = Instant::now();
         let next = {
             let mut local = lock(&pool.local);
-            match local.admit(request, &self.options, now) {
+            match local.admit(&request, &self.options, now) {
                 Some(admitted) => Err(admitted),
                 None => {
                     let take = local
                         .demand
-                        .size(rand::random(), request, &self.options, now);
+                        .size(rand::random(), &request, &self.options, now);
                     Ok((local.slice.take(), take))
                 }
             }
@@ -281,27 +290,25 @@ impl Inner {
         let (back, take) = match next {
             Ok(next) => next,
             // Another caller took a slice meanwhile, and this request fits it.
-            Err((id, exhausted)) => {
-                return Ok(self.granted(pool, request.tokens, id, exhausted).await);
-            }
+            Err((id, exhausted)) => return Ok(self.granted(&pool, tokens, id, exhausted).await),
         };
         let in_flight = back.as_ref().map(Slice::in_flight).unwrap_or_default();
         let back = back.as_ref().map(|s| s.back(&in_flight));
         let reply = self
-            .slice_call(pool, &request.limits, back.as_ref(), Some(&take))
+            .slice_call(&pool, &limits, back.as_ref(), Some(&take))
             .await?;
         match reply {
             SliceReply::Granted {
-                tokens,
+                tokens: held,
                 requests,
                 permits,
                 ..
             } => {
-                let mut slice = Slice::new(&take, request.limits, (tokens, requests, permits), now);
-                let id = slice.admit(request.tokens, now);
+                let mut slice = Slice::new(&take, limits, (held, requests, permits), now);
+                let id = slice.admit(tokens, now);
                 let exhausted = slice.exhausted();
                 lock(&pool.local).slice = Some(slice);
-                Ok(self.granted(pool, request.tokens, id, exhausted).await)
+                Ok(self.granted(&pool, tokens, id, exhausted).await)
             }
             SliceReply::Refused {
                 limit,
@@ -311,7 +318,7 @@ impl Inner {
                 in_flight,
                 held_for_others,
                 ..
-            } => Ok(Verdict::Refused(Rejection {
+            } => Ok(Exchanged::Refused(Rejection {
                 limit,
                 refill_wait: wait_ms.map(Duration::from_millis),
                 token_deficit: deficit,
@@ -331,12 +338,19 @@ impl Inner {
 
     /// The reservation admitted from the slice; a slice it used up is given back first (the
     /// caller holds the pool's turn).
-    async fn granted(&self, pool: &PoolSlices, tokens: u64, id: u64, exhausted: bool) -> Verdict {
+    async fn granted(
+        self: &Arc<Self>,
+        pool: &PoolSlices,
+        tokens: u64,
+        id: u64,
+        exhausted: bool,
+    ) -> Exchanged {
+        let pending = Pending::new(self, Reservation::new(pool.issuer.clone(), tokens, id));
         if exhausted {
             self.give_back(pool).await;
         }
         self.from_slices.fetch_add(1, Ordering::Relaxed);
-        Verdict::Granted(Reservation::new(pool.issuer.clone(), tokens, id))
+        Exchanged::Granted(pending)
     }
 
     /// One call to `lua/slice.lua`, counted.
@@ -353,24 +367,24 @@ impl Inner {
             .await
     }
 
-    /// Gives the pool's slice back if it was taken under other limits than a call's: limits
-    /// that shrank clamp the bucket, and the slice must not keep more than the bucket may hold.
-    async fn give_back_under_other_limits(&self, pool: &str, limits: &Limits) {
-        let Some(slices) = self.pools.get(pool).map(|p| p.clone()) else {
+    /// Gives the pool's slice back when `stale` says so, to the end even if the caller goes away:
+    /// takes the pool's turn, then looks again.
+    async fn give_back_if(
+        self: &Arc<Self>,
+        pool: &Arc<PoolSlices>,
+        stale: impl Fn(&Local) -> bool + Send + 'static,
+    ) {
+        if !stale(&lock(&pool.local)) {
             return;
-        };
-        let stale = |slices: &PoolSlices| {
-            lock(&slices.local)
-                .slice
-                .as_ref()
-                .is_some_and(|s| s.limits() != limits)
-        };
-        if stale(&slices) {
-            let _turn = slices.exchange.lock().await;
-            if stale(&slices) {
-                self.give_back(&slices).await;
-            }
         }
+        let (inner, pool) = (self.clone(), pool.clone());
+        let _ = tokio::spawn(async move {
+            let _turn = pool.exchange.clone().lock_owned().await;
+            if stale(&lock(&pool.local)) {
+                inner.give_back(&pool).await;
+            }
+        })
+        .await;
     }
 
     /// Gives the pool's slice back, if it has one; the caller holds the pool's turn. A failure is
@@ -389,6 +403,91 @@ impl Inner {
             tracing::warn!(error = %e, "a capacity slice was not given back: it expires with its lease, charged in full");
         }
     }
+
+    /// [`Ledger::settle`]: in the live slice if it is one of its reservations, else in Redis.
+    async fn settle(
+        self: &Arc<Self>,
+        reservation: Reservation,
+        charged: u64,
+    ) -> Result<(), LedgerError> {
+        let Some(pool) = self.pools.get(reservation.pool()).map(|p| p.clone()) else {
+            return self.shared.settle(reservation, charged).await;
+        };
+        let from_slice = Arc::ptr_eq(&pool.issuer, &reservation.issuer);
+        if from_slice && lock(&pool.local).settle(reservation.id(), charged) {
+            let _ = reservation.disarm();
+            return Ok(());
+        }
+        let debt = charged > reservation.tokens();
+        if !from_slice && !debt {
+            return self.shared.settle(reservation, charged).await;
+        }
+        // A reservation of a slice given back (or being given back now) is a lease in Redis by
+        // the time the turn comes. A charge above the reservation puts the shared bucket in debt,
+        // which the pool's live slice must meet: it goes back first.
+        let inner = self.clone();
+        tokio::spawn(async move {
+            let _turn = pool.exchange.clone().lock_owned().await;
+            if debt {
+                inner.give_back(&pool).await;
+            }
+            inner.shared.settle(reservation, charged).await
+        })
+        .await
+        .map_err(|e| self.lost(&e))?
+    }
+
+    fn lost(&self, e: &tokio::task::JoinError) -> LedgerError {
+        LedgerError {
+            backend: self.shared.backend(),
+            message: format!("a slice call did not finish: {e}"),
+        }
+    }
+}
+
+/// The slow path's answer.
+enum Exchanged {
+    Granted(Pending),
+    Refused(Rejection),
+}
+
+/// A reservation admitted from a slice and not yet in the caller's hands: if the caller went
+/// away meanwhile (a client that hung up), it is settled uncharged.
+struct Pending {
+    inner: Arc<Inner>,
+    reservation: Option<Reservation>,
+}
+
+impl Pending {
+    fn new(inner: &Arc<Inner>, reservation: Reservation) -> Pending {
+        Pending {
+            inner: inner.clone(),
+            reservation: Some(reservation),
+        }
+    }
+
+    fn into_verdict(mut self) -> Result<Verdict, LedgerError> {
+        match self.reservation.take() {
+            Some(r) => Ok(Verdict::Granted(r)),
+            None => Err(LedgerError {
+                backend: self.inner.shared.backend(),
+                message: "a reservation admitted from a slice went missing".into(),
+            }),
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(reservation) = self.reservation.take() {
+            let inner = self.inner.clone();
+            tokio::spawn(async move {
+                if let Err(e) = inner.settle(reservation, 0).await {
+                    tracing::warn!(error = %e, "a reservation nobody took was not settled");
+                }
+            });
+        }
+    }
 }
 
 // === impl Ledger for LeasedLedger ===
@@ -398,9 +497,14 @@ impl Ledger for LeasedLedger {
     async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         let inner = &self.inner;
         if !inner.sliceable(request) {
-            inner
-                .give_back_under_other_limits(request.pool, &request.limits)
-                .await;
+            let limits = request.limits;
+            if let Some(pool) = inner.pools.get(request.pool).map(|p| p.clone()) {
+                inner
+                    .give_back_if(&pool, move |l| {
+                        l.slice.as_ref().is_some_and(|s| *s.limits() != limits)
+                    })
+                    .await;
+            }
             return inner.shared.reserve(request).await;
         }
         let pool = inner.pool(request.pool);
@@ -411,25 +515,24 @@ impl Ledger for LeasedLedger {
             local.demand.note(request.tokens, in_flight, now);
             local.admit(request, &inner.options, now)
         };
-        match admitted {
-            Some((id, false)) => {
-                inner.from_slices.fetch_add(1, Ordering::Relaxed);
-                Ok(Verdict::Granted(Reservation::new(
-                    pool.issuer.clone(),
-                    request.tokens,
-                    id,
-                )))
-            }
-            Some((id, true)) => {
-                let _turn = pool.exchange.lock().await;
-                let used_up = lock(&pool.local)
-                    .slice
-                    .as_ref()
-                    .is_some_and(Slice::exhausted);
-                Ok(inner.granted(&pool, request.tokens, id, used_up).await)
-            }
-            None => inner.exchange(&pool, request).await,
+        let Some((id, exhausted)) = admitted else {
+            let exchange = inner.clone().exchange(pool, request.limits, request.tokens);
+            return match tokio::spawn(exchange).await.map_err(|e| inner.lost(&e))?? {
+                Exchanged::Granted(pending) => pending.into_verdict(),
+                Exchanged::Refused(rejection) => Ok(Verdict::Refused(rejection)),
+            };
+        };
+        inner.from_slices.fetch_add(1, Ordering::Relaxed);
+        let pending = Pending::new(
+            inner,
+            Reservation::new(pool.issuer.clone(), request.tokens, id),
+        );
+        if exhausted {
+            inner
+                .give_back_if(&pool, |l| l.slice.as_ref().is_some_and(Slice::exhausted))
+                .await;
         }
+        pending.into_verdict()
     }
 
     async fn settle(
@@ -437,27 +540,7 @@ impl Ledger for LeasedLedger {
         reservation: Reservation,
         charged_tokens: u64,
     ) -> Result<(), LedgerError> {
-        let inner = &self.inner;
-        let Some(pool) = inner.pools.get(reservation.pool()).map(|p| p.clone()) else {
-            return inner.shared.settle(reservation, charged_tokens).await;
-        };
-        let from_slice = Arc::ptr_eq(&pool.issuer, &reservation.issuer);
-        if from_slice && lock(&pool.local).settle(reservation.id(), charged_tokens) {
-            let _ = reservation.disarm();
-            return Ok(());
-        }
-        let debt = charged_tokens > reservation.tokens();
-        if !from_slice && !debt {
-            return inner.shared.settle(reservation, charged_tokens).await;
-        }
-        // A reservation of a slice given back (or being given back now) is a lease in Redis by
-        // the time the turn comes. A charge above the reservation puts the shared bucket in debt,
-        // which the pool's live slice must meet: it goes back first.
-        let _turn = pool.exchange.lock().await;
-        if debt {
-            inner.give_back(&pool).await;
-        }
-        inner.shared.settle(reservation, charged_tokens).await
+        self.inner.settle(reservation, charged_tokens).await
     }
 
     async fn snapshot(&self, pool: &str, limits: &Limits) -> Result<PoolSnapshot, LedgerError> {
@@ -465,14 +548,13 @@ impl Ledger for LeasedLedger {
         let Some(slices) = inner.pools.get(pool).map(|p| p.clone()) else {
             return inner.shared.snapshot(pool, limits).await;
         };
+        let other = *limits;
+        inner
+            .give_back_if(&slices, move |l| {
+                l.slice.as_ref().is_some_and(|s| *s.limits() != other)
+            })
+            .await;
         let _turn = slices.exchange.lock().await;
-        if lock(&slices.local)
-            .slice
-            .as_ref()
-            .is_some_and(|s| s.limits() != limits)
-        {
-            inner.give_back(&slices).await;
-        }
         let mut snapshot = inner.shared.snapshot(pool, limits).await?;
         if let Some(slice) = &lock(&slices.local).slice {
             slice.add_to(&mut snapshot);
