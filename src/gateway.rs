@@ -294,7 +294,8 @@ impl Gateway {
     /// `server.accept_grace_secs`, so load balancers stop sending first); queued requests are
     /// answered with a retryable error; the listener closes; in-flight requests and streams
     /// finish, until `server.drain_secs`, after which what is left is ended and settled;
-    /// settlements still on their way to the ledger complete; the telemetry outputs write what
+    /// settlements still on their way to the ledger complete; capacity slices go back
+    /// (`[ledger.local_leases]`); the telemetry outputs write what
     /// they hold; then the admin listener (which answered "not ready" throughout) and the
     /// in-process simulator stop.
     pub async fn shutdown(mut self) -> io::Result<ShutdownReport> {

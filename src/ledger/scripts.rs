@@ -221,8 +221,19 @@ impl Scripts {
                 .arg(t.least)
                 .arg(t.tokens)
                 .arg(t.requests)
-                .arg(t.permits),
-            None => invocation.arg("-").arg(0).arg(0).arg(0).arg(0),
+                .arg(t.permits)
+                .arg(t.keep)
+                .arg(t.route.as_ref().map_or("-", |(r, _)| &**r))
+                .arg(t.route.as_ref().map_or(0, |(_, v)| *v)),
+            None => invocation
+                .arg("-")
+                .arg(0)
+                .arg(0)
+                .arg(0)
+                .arg(0)
+                .arg(0)
+                .arg("-")
+                .arg(0),
         };
         for &(id, tokens) in back.map_or(&[][..], |b| b.in_flight) {
             invocation.arg(member(id, tokens));
@@ -299,7 +310,9 @@ pub struct SliceBack<'a> {
     pub in_flight: &'a [(u64, u64)],
 }
 
-/// A capacity slice to take: at least `least` tokens (the request asking), at most the sizes.
+/// A capacity slice to take: at least `least` tokens (the request asking), at most the sizes,
+/// leaving `keep` tokens in the bucket; `route`: the asking route and its recovery (tokens per
+/// minute), marked seen as an admission marks it.
 #[derive(Debug)]
 pub struct SliceTake {
     pub id: u64,
@@ -307,6 +320,8 @@ pub struct SliceTake {
     pub tokens: u64,
     pub requests: u64,
     pub permits: u32,
+    pub keep: u64,
+    pub route: Option<(std::sync::Arc<str>, u64)>,
 }
 
 /// The slice script's reply.

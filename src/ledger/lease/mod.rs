@@ -1,6 +1,6 @@
 //! Local capacity leases: a replica takes a slice of a pool's shared bucket in one round trip and
-//! (Over 500 lines: most of it is this design note; the code is the trait's calls and the exchange.)
 //! admits from it in memory, giving back what it does not use (`[ledger.local_leases]`).
+//! (Over 500 lines: most of it is this design note; the code is the trait's calls and the exchange.)
 //!
 //! [`LeasedLedger`] wraps the [`RedisLedger`] behind the same [`Ledger`] trait. Most decisions
 //! then take one mutex in this process and no round trip; Redis is asked only to give a slice back
@@ -54,9 +54,9 @@
 //! a request uses it up (so an empty slice never holds the bucket's top down), when it has not
 //! admitted for `horizon` or is `max_age` old (a background sweep), when a call's limits differ
 //! from the ones it was taken with, before a debt is settled (above), and at shutdown
-//! ([`Ledger::close`]). A `horizon` of
-//! zero makes every slice exactly the request that asks: the shared state then moves exactly as
-//! with plain reservations (the differential test holds it to that).
+//! ([`Ledger::close`]). A `horizon` of zero makes every slice exactly the request that asks: the
+//! shared state then moves exactly as with plain reservations (the differential test holds it to
+//! that).
 //!
 //! # Failure semantics
 //!
@@ -69,6 +69,10 @@
 //!   charged, permits come back.
 //! - **Settling while the slice is given back**: waits for that call (one per pool at a time), so
 //!   the reservation is a lease in Redis by the time it is settled there.
+//! - **A caller that goes away mid-decision** (a client that hung up while its request waited for
+//!   a slice): every slice call runs to its end in a task of its own, holding the pool's turn, so
+//!   Redis and this replica never disagree about a slice; a reservation admitted for a caller
+//!   that is gone is settled uncharged.
 //! - **Rolling deploys**: no new key layout (a slice is leases in the same set, plus two fields of
 //!   the pool's hash), but a build without slices does not lower the bucket's top for them: turn
 //!   `local_leases` on once every replica runs a build that has it.
@@ -90,10 +94,10 @@ use tokio::{task::AbortHandle, time::Instant};
 use super::{
     BudgetRequest, BudgetVerdict, BudgetWindow, Issuer, Ledger, LedgerError, LedgerMode,
     LedgerStats, Limits, Origin, PoolSnapshot, RedisLedger, Rejection, Reservation, ReserveRequest,
-    Verdict, WindowSnapshot,
+    ShareRequest, Verdict, WindowSnapshot,
     scripts::{SliceBack, SliceReply, SliceTake},
 };
-use slice::{Local, Slice, lock, part};
+use slice::{Local, Slice, hold, lock, part};
 
 /// How slices are sized and how long they live (`[ledger.local_leases]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -141,6 +145,13 @@ struct PoolSlices {
     /// slice and Redis agree: a snapshot, a settlement whose slice is being given back.
     exchange: Arc<tokio::sync::Mutex<()>>,
     local: Mutex<Local>,
+}
+
+impl PoolSlices {
+    /// A reservation admitted from the pool's slice for `request`.
+    fn reservation(&self, request: &ReserveRequest<'_>, id: u64) -> Reservation {
+        Reservation::new(self.issuer.clone(), request.tokens, id).with_share(hold(request))
+    }
 }
 
 // === impl LeasedLedger ===
@@ -216,6 +227,18 @@ async fn sweep(inner: Weak<Inner>) {
     }
 }
 
+/// A route share a slice can decide: a first attempt, and no route with a guarantee, a ceiling
+/// or another priority (nothing to weigh but the retry reserve it leaves in the shared bucket).
+fn plain_share(share: &ShareRequest) -> bool {
+    let priority = share.caller().priority;
+    !share.retry
+        && share.routes.iter().all(|r| {
+            r.min_share == 0.0
+                && r.max_share.is_none()
+                && (r.priority == priority || share.priority_margin == 0.0)
+        })
+}
+
 // === impl Inner ===
 
 impl Inner {
@@ -223,7 +246,7 @@ impl Inner {
     fn sliceable(&self, request: &ReserveRequest<'_>) -> bool {
         let limits = &request.limits;
         let f = self.options.max_fraction;
-        request.share.is_none()
+        request.share.is_none_or(plain_share)
             && request.hold_back == 0
             && limits.tokens_per_day.is_none()
             && request.tokens <= part(limits.tokens_per_minute, f)
@@ -263,15 +286,14 @@ impl Inner {
     async fn exchange(
         self: Arc<Self>,
         pool: Arc<PoolSlices>,
-        limits: Limits,
-        tokens: u64,
+        (limits, tokens, share): (Limits, u64, Option<ShareRequest>),
     ) -> Result<Exchanged, LedgerError> {
         let _turn = pool.exchange.clone().lock_owned().await;
         let request = ReserveRequest {
             pool: &pool.issuer.pool,
             limits,
             tokens,
-            share: None,
+            share: share.as_ref(),
             hold_back: 0,
         };
         let now = Instant::now();
@@ -290,7 +312,7 @@ impl Inner {
         let (back, take) = match next {
             Ok(next) => next,
             // Another caller took a slice meanwhile, and this request fits it.
-            Err((id, exhausted)) => return Ok(self.granted(&pool, tokens, id, exhausted).await),
+            Err((id, exhausted)) => return Ok(self.granted(&pool, &request, id, exhausted).await),
         };
         let in_flight = back.as_ref().map(Slice::in_flight).unwrap_or_default();
         let back = back.as_ref().map(|s| s.back(&in_flight));
@@ -308,7 +330,7 @@ impl Inner {
                 let id = slice.admit(tokens, now);
                 let exhausted = slice.exhausted();
                 lock(&pool.local).slice = Some(slice);
-                Ok(self.granted(&pool, tokens, id, exhausted).await)
+                Ok(self.granted(&pool, &request, id, exhausted).await)
             }
             SliceReply::Refused {
                 limit,
@@ -341,11 +363,11 @@ impl Inner {
     async fn granted(
         self: &Arc<Self>,
         pool: &PoolSlices,
-        tokens: u64,
+        request: &ReserveRequest<'_>,
         id: u64,
         exhausted: bool,
     ) -> Exchanged {
-        let pending = Pending::new(self, Reservation::new(pool.issuer.clone(), tokens, id));
+        let pending = Pending::new(self, pool.reservation(request, id));
         if exhausted {
             self.give_back(pool).await;
         }
@@ -516,17 +538,15 @@ impl Ledger for LeasedLedger {
             local.admit(request, &inner.options, now)
         };
         let Some((id, exhausted)) = admitted else {
-            let exchange = inner.clone().exchange(pool, request.limits, request.tokens);
+            let ask = (request.limits, request.tokens, request.share.cloned());
+            let exchange = inner.clone().exchange(pool, ask);
             return match tokio::spawn(exchange).await.map_err(|e| inner.lost(&e))?? {
                 Exchanged::Granted(pending) => pending.into_verdict(),
                 Exchanged::Refused(rejection) => Ok(Verdict::Refused(rejection)),
             };
         };
         inner.from_slices.fetch_add(1, Ordering::Relaxed);
-        let pending = Pending::new(
-            inner,
-            Reservation::new(pool.issuer.clone(), request.tokens, id),
-        );
+        let pending = Pending::new(inner, pool.reservation(request, id));
         if exhausted {
             inner
                 .give_back_if(&pool, |l| l.slice.as_ref().is_some_and(Slice::exhausted))

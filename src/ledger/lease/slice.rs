@@ -12,8 +12,9 @@ use tokio::time::Instant;
 
 use super::LeaseOptions;
 use crate::ledger::{
-    Limits, PoolSnapshot, ReserveRequest,
+    Limits, PoolSnapshot, ReserveRequest, ShareHold,
     scripts::{MAX_CHARGE, SliceBack, SliceTake},
+    shares::share_tokens,
 };
 
 /// The most permits one slice holds (each is a member of the pool's lease set).
@@ -30,6 +31,8 @@ pub(super) struct Local {
 pub(super) struct Slice {
     id: u64,
     limits: Limits,
+    /// What the shared bucket keeps for retries under it (a route share's retry reserve).
+    keep: u64,
     tokens: u64,
     requests: u64,
     permits: u32,
@@ -106,6 +109,7 @@ impl Slice {
         Slice {
             id: take.id,
             limits,
+            keep: take.keep,
             tokens,
             requests,
             permits,
@@ -140,6 +144,7 @@ impl Slice {
         now: Instant,
     ) -> bool {
         self.limits == request.limits
+            && self.keep == keep(request)
             && now.duration_since(self.taken_at) < options.max_age
             && i128::from(self.unused_tokens) >= i128::from(request.tokens)
             && self.free_permits > 0
@@ -240,9 +245,15 @@ impl Demand {
         };
         let permit_cap =
             part(u64::from(limits.max_concurrency), f).min(u64::from(MAX_SLICE_PERMITS));
+        let route = request.share.map(|share| {
+            let (_, _, recovery) = share.caller().capacities(limits.tokens_per_minute);
+            (share.caller().route.clone(), recovery)
+        });
         SliceTake {
             id,
             least: request.tokens,
+            keep: keep(request),
+            route,
             tokens: scaled(demand.tokens)
                 .min(part(limits.tokens_per_minute, f))
                 .max(request.tokens),
@@ -254,6 +265,25 @@ impl Demand {
                 .max(1),
         }
     }
+}
+
+/// What a request's share leaves in the shared bucket: a first attempt leaves the retry reserve
+/// (a share that a slice may decide has no guarantees, ceilings or priorities to weigh:
+/// [`super::Inner::sliceable`]).
+pub(super) fn keep(request: &ReserveRequest<'_>) -> u64 {
+    request.share.map_or(0, |share| {
+        share_tokens(share.retry_reserve, request.limits.tokens_per_minute)
+    })
+}
+
+/// What a reservation from a slice took from its route's buckets: nothing (a share a slice
+/// decides has no guarantee), as the admit script answers for it.
+pub(super) fn hold(request: &ReserveRequest<'_>) -> Option<ShareHold> {
+    request.share.map(|share| ShareHold {
+        route: share.caller().route.clone(),
+        guaranteed: 0,
+        recovered: false,
+    })
 }
 
 /// `fraction` of a limit, rounded down.

@@ -15,7 +15,7 @@
 -- level in token-ticks, capacity, updated tick; see "Long windows" below); res = tokens held by
 -- live leases (and slices); sl/sr = tokens and requests held by live slices (absent: none).
 -- The lease zset: member "<id hex>:<tokens>", score = expiry in Redis ms. Its cardinality is the
--- number of requests in flight. A capacity slice (src/ledger/lease.rs, lua/slice.lua) is P members:
+-- number of requests in flight. A capacity slice (src/ledger/lease/, lua/slice.lua) is P members:
 -- "<id hex>:<tokens>:<requests>" and P - 1 permits "<id hex>.<j>:0", so that it holds P permits.
 --
 -- Slices: tokens and requests a replica took to admit from in memory. They are out of the bucket

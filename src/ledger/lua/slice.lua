@@ -1,11 +1,14 @@
--- tokengate ledger v1: slice (src/ledger/lease.rs). Gives a replica's capacity slice back and/or
+-- tokengate ledger v1: slice (src/ledger/lease/). Gives a replica's capacity slice back and/or
 -- takes a new one, in one round trip.
 -- ARGV: tpm, rpm (-1: none), max_concurrency, lease_ms, tpd (-1: none);
 --   the slice given back: id (hex; '-': none), tokens, requests, permits (as taken), unused tokens
 --   (negative: its reservations were charged more than it held), unused requests, from_full (1: it
 --   admitted while the pool's bucket may have been full);
 --   the slice to take: id (hex; '-': none), least tokens (the request that asks), tokens,
---   requests, permits (the most to take);
+--   requests, permits (the most to take), keep (tokens the bucket must still hold after it: a
+--   route share's retry reserve), the asking route ('-': none) and its recovery (tokens per
+--   minute), whose buckets are loaded and marked seen as admit.lua does for a share that has
+--   neither guarantees nor ceilings;
 --   then the given-back slice's reservations still in flight, as lease members "<id hex>:<tokens>":
 --   they become leases of their own, settled and renewed as any other.
 -- Given back: its members leave the lease set, what it did not use is credited (never above the
@@ -67,7 +70,7 @@ local function give_back()
   if r then
     r.level = math.min(r.level + unused_requests * U, top(r))
   end
-  for i = 18, #ARGV do
+  for i = 21, #ARGV do
     local lease_tokens = tonumber(string.match(ARGV[i], ':(%d+)$')) or 0
     s.reserved = s.reserved + lease_tokens
     redis.call('ZADD', LEASES, now + lease_ms, ARGV[i])
@@ -82,8 +85,14 @@ if id == '-' then
   return string.format('{"verdict":"returned","returned":%s,"purged":%d}', tostring(returned), purged)
 end
 local least, tokens, requests, permits = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
+local keep, route = tonumber(ARGV[18]), ARGV[19]
+if route ~= '-' then
+  local rs = route_load(route, 0, -1, tonumber(ARGV[20]), now)
+  rs.seen = now
+  route_save(route, rs)
+end
 local in_flight = redis.call('ZCARD', LEASES)
-local limit, wait, deficit = pool_refusal(s, least, least, 0, in_flight, max_concurrency, now)
+local limit, wait, deficit = pool_refusal(s, least, least + keep, 0, in_flight, max_concurrency, now)
 if limit then
   save(s, now)
   local wait_ms = nil
@@ -94,7 +103,7 @@ if limit then
     '{"verdict":"refused","returned":%s,"purged":%d,"limit":"%s","wait_ms":%s,"deficit":%d,"reserved":%d,"in_flight":%d,"held_for_others":false}',
     tostring(returned), purged, limit, json_int(wait_ms), deficit, s.reserved, in_flight)
 end
-tokens = math.max(least, math.min(tokens, whole(t)))
+tokens = math.max(least, math.min(tokens, whole(t) - keep))
 if s.requests then
   requests = math.max(1, math.min(requests, whole(s.requests)))
 else
