@@ -37,9 +37,12 @@
 //!
 //! # Which requests
 //!
-//! A request is decided from a slice when it has no route share (shares need every route's state:
-//! Redis decides them), no hold-back (what the whole bucket must keep is known only in Redis), its
-//! pool has no daily quota, and its tokens, one request and one permit are within `max_fraction`
+//! A request is decided from a slice when its route share (every route of a pool carries one)
+//! has nothing to weigh but the retry reserve: a first attempt, in a pool where no route has a
+//! guarantee, a ceiling or another priority (those need every route's state: Redis decides them);
+//! the slice is then taken leaving the retry reserve in the shared bucket, and marks the route
+//! seen. It also needs no hold-back (what the whole bucket must keep is known only in Redis), a
+//! pool without a daily quota, and its tokens, one request and one permit within `max_fraction`
 //! of the pool's limits; any other request is a plain [`RedisLedger::reserve`]. So a pool whose
 //! concurrency (or request limit) times `max_fraction` is below one keeps every decision in Redis:
 //! concurrency stays exact where it binds.
