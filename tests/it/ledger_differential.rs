@@ -406,6 +406,20 @@ impl Pair<'_> {
     }
 }
 
+impl Case {
+    /// The share request of `caller` (a route and whether it retries) under route set `routes`.
+    pub(crate) fn share(&self, routes: usize, caller: Caller) -> Option<ShareRequest> {
+        caller.map(|(caller, retry)| ShareRequest {
+            routes: self.routes[routes].clone(),
+            caller,
+            retry,
+            retry_reserve: self.retry_reserve,
+            priority_margin: self.priority_margin,
+            idle: Duration::from_millis(self.idle_ms),
+        })
+    }
+}
+
 /// A tokens-per-minute fraction in thousandths, at least one token.
 pub(crate) fn permille_of(limits: &Limits, permille: u64) -> u64 {
     (limits.tokens_per_minute * permille / 1_000).max(1)
@@ -523,14 +537,7 @@ async fn step_all(
                 hold_back_permille,
             } => {
                 let limits = case.limits[limits];
-                let share = caller.map(|(caller, retry)| ShareRequest {
-                    routes: case.routes[routes].clone(),
-                    caller,
-                    retry,
-                    retry_reserve: case.retry_reserve,
-                    priority_margin: case.priority_margin,
-                    idle: Duration::from_millis(case.idle_ms),
-                });
+                let share = case.share(routes, caller);
                 let request = ReserveRequest {
                     pool: &pair.pool,
                     limits,

@@ -6,8 +6,8 @@
 //! - **Never more than the exact bucket**: a property test drives the leased Redis ledger through
 //!   the differential test's random operations; each grant is replayed on a memory ledger at the
 //!   same instant, which must grant it too (else the slices over-admitted), and every snapshot
-//!   must show the same reservations in flight and no more tokens or requests than the memory
-//!   ledger holds.
+//!   must show the same reservations in flight and no more requests than the memory ledger
+//!   holds, nor more tokens beyond the one bound the module docs leave open (a transit's refill).
 //! - **Several replicas on one Redis**, hammered at once, never grant more than the bucket held
 //!   plus its refill over the elapsed Redis time, and most decisions take no round trip.
 //! - **A dead replica's slice expires**: its permits come back at the lease's end, its tokens stay
@@ -108,18 +108,27 @@ async fn shadow_step(
     match *op {
         Op::Reserve {
             limits,
+            routes,
             permille,
+            caller,
             hold_back_permille,
-            ..
         } => {
-            // Route shares are decided in Redis alone (and held to the memory ledger by the
-            // differential test): here every request may come from a slice.
             let limits = case.limits[limits];
+            // Shares with guarantees, ceilings or priorities to weigh are decided in Redis alone,
+            // and weigh which routes asked lately: Redis learns of a route's asks from slices
+            // only when it takes one, so across a reload from plain shares to weighed ones it
+            // may lend an active route's guarantee for a moment (see `ledger::lease`). Here
+            // the shares are plain ones (slices decide them) or none.
+            let share = case.share(routes, caller).filter(|s| {
+                s.routes
+                    .iter()
+                    .all(|r| r.min_share == 0.0 && r.max_share.is_none())
+            });
             let request = ReserveRequest {
                 pool,
                 limits,
                 tokens: permille_of(&limits, permille),
-                share: None,
+                share: share.as_ref(),
                 hold_back: limits.tokens_per_minute * hold_back_permille / 1_000,
             };
             match leased.reserve(&request).await.expect("redis answers") {
@@ -163,7 +172,7 @@ async fn shadow_step(
                 "the same reservations in flight"
             );
             proptest::prop_assert!(
-                l.tokens_available <= m.tokens_available,
+                l.tokens_available <= m.tokens_available + transit_refill(&limits),
                 "slices hold no more tokens than the exact bucket: {l:?} {m:?}"
             );
             proptest::prop_assert!(
@@ -174,6 +183,14 @@ async fn shadow_step(
         _ => {}
     }
     Ok(())
+}
+
+/// The one bound the module docs leave open on one replica: after slices the shared level can
+/// trail the exact one, and a take from a bucket just short of full then refills at once where
+/// the exact bucket waits a transit (100 ms): one transit's refill, and a token of rounding.
+/// Grants are held to no tolerance.
+fn transit_refill(limits: &Limits) -> i64 {
+    i64::try_from(limits.tokens_per_minute / 600).unwrap_or(i64::MAX) + 1
 }
 
 #[test]
@@ -242,7 +259,12 @@ fn slices_never_admit_more_than_the_exact_bucket() {
                 snapshot(&exact, &pool, last).await,
             );
             proptest::prop_assert_eq!((l.reserved_tokens, l.in_flight_requests), (0, 0));
-            proptest::prop_assert!(l.tokens_available <= m.tokens_available, "{:?} {:?}", l, m);
+            proptest::prop_assert!(
+                l.tokens_available <= m.tokens_available + transit_refill(&last),
+                "{:?} {:?}",
+                l,
+                m
+            );
             proptest::prop_assert_eq!(leased.live_slices(), 0, "close gave every slice back");
             proptest::prop_assert_eq!(leased.stats().unsettled_drops(), 0);
             Ok(())

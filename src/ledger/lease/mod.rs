@@ -33,7 +33,11 @@
 //! above the reservation; admission's hold-back for streams in flight takes the Redis path, so
 //! the expected part is exact); and after slices the shared level can trail the exact one, so a
 //! take from a bucket just short of full starts refill at once where upstream's full bucket waits
-//! a transit: at most 100 ms of refill (0.17% of a minute's tokens) per such take.
+//! a transit: at most 100 ms of refill (0.17% of a minute's tokens) per such take. And Redis
+//! learns that a route asks only when it takes a slice (it marks the route seen then, not at
+//! each admission from it), so right after a reload that gives the pool's routes guarantees,
+//! Redis may judge a route idle that asked from a slice within the last `max_age`, and lend its
+//! guarantee.
 //!
 //! # Which requests
 //!
