@@ -9,7 +9,7 @@ and `nginx` on PATH (Debian: `nginx-light`, `wrk`) and a release build of tokeng
 
     python3 loadtest/nginx_compare.py target/release/tokengate [--seconds 10] [--rounds 3]
         [--connections 32] [--ledger memory|redis] [--no-access-log]
-        [--rate 1000 [--loadgen target/debug/loadgen]]
+        [--rate 1000 [--loadgen target/debug/loadgen]] [--keep DIR]
 
 `--rate N` measures latency at a fixed rate instead of throughput: `loadgen pace` (a thin
 open-loop HTTP/1.1 client on one core, `loadtest/src/pace.rs`) sends N calls per second to each
@@ -24,6 +24,7 @@ simulator is the first binary's.
 Both proxies write one access-log line per request to a file in the run's temporary directory
 (tokengate's stderr; nginx's `access_log`), as each does by default; `--no-access-log` turns off
 both. `--ledger redis` starts a private `redis-server` (unix socket) for tokengate's ledger.
+`--keep DIR` copies the configurations and logs there (tokengate's access log is `LABEL.log`).
 It prints a JSON line per measurement and a summary: median calls/s per target and tokengate's
 ratio to nginx (per round and the median), with the load average beside each. CI does not run it.
 """
@@ -206,6 +207,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=0,
                         help="latency at this many calls/s (loadgen pace) instead of wrk's throughput")
     parser.add_argument("--loadgen", default="target/debug/loadgen", help="the loadgen binary, for --rate")
+    parser.add_argument("--keep", help="copy the run's configurations and logs to this directory")
     opts = parser.parse_args()
     for tool in ("wrk", "nginx") if not opts.rate else ("nginx", opts.loadgen):
         if shutil.which(tool) is None:
@@ -280,6 +282,9 @@ def main() -> None:
                     p.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     p.kill()
+            if opts.keep:  # the proxies' logs (tokengate's access log has its own latency_ms)
+                shutil.copytree(tmp, opts.keep, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("*.sock", "body", "proxy", "fcgi", "uwsgi", "scgi"))
 
 
 if __name__ == "__main__":
