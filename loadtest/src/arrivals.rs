@@ -25,6 +25,8 @@ pub struct Call {
     pub op: Op,
     pub prompt: String,
     pub max_tokens: Option<u32>,
+    /// The answer's length the prompt asks the simulator for (`[sim:output=N]`).
+    pub output_tokens: u32,
     /// A stream the caller drops after its first content event (a client fault).
     pub hang_up: bool,
 }
@@ -69,6 +71,7 @@ impl CallSource {
             op,
             prompt,
             max_tokens,
+            output_tokens: output,
             hang_up,
         }
     }

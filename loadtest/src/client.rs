@@ -43,6 +43,9 @@ pub struct Record {
     pub output_tokens: u64,
     /// `input + output x burndown`, Bedrock's end-of-request charge (0 unless ok).
     pub charged: u64,
+    /// Completed with fewer output tokens than its answer's length and than its own maxTokens:
+    /// cut short by a cap the caller did not set (the proxy's adaptive maxTokens).
+    pub cut_short: bool,
 }
 
 /// An SDK client for `addr`, as an application team would build it: standard retry mode with
@@ -149,7 +152,16 @@ pub async fn execute(
         } else {
             0
         },
+        cut_short: ok && done.usage.1 < own_limit(call),
     }
+}
+
+/// The output a call would end at on its own: its answer's length, or its own maxTokens when
+/// lower.
+fn own_limit(call: &Call) -> u64 {
+    let length = u64::from(call.output_tokens);
+    call.max_tokens
+        .map_or(length, |max| length.min(u64::from(max)))
 }
 
 fn message(text: &str) -> Message {

@@ -84,6 +84,7 @@ pub async fn record_call(
             input_tokens: 0,
             output_tokens: 0,
             charged: 0,
+            cut_short: false,
         }),
     };
     let record = sent.await;

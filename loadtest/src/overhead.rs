@@ -207,6 +207,7 @@ async fn open_streams(
             op: Op::ConverseStream,
             prompt: format!("[sim:fault=stall] {}", prompt(20, 5, i)),
             max_tokens: Some(100),
+            output_tokens: 20,
             hang_up: false,
         };
         set.spawn(async move {

@@ -42,6 +42,8 @@ pub struct Summary {
     pub errors: BTreeMap<String, u64>,
     /// Still running when the drain ended.
     pub unfinished: u64,
+    /// Completed calls cut short below their own maxTokens (by the proxy's adaptive cap).
+    pub cut_short: u64,
     pub attempts: u64,
     pub retries: u64,
     /// Charged tokens of calls completed inside the window, per minute.
@@ -77,6 +79,7 @@ pub fn summarize(records: &[&Record], window: (f64, f64), quota_tpm: u64) -> Sum
         failed: errors.values().sum(),
         errors,
         unfinished: records.iter().filter(|r| r.outcome == "unfinished").count() as u64,
+        cut_short: records.iter().filter(|r| r.cut_short).count() as u64,
         attempts,
         retries: records
             .iter()
@@ -135,6 +138,9 @@ pub struct SideReport {
     pub proxy_memory: Option<Memory>,
     /// Proxy side: its refusals by reason (`tokengate_rejections_total`), at the end of the run.
     pub proxy_refusals: Option<BTreeMap<String, u64>>,
+    /// Proxy side: what each route's adaptive maxTokens learned (`GET /v1/pools`'
+    /// `adaptive_max_tokens` of every pool), at the end of the run.
+    pub proxy_adaptive: Option<Vec<serde_json::Value>>,
 }
 
 impl SideReport {
@@ -154,6 +160,7 @@ impl SideReport {
             upstream: Upstream::default(),
             proxy_memory: None,
             proxy_refusals: None,
+            proxy_adaptive: None,
         }
     }
 }
@@ -165,8 +172,8 @@ fn ms(p: Option<Pcts>, f: fn(&Pcts) -> f64) -> String {
 /// One Markdown row per side (and per team when there are several).
 pub fn markdown(sides: &[&SideReport]) -> String {
     let mut out = String::from(
-        "| side | team | calls | completed | failed | unfinished | retries | upstream 429 | goodput tok/min | of quota | latency p50 / p99 ms | TTFT p50 / p99 ms |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| side | team | calls | completed | failed | unfinished | cut short | retries | upstream 429 | goodput tok/min | of quota | latency p50 / p99 ms | TTFT p50 / p99 ms |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for s in sides {
         let mut rows = vec![("all", &s.all)];
@@ -180,8 +187,8 @@ pub fn markdown(sides: &[&SideReport]) -> String {
                 "".into()
             };
             out.push_str(&format!(
-                "| {} | {team} | {} | {} | {} | {} | {} | {throttles} | {:.0} | {:.0}% | {} / {} | {} / {} |\n",
-                s.side, x.requests, x.completed, x.failed, x.unfinished, x.retries,
+                "| {} | {team} | {} | {} | {} | {} | {} | {} | {throttles} | {:.0} | {:.0}% | {} / {} | {} / {} |\n",
+                s.side, x.requests, x.completed, x.failed, x.unfinished, x.cut_short, x.retries,
                 x.goodput_tpm, x.goodput_fraction * 100.0,
                 ms(x.latency_ms, |p| p.p50), ms(x.latency_ms, |p| p.p99),
                 ms(x.ttft_ms, |p| p.p50), ms(x.ttft_ms, |p| p.p99),
@@ -198,7 +205,39 @@ pub fn markdown(sides: &[&SideReport]) -> String {
             ));
         }
     }
+    for s in sides {
+        for a in s.proxy_adaptive.iter().flatten() {
+            let n = |k: &str| a[k].as_u64().map_or("-".into(), |n| n.to_string());
+            out.push_str(&format!(
+                "\n{} adaptive maxTokens, route {} model {}: cap {}, samples {}, capped calls {}, \
+                 proxy-caused truncations {}, raises {}\n",
+                s.side,
+                a["route"].as_str().unwrap_or("?"),
+                a["model"].as_str().unwrap_or("?"),
+                n("cap"),
+                n("samples"),
+                n("capped_calls"),
+                n("proxy_truncations"),
+                n("raises"),
+            ));
+        }
+    }
     out
+}
+
+/// Every pool's `adaptive_max_tokens` views in a `GET /v1/pools` answer.
+pub fn adaptive_views(pools: &serde_json::Value) -> Vec<serde_json::Value> {
+    pools["pools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| {
+            p["adaptive_max_tokens"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect()
 }
 
 #[cfg(test)]

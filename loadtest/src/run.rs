@@ -12,7 +12,7 @@ use crate::client::Record;
 use crate::drive::drive;
 use crate::overhead::{self, OverheadReport};
 use crate::plot::{self, Series};
-use crate::report::{SideReport, markdown};
+use crate::report::{SideReport, adaptive_views, markdown};
 use crate::scenario::Scenario;
 use crate::soak::{self, SoakReport, series};
 use crate::stack::{Options, http_get, start_proxy, start_simulator};
@@ -127,6 +127,9 @@ async fn run_side(
         report.proxy_memory = Some(p.memory());
         let metrics = http_get(p.addr, "/metrics").await?;
         report.proxy_refusals = Some(series(&metrics, "tokengate_rejections_total", "reason"));
+        let pools: serde_json::Value =
+            serde_json::from_str(&http_get(p.addr, "/v1/pools").await?).context("GET /v1/pools")?;
+        report.proxy_adaptive = Some(adaptive_views(&pools));
         p.stop().await;
     }
     sim.shutdown().await;

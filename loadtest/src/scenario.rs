@@ -434,14 +434,18 @@ mod tests {
                 with_routes += 1;
                 check_routes(&s, &config);
             }
-            if s.name.ends_with("-adaptive") {
-                let route = &config.policy.routes[0];
-                assert!(route.adaptive_max_tokens.is_some(), "{}", path.display());
-            }
+            // An adaptive pair differs in the route's adaptive_max_tokens alone.
+            let learns = config
+                .policy
+                .routes
+                .iter()
+                .any(|r| r.adaptive_max_tokens.is_some());
+            assert_eq!(learns, s.name.ends_with("-adaptive"), "{}", path.display());
         }
         assert_eq!(spilling, 2);
-        // 10-two-teams-routes, and the adaptive maxTokens scenarios 11 and 13.
-        assert_eq!(with_routes, 3);
+        // 10-two-teams-routes, the adaptive maxTokens scenarios 11, 13 and 15, and their
+        // counterparts 12 and 14 on the same route.
+        assert_eq!(with_routes, 6);
     }
 
     /// A scenario with `[[routes]]`: the proxy checks SigV4, every team is a route of its own

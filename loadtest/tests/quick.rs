@@ -24,6 +24,7 @@ fn check_side(name: &str, side: &Value) {
         "requests",
         "completed",
         "failed",
+        "cut_short",
         "retries",
         "goodput_tpm",
         "goodput_fraction",
@@ -182,9 +183,19 @@ fn every_scenario_runs_quick_on_both_sides() {
                 let groups = scenario["groups"].as_array().map_or(0, Vec::len);
                 check_signed_teams(name, &report["proxy"], groups);
             }
+            // What adaptive maxTokens learned is reported (one learner per route and model, its
+            // samples the calls settled), and nothing was cut short below a caller's maxTokens.
+            let adaptive = report["proxy"]["proxy_adaptive"].as_array().unwrap();
+            if name.ends_with("-adaptive") {
+                assert_eq!(adaptive.len(), 1, "{name}: {adaptive:?}");
+                assert!(adaptive[0]["samples"].as_u64().unwrap() > 0, "{name}");
+            } else {
+                assert!(adaptive.is_empty(), "{name}: {adaptive:?}");
+            }
+            assert_eq!(report["proxy"]["all"]["cut_short"], 0, "{name}");
         }
         seen += 1;
     }
-    assert_eq!(seen, 13, "thirteen scenarios");
+    assert_eq!(seen, 15, "fifteen scenarios");
     let _ = std::fs::remove_dir_all(&out);
 }

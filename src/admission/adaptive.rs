@@ -26,6 +26,22 @@
 //! observer's, noted on the [`super::Hold`] before the usage settles it), or, where no stop
 //! reason is read (InvokeModel streams), from the output reaching the cap (`output >= cap`).
 //!
+//! # Where it meets the rest of the policy
+//! - **Shadow** (the route's or the pool's `shadow`): the cap is not written and the caller's
+//!   value is reserved ([`Capping::Observe`]); the learner learns, and the guard counts what the
+//!   cap would have done (a call it would have lowered as capped, an output at or past it as a
+//!   truncation, raising the cap as enforcement would), so `/v1/pools` shows what turning it on
+//!   would give.
+//! - **A call that names no `maxTokens`** and gets the cap counts as
+//!   [`MissingMaxTokens::AdaptiveCap`] (what was written in and reserved), not as the pool's rule.
+//! - **A spilled call** keeps the cap learned for the model it asked for (the body is written
+//!   before the pools are tried), and its [`Ticket`] goes with its hold, so that model's learner
+//!   learns its output: an answer's length is the prompt's, and a spill target is usually the
+//!   same model elsewhere.
+//! - **The adaptive retry** (`routes[].adaptive_retry`, `crate::proxy::adaptive_retry`) of a
+//!   call the cap stopped is decided with [`Capping::Uncapped`]: the caller's value, and its
+//!   output (the whole answer) learned.
+//!
 //! # Scope
 //! The learned cap is per replica: in memory, from that replica's traffic; a reload keeps what
 //! a route learned for a model when its `adaptive_max_tokens` did not change
@@ -45,7 +61,7 @@ use std::{
 use serde::Serialize;
 
 use super::{
-    Estimate, Route,
+    Estimate, MissingMaxTokens, Route,
     advice::{Lengths, with_margin},
 };
 use crate::{
@@ -121,23 +137,78 @@ pub struct Learner {
     guard: Mutex<Guard>,
 }
 
-/// A request's part in its learner: the cap the proxy wrote (if it capped) against the value it
+/// What a request does with its learner's cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capping {
+    /// Writes the cap into the forwarded body and reserves it (an enforcing route and pool).
+    Write,
+    /// A shadow route or pool: the caller's value goes as it was and is reserved; the learner
+    /// learns from the output, and counts the call as capped, and a truncation, as the cap
+    /// would have (an output at or past it), so that the guard and `/v1/pools` show what
+    /// turning it on would do.
+    Observe,
+    /// The adaptive retry of a call the cap truncated ([`crate::config::RouteConfig::adaptive_retry`]):
+    /// the caller's own value; its output is learned (the full answer the cap cut short).
+    Uncapped,
+}
+
+/// A request's part in its learner: the cap the proxy chose (if it did) against the value it
 /// would have carried otherwise; its [`super::Hold`] reports the outcome ([`Ticket::settled`]).
 #[derive(Debug, Clone)]
 pub struct Ticket {
     learner: Arc<Learner>,
-    /// The cap written into the forwarded body; `None`: the caller's value went as it was.
+    /// The learned cap below the caller's value; `None`: the caller's value went as it was and
+    /// the call counts as uncapped.
     pub cap: Option<u64>,
+    /// Whether `cap` was written into the forwarded body (else observed: [`Capping::Observe`]).
+    pub written: bool,
     /// The `maxTokens` the request would have carried without the learned cap.
     pub caller: u64,
 }
 
 impl Ticket {
+    /// The cap written into the forwarded body, if the proxy capped it.
+    pub fn written_cap(&self) -> Option<u64> {
+        self.cap.filter(|_| self.written)
+    }
+
     /// The call settled with `output_tokens`; `stopped_at_cap` when its stop reason said it hit
-    /// its output cap. Output at or past a cap the proxy chose is a truncation the proxy caused.
+    /// its output cap. Output at or past a cap the proxy chose is a truncation the proxy caused
+    /// (or, observed, would have caused); a stop reason counts only for a cap written.
     pub fn settled(&self, output_tokens: u64, stopped_at_cap: bool) {
-        let proxy_truncated = self.cap.map(|cap| stopped_at_cap || output_tokens >= cap);
+        let proxy_truncated = self
+            .cap
+            .map(|cap| (self.written && stopped_at_cap) || output_tokens >= cap);
         self.learner.settled(output_tokens, proxy_truncated);
+    }
+}
+
+/// What became of the adaptive retry of a call the cap stopped (`routes[].adaptive_retry`,
+/// `crate::proxy::adaptive_retry`): the `outcome` label of `tokengate_adaptive_retries_total`
+/// and the value of the `x-tokengate-adaptive-retry` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryOutcome {
+    /// Admitted and answered 2xx: the retry's answer returned.
+    Answered,
+    /// Not admitted: the truncated first answer returned.
+    Refused,
+    /// Upstream failed it: the first answer returned.
+    Failed,
+}
+
+impl RetryOutcome {
+    pub const ALL: [RetryOutcome; 3] = [
+        RetryOutcome::Answered,
+        RetryOutcome::Refused,
+        RetryOutcome::Failed,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            RetryOutcome::Answered => "answered",
+            RetryOutcome::Refused => "refused",
+            RetryOutcome::Failed => "failed",
+        }
     }
 }
 
@@ -273,10 +344,13 @@ impl RouteLearners {
     }
 
     /// A ticket for a request of `model` that would carry `caller`.
-    pub fn ticket(&self, model: &str, caller: u64) -> Option<Ticket> {
+    pub fn ticket(&self, model: &str, caller: u64, capping: Capping) -> Option<Ticket> {
         let learner = self.get(model)?;
         Some(Ticket {
-            cap: learner.cap_for(caller),
+            cap: learner
+                .cap_for(caller)
+                .filter(|_| capping != Capping::Uncapped),
+            written: capping == Capping::Write,
             learner: learner.clone(),
             caller,
         })
@@ -300,16 +374,17 @@ pub fn views(routes: &[Arc<Route>], models: &[String]) -> Vec<LearnerView> {
 }
 
 /// A request of `route` for `model` (its id as the pool's config lists it), about to reserve
-/// `estimate`: lowers `estimate.max_tokens` to the learned cap when there is one below it, and
-/// returns the request's ticket (its `cap` is what to write into the forwarded body). `named`:
-/// the body names its `maxTokens`. `None` when the route does not learn this model, or the cap
-/// could not be written: a bidirectional stream (its `maxTokens` arrives after admission), or a
-/// body that names none in a family whose field is unknown.
+/// `estimate`: with [`Capping::Write`], lowers `estimate.max_tokens` to the learned cap when
+/// there is one below it (a call that named none counts as [`MissingMaxTokens::AdaptiveCap`]),
+/// and returns the request's ticket (its [`Ticket::written_cap`] is what to write into the
+/// forwarded body). `named`: the body names its `maxTokens`. `None` when the route does not
+/// learn this model, or the cap could not be written: a bidirectional stream (its `maxTokens`
+/// arrives after admission), or a body that names none in a family whose field is unknown.
 pub(super) fn apply(
     route: &Route,
     operation: Operation,
     model: (&ModelRef<'_>, &str),
-    named: bool,
+    (named, capping): (bool, Capping),
     estimate: &mut Estimate,
 ) -> Option<Ticket> {
     let learners = route.adaptive.as_ref()?;
@@ -318,9 +393,12 @@ pub(super) fn apply(
     if operation == Operation::InvokeModelWithBidirectionalStream || !writable {
         return None;
     }
-    let ticket = learners.ticket(configured, estimate.max_tokens)?;
-    if let Some(cap) = ticket.cap {
+    let ticket = learners.ticket(configured, estimate.max_tokens, capping)?;
+    if let Some(cap) = ticket.written_cap() {
         estimate.max_tokens = cap;
+        if estimate.max_tokens_missing.is_some() {
+            estimate.max_tokens_missing = Some(MissingMaxTokens::AdaptiveCap);
+        }
     }
     Some(ticket)
 }

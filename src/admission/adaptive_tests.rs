@@ -62,6 +62,7 @@ fn adaptive_a_truncation_counts_only_under_the_proxys_cap() {
     let uncapped = Ticket {
         learner: learner.clone(),
         cap: None,
+        written: false,
         caller: 100,
     };
     uncapped.settled(100, true);
@@ -69,6 +70,7 @@ fn adaptive_a_truncation_counts_only_under_the_proxys_cap() {
     let capped = Ticket {
         learner: learner.clone(),
         cap: Some(128),
+        written: true,
         caller: 4096,
     };
     capped.settled(90, false);
@@ -76,6 +78,17 @@ fn adaptive_a_truncation_counts_only_under_the_proxys_cap() {
     capped.settled(100, true); // the stop reason said so
     let guard = learner.view("r", "m").guard;
     assert_eq!((guard.capped_calls, guard.proxy_truncations), (3, 2));
+    // Observed only (a shadow route): the caller's own cap stopped it, not the proxy's; an
+    // output past the cap it would have written counts as the truncation it would have been.
+    let observed = Ticket {
+        written: false,
+        ..capped
+    };
+    observed.settled(100, true);
+    observed.settled(300, false);
+    let guard = learner.view("r", "m").guard;
+    assert_eq!((guard.capped_calls, guard.proxy_truncations), (5, 3));
+    assert_eq!(observed.written_cap(), None, "nothing written");
 }
 
 #[test]
@@ -133,7 +146,9 @@ fn adaptive_route_learners_cover_the_routes_models() {
     });
     let learners = RouteLearners::new(&route, &pools).expect("opted in");
     assert!(learners.get("a.m-1").is_none());
-    let ticket = learners.ticket("a.m-2", 4096).expect("covered");
+    let ticket = learners
+        .ticket("a.m-2", 4096, Capping::Write)
+        .expect("covered");
     assert_eq!((ticket.cap, ticket.caller), (None, 4096));
 }
 

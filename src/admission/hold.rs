@@ -167,7 +167,7 @@ impl Hold {
 
     /// The adaptive maxTokens cap the proxy wrote into the forwarded body, if it capped it.
     pub fn adaptive_cap(&self) -> Option<u64> {
-        self.adaptive.as_ref().and_then(|t| t.cap)
+        self.adaptive.as_ref().and_then(|t| t.written_cap())
     }
 
     /// The call stopped at its output cap (its stop reason said so): counted beside its pool's

@@ -168,6 +168,19 @@ impl Admission {
 
     /// Decides a request: admitted (holding a reservation), passed, or refused with the reason.
     pub async fn decide(&self, facts: &Facts<'_>) -> Decision {
+        self.decide_capping(facts, adaptive::Capping::Write).await
+    }
+
+    /// Decides the adaptive retry of a call its route's learned cap truncated: as any call, with
+    /// the caller's own `maxTokens` (no learned cap), its output learned.
+    pub async fn decide_adaptive_retry(&self, facts: &Facts<'_>) -> Decision {
+        self.decide_capping(facts, adaptive::Capping::Uncapped)
+            .await
+    }
+
+    /// [`Self::decide`], with the route's learned cap applied as `capping` says (observed only
+    /// in shadow mode).
+    async fn decide_capping(&self, facts: &Facts<'_>, capping: adaptive::Capping) -> Decision {
         if let Some(target) = facts.endpoint {
             return self.decide_endpoint(facts, target).await;
         }
@@ -200,6 +213,10 @@ impl Admission {
             return self.unknown_model(model_id);
         };
         let shadow = pool.config.shadow || route.config.shadow;
+        let capping = match capping {
+            adaptive::Capping::Write if shadow => adaptive::Capping::Observe,
+            capping => capping,
+        };
         // Shadow mode forwards what enforcement would refuse, and says why.
         let refuse = |decision: Decision, reason: ShadowReason| {
             if shadow {
@@ -225,7 +242,8 @@ impl Admission {
             Ok(ahead) => ahead,
             Err(problem) => return invalid(problem),
         };
-        let prepared = match prepare(route, &pool.config, facts, &model, configured, estimated) {
+        let learned = (&model, configured, capping);
+        let prepared = match prepare(route, &pool.config, facts, learned, estimated) {
             Ok(prepared) => prepared,
             Err(problem @ (Problem::AboveCeiling { .. } | Problem::CannotClamp { .. })) => {
                 return refuse(invalid(problem), ShadowReason::MaxTokensCeiling);
@@ -491,8 +509,7 @@ fn prepare<'p>(
     route: &Route,
     pool: &PoolConfig,
     facts: &Facts<'_>,
-    model: &ModelRef<'_>,
-    configured_model: &'p str,
+    (model, configured_model, capping): (&ModelRef<'_>, &'p str, adaptive::Capping),
     estimated: Estimated,
 ) -> Result<reserve::Prepared<'p>, Problem> {
     let Estimated {
@@ -514,7 +531,7 @@ fn prepare<'p>(
         route,
         facts.operation,
         learned,
-        requested.is_some(),
+        (requested.is_some(), capping),
         &mut estimate,
     );
     let ask_usage = facts.operation == Operation::OpenAIChatCompletions
@@ -529,7 +546,10 @@ fn prepare<'p>(
     );
     let edits = rewrite::Edits {
         // The learned cap is below the ceiling or injected default when there is one.
-        ceiling: adaptive.as_ref().and_then(|t| t.cap).or(cap.write),
+        ceiling: adaptive
+            .as_ref()
+            .and_then(adaptive::Ticket::written_cap)
+            .or(cap.write),
         ask_usage,
         tier: forced_tier.filter(|_| tier_in_body),
     };

@@ -40,14 +40,18 @@ pub enum MissingMaxTokens {
     Inject,
     /// Refused (`when_max_tokens_missing = "reject"`).
     Reject,
+    /// The cap a route's `adaptive_max_tokens` learned was written in ([`super::adaptive`]),
+    /// below what the rules above would have reserved.
+    AdaptiveCap,
 }
 
 impl MissingMaxTokens {
-    pub const ALL: [MissingMaxTokens; 4] = [
+    pub const ALL: [MissingMaxTokens; 5] = [
         MissingMaxTokens::RouteCeiling,
         MissingMaxTokens::ReserveModelMax,
         MissingMaxTokens::Inject,
         MissingMaxTokens::Reject,
+        MissingMaxTokens::AdaptiveCap,
     ];
 
     pub fn label(self) -> &'static str {
@@ -56,6 +60,7 @@ impl MissingMaxTokens {
             MissingMaxTokens::ReserveModelMax => WhenMaxTokensMissing::ReserveModelMax.label(),
             MissingMaxTokens::Inject => WhenMaxTokensMissing::Inject.label(),
             MissingMaxTokens::Reject => WhenMaxTokensMissing::Reject.label(),
+            MissingMaxTokens::AdaptiveCap => "adaptive_cap",
         }
     }
 }

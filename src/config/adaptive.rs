@@ -149,6 +149,24 @@ pub(super) fn validate(
     }))
 }
 
+/// Validates a route's `adaptive_retry`: it retries what the learned cap truncated, so it needs
+/// the route's `adaptive_max_tokens` (`learns`).
+pub(super) fn validate_retry(
+    raw: Option<bool>,
+    learns: bool,
+    key: &dyn Fn(&str) -> String,
+) -> Result<bool, ConfigError> {
+    let retry = raw.unwrap_or(false);
+    if retry && !learns {
+        return Err(invalid(
+            key("adaptive_retry"),
+            "retries calls the learned cap truncated, so it needs adaptive_max_tokens on the \
+             same route (add `adaptive_max_tokens = {}`), or remove the key",
+        ));
+    }
+    Ok(retry)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +210,26 @@ mod tests {
         assert!(set.covers("a.m-2") && !set.covers("a.m-1"));
         let table = route("[routes.adaptive_max_tokens]\nfloor = 300\n").expect("valid");
         assert_eq!(table.map(|a| (a.floor, a.min_samples)), Some((300, 300)));
+    }
+
+    #[test]
+    fn adaptive_retry_needs_adaptive_max_tokens() {
+        let retry = |table: &str| {
+            Config::parse(&format!("{BASE}{table}"))
+                .map(|c| c.policy.routes[0].adaptive_retry)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(retry(""), Ok(false), "off unless asked for");
+        assert_eq!(
+            retry("adaptive_retry = true\nadaptive_max_tokens = {}\n"),
+            Ok(true)
+        );
+        let err = retry("adaptive_retry = true\n").expect_err("no learned cap to retry");
+        assert!(
+            err.contains("routes[0] (chat).adaptive_retry: retries calls the learned cap")
+                && err.contains("adaptive_max_tokens = {}"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub struct RawRoute {
     pub max_tokens_ceiling: Option<u64>,
     pub max_tokens_policy: Option<MaxTokensPolicy>,
     pub adaptive_max_tokens: Option<super::adaptive::RawAdaptive>,
+    pub adaptive_retry: Option<bool>,
     pub shadow: Option<bool>,
     pub recovery_budget: Option<f64>,
     pub spill: Option<bool>,
@@ -112,6 +113,10 @@ pub struct RouteConfig {
     /// The output cap learned from the route's outputs ([`crate::admission::adaptive`]);
     /// `None`: the caller's own `maxTokens` (within the ceiling) is forwarded.
     pub adaptive_max_tokens: Option<super::AdaptiveMaxTokens>,
+    /// A non-streamed call that stopped at the learned cap is sent again with the caller's own
+    /// `maxTokens` (a second call, admitted as any), and that answer returned
+    /// (`crate::proxy::adaptive_retry`). Only with `adaptive_max_tokens`.
+    pub adaptive_retry: bool,
     /// Decide and count, but forward everything.
     pub shadow: bool,
     /// Fraction of a pool's tokens per minute this route's retries may take from the pool's
@@ -147,6 +152,7 @@ impl RouteConfig {
             max_tokens_ceiling: None,
             max_tokens_policy: MaxTokensPolicy::Clamp,
             adaptive_max_tokens: None,
+            adaptive_retry: false,
             shadow: false,
             recovery_budget: None,
             shares: BTreeMap::new(),
@@ -284,6 +290,8 @@ fn validate_route(
         ));
     }
     let adaptive_max_tokens = super::adaptive::validate(raw.adaptive_max_tokens, pools, &key)?;
+    let adaptive_retry =
+        super::adaptive::validate_retry(raw.adaptive_retry, adaptive_max_tokens.is_some(), &key)?;
     for region in raw.regions.iter().flatten() {
         super::upstream::region(&key("regions"), region.clone())?;
     }
@@ -297,6 +305,7 @@ fn validate_route(
         max_tokens_ceiling: raw.max_tokens_ceiling,
         max_tokens_policy: raw.max_tokens_policy.unwrap_or(MaxTokensPolicy::Clamp),
         adaptive_max_tokens,
+        adaptive_retry,
         shadow: raw.shadow.unwrap_or(false),
         recovery_budget: raw.recovery_budget,
         shares,

@@ -81,6 +81,8 @@ pub struct Metrics {
     pub adaptive_capped_calls: IntGaugeVec,
     pub adaptive_proxy_truncations: IntGaugeVec,
     pub adaptive_raises: IntGaugeVec,
+    /// Calls the learned cap truncated, sent again with the caller's maxTokens, by outcome.
+    pub adaptive_retries: IntCounterVec,
     // === Routes and callers (see `admission::routes`, `auth`) ===
     /// Requests by pool, route and outcome: admitted, rejected, not_allowed, invalid, shadow_rejected.
     pub route_requests: IntCounterVec,
@@ -157,10 +159,7 @@ const LEDGER_BUCKETS: &[f64] = &[
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new(registry: &Registry) -> Result<Metrics, prometheus::Error> {
-        let r = Reg {
-            registry,
-            families: RefCell::new(Vec::new()),
-        };
+        let r = Reg::new(registry);
         Ok(Metrics {
             requests: r.counter("tokengate_requests_total", "Requests by pool, API, operation and outcome.", &["pool", "api", "operation", "outcome"])?,
             rejections: r.counter("tokengate_rejections_total", "Requests turned away, by pool and the limit that bound.", &["pool", "reason"])?,
@@ -213,6 +212,7 @@ impl Metrics {
             adaptive_capped_calls: r.int_gauge("tokengate_adaptive_capped_calls", "Calls settled with usage whose maxTokens the learned cap lowered, since start.", &["pool", "route", "model"])?,
             adaptive_proxy_truncations: r.int_gauge("tokengate_adaptive_proxy_truncations", "Capped calls that stopped at the learned cap (truncations the proxy caused), since start.", &["pool", "route", "model"])?,
             adaptive_raises: r.int_gauge("tokengate_adaptive_raises", "Times the truncation guard raised the learned cap, since start.", &["pool", "route", "model"])?,
+            adaptive_retries: r.counter("tokengate_adaptive_retries_total", "Non-streamed calls that stopped at the learned cap and were sent again with the caller's own maxTokens (routes[].adaptive_retry), by outcome: answered (the retry's answer returned), refused (the retry was not admitted: the truncated first answer returned), failed (upstream failed the retry: the first answer returned).", &["pool", "route", "outcome"])?,
             route_requests: r.counter("tokengate_route_requests_total", "Requests by pool, route and outcome: admitted, rejected, not_allowed, invalid, shadow_rejected.", &["pool", "route", "outcome"])?,
             route_reserved_tokens: r.int_gauge("tokengate_route_reserved_tokens", "Tokens reserved by the route's requests in flight.", &["pool", "route"])?,
             route_charged_tokens: r.counter("tokengate_route_charged_tokens_total", "Quota tokens charged to the route at settlement.", &["pool", "route"])?,
@@ -221,7 +221,7 @@ impl Metrics {
             shadow_rejections: r.counter("tokengate_shadow_rejections_total", "Requests forwarded in shadow mode that enforcement would have turned away, by reason.", &["pool", "route", "reason"])?,
             max_tokens_clamped: r.counter("tokengate_max_tokens_clamped_total", "Requests whose maxTokens was lowered to the route's max_tokens_ceiling.", &["pool", "route"])?,
             truncated: r.counter("tokengate_truncated_total", "Calls whose output stopped at its cap (stop reason max_tokens, length, max_output_tokens): maxTokens, or the default written in, too low for what was asked.", &["pool", "route"])?,
-            max_tokens_missing: r.counter("tokengate_max_tokens_missing_total", "Requests that named no maxTokens, by what was done: route_ceiling (the route's ceiling written in), reserve_model_max (the model's maximum reserved, as Bedrock does), inject (the pool's default_max_tokens written in), reject (refused). Counted once per call decided, not per throttled attempt.", &["pool", "route", "action"])?,
+            max_tokens_missing: r.counter("tokengate_max_tokens_missing_total", "Requests that named no maxTokens, by what was done: route_ceiling (the route's ceiling written in), reserve_model_max (the model's maximum reserved, as Bedrock does), inject (the pool's default_max_tokens written in), reject (refused), adaptive_cap (the route's learned adaptive cap written in). Counted once per call decided, not per throttled attempt.", &["pool", "route", "action"])?,
             auth_failures: r.counter("tokengate_auth_failures_total", "Requests that failed identification, by auth mode and reason.", &["mode", "reason"])?,
             trace_spans: r.counter("tokengate_trace_spans_total", "Spans of traced requests, by result: exported to the OTLP collector, dropped (the export queue was full), failed (the export failed).", &["result"])?,
             buffered_body_bytes: r.single_gauge("tokengate_buffered_body_bytes", "Request-body bytes held in memory now (server.max_buffered_body_bytes bounds it).")?,
@@ -316,7 +316,14 @@ struct Reg<'a> {
     families: RefCell<Vec<Family>>,
 }
 
-impl Reg<'_> {
+impl<'a> Reg<'a> {
+    fn new(registry: &'a Registry) -> Reg<'a> {
+        Reg {
+            registry,
+            families: RefCell::new(Vec::new()),
+        }
+    }
+
     fn register(
         &self,
         name: &'static str,

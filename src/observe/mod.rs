@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use crate::{
     admission::{
         Admission, Admitted, Decision, MissingMaxTokens, Pass, Pool, Problem, QueueRefusal,
-        Settled, Throttle, ThrottleWhy, Unavailability,
+        Settled, Throttle, ThrottleWhy, Unavailability, adaptive::RetryOutcome,
     },
     metrics::{Metrics, NO_POOL},
 };
@@ -440,6 +440,20 @@ impl Observer {
         let series = route.and_then(|slot| self.series(pool)?.route(slot.index()));
         if let Some(series) = series {
             series.truncated.inc();
+        }
+    }
+
+    /// A call of `pool` from route slot `route` that stopped at the learned cap was sent again
+    /// with the caller's own maxTokens; `outcome` is what the caller got.
+    pub fn adaptive_retry(
+        &self,
+        pool: &Pool,
+        route: Option<crate::admission::routes::RouteSlot>,
+        outcome: RetryOutcome,
+    ) {
+        let series = route.and_then(|slot| self.series(pool)?.route(slot.index()));
+        if let Some(counter) = series.and_then(|s| s.adaptive_retry(outcome)) {
+            counter.inc();
         }
     }
 

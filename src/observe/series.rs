@@ -11,7 +11,9 @@
 use prometheus::{Gauge, Histogram, IntCounter, IntGauge};
 
 use crate::{
-    admission::{Admission, MissingMaxTokens, Pool, SettlementRule, ShadowReason},
+    admission::{
+        Admission, MissingMaxTokens, Pool, SettlementRule, ShadowReason, adaptive::RetryOutcome,
+    },
     bedrock::Operation,
     metrics::{Metrics, Publication},
 };
@@ -38,6 +40,8 @@ pub struct RouteSeries {
     pub truncated: IntCounter,
     /// By action, in the order of [`MissingMaxTokens::ALL`].
     max_tokens_missing: Vec<IntCounter>,
+    /// By outcome, in the order of [`RetryOutcome::ALL`].
+    adaptive_retries: Vec<IntCounter>,
 }
 
 /// Series of one pool.
@@ -256,7 +260,20 @@ impl RouteSeries {
                         .with_label_values(&[pool, route, a.label()])
                 })
                 .collect(),
+            adaptive_retries: RetryOutcome::ALL
+                .iter()
+                .map(|o| {
+                    m.adaptive_retries
+                        .with_label_values(&[pool, route, o.label()])
+                })
+                .collect(),
         }
+    }
+
+    /// The call's adaptive retry ended with `outcome`.
+    pub fn adaptive_retry(&self, outcome: RetryOutcome) -> Option<&IntCounter> {
+        let at = RetryOutcome::ALL.iter().position(|o| *o == outcome)?;
+        self.adaptive_retries.get(at)
     }
 
     /// The request named no maxTokens, and `action` was taken.

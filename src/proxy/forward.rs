@@ -5,7 +5,8 @@
 //! error shape of the request's API); the reservation settled by the rule that applies
 //! ([`crate::admission::hold`]). A streamed Chat Completions call whose usage the proxy asked
 //! for on the client's behalf has the usage chunk taken out of its stream
-//! ([`UsageChunkFilter`]).
+//! ([`UsageChunkFilter`]). A success of a call whose route retries what its learned cap
+//! truncated goes to [`adaptive_retry::after_capped`] instead of straight to the client.
 
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use http::{HeaderValue, StatusCode, header, request::Parts};
 use hyper::body::Incoming;
 
 use super::{
+    adaptive_retry,
     meter::{ExceptionFrame, InFlight, Meter, MeteredBody},
     usage_reader::UsageReader,
 };
@@ -45,6 +47,9 @@ pub struct Outgoing<'a> {
     pub body: bytes::Bytes,
     /// Where it goes: bedrock-runtime, or the endpoint's sagemaker-runtime.
     pub upstream: &'a Upstream,
+    /// What a second call needs, when the caller's route retries calls its learned cap
+    /// truncated ([`adaptive_retry`]).
+    pub retry: Option<adaptive_retry::Retry<'a>>,
 }
 
 /// InvokeModel's service tier (Converse names it in the body).
@@ -80,6 +85,13 @@ pub async fn forward(
         }
         InFlight::new(admitted.hold, obs.take(), policy.observer.clone())
     });
+    // Only a call the learned cap was written into can stop at it.
+    let retry = request.retry.filter(|_| {
+        in_flight
+            .as_ref()
+            .and_then(|f| f.hold().adaptive_cap())
+            .is_some()
+    });
     let operation = request.operation;
     let path_and_query = spilled_path
         .as_deref()
@@ -98,6 +110,14 @@ pub async fn forward(
     match (sent, in_flight) {
         (Ok(response), Some(in_flight)) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
             throttled(state, policy, in_flight, response, operation).await
+        }
+        (Ok(response), Some(in_flight)) if retry.is_some() && response.status().is_success() => {
+            let first = adaptive_retry::First {
+                parts: request.parts,
+                operation,
+                upstream: request.upstream,
+            };
+            adaptive_retry::after_capped(state, policy, first, in_flight, response, retry).await
         }
         (Ok(response), in_flight) => respond(
             state,
@@ -173,27 +193,19 @@ pub fn respond(
     state: &AppState,
     policy: &Arc<Policy>,
     operation: Operation,
-    mut in_flight: Option<InFlight>,
+    in_flight: Option<InFlight>,
     response: http::Response<Incoming>,
     strip_usage_chunk: bool,
 ) -> Response {
-    let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
     let status = response.status();
-    policy.observer.upstream_response(pool.as_deref(), status);
-    let (mut head, incoming) = response.into_parts();
-    strip_hop_by_hop(&mut head.headers);
-    if let Some(name) = pool
-        .as_ref()
-        .and_then(|p| HeaderValue::from_str(&p.name).ok())
-    {
-        // Where it ran: its own pool, or the one it spilled to.
-        head.headers.insert(answer::X_TOKENGATE_POOL, name);
-    }
-    let event_stream = head.headers.get(header::CONTENT_TYPE).is_some_and(|v| {
-        v.as_bytes()
-            .starts_with(eventstream::CONTENT_TYPE.as_bytes())
-    });
-    let kind = ResponseKind::for_response(operation, &head.headers);
+    let (head, incoming) = response.into_parts();
+    let Head {
+        mut head,
+        meter,
+        pool,
+        kind,
+        event_stream,
+    } = answer_head(policy, operation, in_flight, head);
     // The usage chunk asked for on the client's behalf comes out of a successful stream.
     let filter =
         (strip_usage_chunk && status.is_success() && kind == Some(ResponseKind::ChatStream))
@@ -201,15 +213,6 @@ pub fn respond(
     if event_stream || filter.is_some() {
         head.headers.remove(header::CONTENT_LENGTH);
     }
-    let meter = in_flight.take().and_then(|f| {
-        let response = Answered {
-            status,
-            headers: &mut head.headers,
-            operation,
-            kind,
-        };
-        meter(policy, f, response)
-    });
     let exception: ExceptionFrame = if operation.is_endpoint() {
         sagemaker::error::stream_exception_frame
     } else {
@@ -227,6 +230,59 @@ pub fn respond(
     )
     .with_filter(filter);
     Response::from_parts(head, Body::new(body))
+}
+
+/// Upstream's response head as the client gets it, and the meter for its body.
+pub(super) struct Head {
+    pub head: http::response::Parts,
+    /// `None` for a response that settles nothing (or settled already: an error status).
+    pub meter: Option<Meter>,
+    pub pool: Option<Arc<crate::admission::Pool>>,
+    pub kind: Option<ResponseKind>,
+    /// An event stream (`application/vnd.amazon.eventstream`).
+    pub event_stream: bool,
+}
+
+/// Upstream's response head, observed and passed on (hop-by-hop headers out, the pool it ran
+/// in named), with the meter of an admitted request's body ([`meter`]).
+pub(super) fn answer_head(
+    policy: &Policy,
+    operation: Operation,
+    mut in_flight: Option<InFlight>,
+    mut head: http::response::Parts,
+) -> Head {
+    let pool = in_flight.as_ref().map(|f| f.hold().pool().clone());
+    let status = head.status;
+    policy.observer.upstream_response(pool.as_deref(), status);
+    strip_hop_by_hop(&mut head.headers);
+    if let Some(name) = pool
+        .as_ref()
+        .and_then(|p| HeaderValue::from_str(&p.name).ok())
+    {
+        // Where it ran: its own pool, or the one it spilled to.
+        head.headers.insert(answer::X_TOKENGATE_POOL, name);
+    }
+    let event_stream = head.headers.get(header::CONTENT_TYPE).is_some_and(|v| {
+        v.as_bytes()
+            .starts_with(eventstream::CONTENT_TYPE.as_bytes())
+    });
+    let kind = ResponseKind::for_response(operation, &head.headers);
+    let meter = in_flight.take().and_then(|f| {
+        let response = Answered {
+            status,
+            headers: &mut head.headers,
+            operation,
+            kind,
+        };
+        meter(policy, f, response)
+    });
+    Head {
+        head,
+        meter,
+        pool,
+        kind,
+        event_stream,
+    }
 }
 
 /// Upstream's answer to an admitted request, as the meter needs it.

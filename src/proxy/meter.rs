@@ -214,6 +214,15 @@ impl Meter {
         }
     }
 
+    /// A response body read whole before any of it went to the client (the first answer of an
+    /// adaptive retry: [`super::adaptive_retry`]): metered as if it had passed through, and
+    /// settled. Returns whether its stop reason said it stopped at its output cap.
+    pub fn whole(mut self, body: &[u8]) -> bool {
+        self.data(body);
+        self.end();
+        self.usage.truncated()
+    }
+
     fn cut(&mut self) {
         match self.usage.running_usage() {
             Some(running) => self.in_flight.settle_cut_after(&running),

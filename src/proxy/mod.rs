@@ -7,7 +7,9 @@
 //! 2. **Caller**: who is calling, from the head before any body byte is read, and in sigv4 mode
 //!    from the signature over the body too ([`caller`]); the body is read (bounded) in between.
 //! 3. **Decide**: [`crate::admission::Admission::decide`] returns a pure [`Decision`].
-//! 4. **Answer** a refusal ([`crate::answer`]), or **forward** the request ([`forward`]).
+//! 4. **Answer** a refusal ([`crate::answer`]), or **forward** the request ([`forward`]); a
+//!    call its route's learned cap stopped may be sent again with the caller's own `maxTokens`
+//!    ([`adaptive_retry`]).
 //! 5. **Meter** the response on its way back and settle the reservation ([`meter`]).
 //!
 //! Every step records what happened through the policy's [`crate::observe::Observer`]: an
@@ -26,6 +28,7 @@
 //! InvokeModelWithBidirectionalStream takes the same steps from its head alone, its body being
 //! the session's events, which stream upstream as they come ([`duplex`], [`relay`]).
 
+pub mod adaptive_retry;
 pub mod caller;
 pub mod count_tokens;
 pub mod duplex;
@@ -183,17 +186,9 @@ async fn proxy(
     if let Some(refusal) = answer::refusal(&decision, operation) {
         return refusal;
     }
-    let upstream = match upstream_of(state, &call, &decision) {
-        Ok(upstream) => upstream,
-        Err(e) => {
-            let (hint, dialect) = (Default::default(), Dialect::Bedrock);
-            return answer::upstream_unreachable("sagemaker-runtime", &e, None, hint, dialect);
-        }
-    };
-    let region = match &call {
-        Call::Model(target) => region(state, policy, &decision, target.model_id.as_deref()),
-        // An endpoint's client is its Region's.
-        Call::Endpoint(_) => upstream.signer().default_region().to_string(),
+    let (upstream, region) = match destination(state, policy, &call, &decision) {
+        Ok(destination) => destination,
+        Err(unreachable) => return *unreachable,
     };
     let admitted = match decision {
         Decision::Admit(admitted) => Some(admitted),
@@ -202,6 +197,7 @@ async fn proxy(
     let mut headers =
         headers::table(operation.api()).forwarded(&parts.headers, identity.signed_headers());
     record.propagate_trace(&parts.headers, identity.signed_headers(), &mut headers);
+    let retry = adaptive_retry::Retry::for_call(&caller, &call, tier, &body, &headers);
     let request = forward::Outgoing {
         parts: &parts,
         headers,
@@ -209,6 +205,7 @@ async fn proxy(
         region,
         body,
         upstream: &upstream,
+        retry,
     };
     forward::forward(state, policy, request, admitted, obs).await
 }
@@ -218,6 +215,32 @@ fn service_tier(headers: &http::HeaderMap) -> Option<&str> {
     headers
         .get(forward::SERVICE_TIER)
         .and_then(|v| v.to_str().ok())
+}
+
+/// Where a decided call goes: its upstream ([`upstream_of`]) and Region (its pool's, or for an
+/// endpoint its client's); the answer to give when no client can be made.
+fn destination(
+    state: &AppState,
+    policy: &Policy,
+    call: &Call,
+    decision: &Decision,
+) -> Result<(Arc<Upstream>, String), Box<Response>> {
+    let upstream = upstream_of(state, call, decision).map_err(|e| {
+        let (hint, dialect) = (Default::default(), Dialect::Bedrock);
+        Box::new(answer::upstream_unreachable(
+            "sagemaker-runtime",
+            &e,
+            None,
+            hint,
+            dialect,
+        ))
+    })?;
+    let region = match call {
+        Call::Model(target) => region(state, policy, decision, target.model_id.as_deref()),
+        // An endpoint's client is its Region's.
+        Call::Endpoint(_) => upstream.signer().default_region().to_string(),
+    };
+    Ok((upstream, region))
 }
 
 /// Where a call goes: bedrock-runtime, or the sagemaker-runtime of its endpoint's pool (of
@@ -317,7 +340,7 @@ async fn read_body(
 
 /// The Region a decided request goes to: its pool's (the one it was admitted in), else
 /// `upstream.region` ([`crate::admission::Admission::region_of`]).
-fn region(
+pub(super) fn region(
     state: &AppState,
     policy: &Policy,
     decision: &Decision,

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use aws_sdk_bedrockruntime::types::StopReason;
 use bytes::Bytes;
 use serde_json::{Value, json};
 use tokengate::{
@@ -19,23 +20,24 @@ use tokengate::{
 
 use crate::common::*;
 
-const INSTANT_SIM: &str = "time_to_first_token_ms = 0\ntokens_per_second = 0\n\
-                           default_tokens_per_minute = 10000000\n";
+pub(crate) use crate::common::apis::FAST_SIM as INSTANT_SIM;
 
 /// One pool of Claude 3 Haiku, room for thousands of calls.
-fn haiku_pool() -> String {
+pub(crate) fn haiku_pool() -> String {
     format!(
         "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 10000000\n\
          max_concurrency = 64\noutput_burndown = 1\ndefault_max_tokens = 4000\n"
     )
 }
 
-async fn learned(proxy: &Gateway) -> LearnerView {
+/// What the first route learned for the first pool's first model.
+pub(crate) async fn learned(proxy: &Gateway) -> LearnerView {
     let pools = proxy.admission().pool_views().await;
     pools[0].adaptive_max_tokens[0].clone()
 }
 
-async fn converse_output(stack: &Stack, prompt: &str, max: i32) -> i32 {
+/// A Converse call to Haiku with `max` as its maxTokens: its output tokens and stop reason.
+pub(crate) async fn converse_answer(stack: &Stack, prompt: &str, max: i32) -> (i32, StopReason) {
     let out = stack
         .client()
         .converse()
@@ -45,7 +47,12 @@ async fn converse_output(stack: &Stack, prompt: &str, max: i32) -> i32 {
         .send()
         .await
         .expect("admitted and answered");
-    out.usage().map_or(0, |u| u.output_tokens())
+    let output = out.usage().map_or(0, |u| u.output_tokens());
+    (output, out.stop_reason().clone())
+}
+
+async fn converse_output(stack: &Stack, prompt: &str, max: i32) -> i32 {
+    converse_answer(stack, prompt, max).await.0
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@
 //! | `daily_quota` | daily quotas: upstream's daily 429, a pool's `tokens_per_day`, the account's day across pools |
 //! | `route_limits` | a route's budgets and max_concurrency across pools: refusals, hints, what is left |
 //! | `tiers` | service tiers: reserved capacity first, overflowing to on-demand; the tier from the body or the header |
+//! | `adaptive`, `adaptive_decisions`, `adaptive_retry` | adaptive maxTokens: the learned cap written in each API's field, reserved and raised; shadow, calls without maxTokens, spilled calls; the retry of a call the cap stopped |
 //! | `max_tokens_missing` | requests naming no maxTokens: the model maximum reserved, the default injected, or refused |
 //! | `queue`, `queue_fleet` | the admission queue (paused clock), and a closed-loop SDK fleet against it |
 //! | `routes` | application routes and caller identity: keys, allow-lists, shares, recovery |
@@ -30,6 +31,8 @@ mod common;
 
 mod access_log;
 mod adaptive;
+mod adaptive_decisions;
+mod adaptive_retry;
 mod admin;
 mod admission;
 mod apis;
