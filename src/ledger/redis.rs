@@ -82,16 +82,14 @@ use std::{
 
 use async_trait::async_trait;
 use dashmap::DashMap;
-use redis::{
-    FromRedisValue, ScriptInvocation,
-    aio::{ConnectionManager, ConnectionManagerConfig},
-};
+use redis::{FromRedisValue, ScriptInvocation};
 use tokio::task::AbortHandle;
 
 use super::{
     BudgetRefusal, BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Issuer, Ledger, LedgerError,
     LedgerMode, LedgerStats, Limits, Origin, PoolSnapshot, Rejection, Reservation, ReserveRequest,
     ShareHold, Verdict, WindowSnapshot,
+    connection::Connection,
     scripts::{
         AdmitReply, BACKEND, BudgetReply, Scripts, SettleReply, check_limits, check_windows,
         decode, lease_id, member,
@@ -106,7 +104,9 @@ const RENEW_BATCH: usize = 256;
 /// How to reach Redis and how long leases last.
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
-    /// `redis://[user:password@]host:port[/db]` or `redis+unix:///path/to/socket`.
+    /// `redis://[user:password@]host:port[/db]`, `redis+unix:///path/to/socket`, or a Redis
+    /// Cluster: `redis+cluster://[user:password@]host:port[,host:port...]` (see
+    /// [`super::connection`]).
     pub url: String,
     /// The longest any one call may take, connecting included.
     pub timeout: Duration,
@@ -123,7 +123,7 @@ pub struct RedisLedger {
 
 #[derive(Debug)]
 struct Inner {
-    conn: ConnectionManager,
+    conn: Connection,
     scripts: Scripts,
     timeout: Duration,
     lease: Duration,
@@ -161,20 +161,7 @@ impl RedisLedger {
         options: RedisOptions,
         test_clock: Option<Clock>,
     ) -> Result<RedisLedger, LedgerError> {
-        let client = redis::Client::open(options.url.as_str()).map_err(|e| LedgerError {
-            backend: BACKEND,
-            message: format!("ledger.url is not a usable Redis URL: {e}"),
-        })?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.timeout))
-            .set_response_timeout(Some(options.timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(1));
-        let conn =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| LedgerError {
-                backend: BACKEND,
-                message: format!("cannot set up the Redis connection (ledger.url): {e}"),
-            })?;
+        let conn = Connection::open(&options.url, options.timeout)?;
         let inner = Arc::new(Inner {
             conn,
             scripts: Scripts::new(test_clock.is_some()),
