@@ -55,6 +55,12 @@
 //!   requests (a dead replica's upstream connections close with it, so normally none), and tokens
 //!   by their charge above their reservation (output burndown), which nobody debits: at most
 //!   `maxTokens x (burndown - 1)` per request the dead replica had in flight.
+//! - **A Redis Cluster** (`redis+cluster://`, see [`super::connection`]): each script call goes to
+//!   the master of its pool's slot. A master that dies fails its pools' calls (the failures
+//!   above, for those pools only) until a replica is promoted; the probe needs every master.
+//!   Writes it acknowledged but had not replicated are lost with it: leases and deductions of
+//!   the last moment's admissions are forgotten by the new master (their settlements find no
+//!   lease and charge nothing more), so it may admit those tokens again, once.
 //! - **Clocks.** Only Redis `TIME` is used. After a failover to a Redis whose clock is behind,
 //!   refill pauses until that clock catches up (time never runs backwards in a bucket). The one
 //!   exception is for tests: [`RedisLedger::connect_with_clock`] builds the scripts to take the
