@@ -238,7 +238,7 @@ pub async fn run(s: &Scenario, o: &Options) -> anyhow::Result<SoakReport> {
             }
         })
     };
-    let records = drive(s, addr, "proxy").await;
+    let records = drive(s, &[addr], "proxy").await;
     sampler.abort();
     let after_drain = memory_of(pid);
     let ledger = ledger_at_rest(addr).await?;
