@@ -157,10 +157,10 @@ pub struct Replica {
 impl Replica {
     /// From a replica's `/metrics` text, over `elapsed` seconds.
     pub fn new(metrics: &str, memory: Memory, elapsed: f64) -> Replica {
-        let outcomes = crate::soak::series(metrics, "tokengate_requests_total", "outcome");
+        let outcomes = series(metrics, "tokengate_requests_total", "outcome");
         let count = |outcome: &str| outcomes.get(outcome).copied().unwrap_or(0);
         let (admitted, rejected) = (count("admitted"), count("rejected"));
-        let throttles = crate::soak::series(metrics, "tokengate_upstream_throttles_total", "pool");
+        let throttles = series(metrics, "tokengate_upstream_throttles_total", "pool");
         Replica {
             admitted,
             rejected,
@@ -247,6 +247,30 @@ pub fn markdown(sides: &[&SideReport]) -> String {
                 s.side,
                 by_reason.join(", ")
             ));
+        }
+    }
+    out
+}
+
+/// The samples of counter `name` by the value of `label` (summed over the other labels).
+pub fn series(metrics: &str, name: &str, label: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let prefix = format!("{name}{{");
+    for line in metrics.lines().filter(|l| l.starts_with(&prefix)) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let key = format!("{label}=\"");
+        let Some(v) = series
+            .split_once(&key)
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map(|(v, _)| v.to_string())
+        else {
+            continue;
+        };
+        let n = value.parse::<f64>().unwrap_or(0.0) as u64;
+        if n > 0 {
+            *out.entry(v).or_insert(0) += n;
         }
     }
     out

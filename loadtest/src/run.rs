@@ -15,9 +15,9 @@ use crate::drive::drive;
 use crate::overhead::{self, OverheadReport};
 use crate::plot::{self, Series};
 use crate::redis::SharedLedger;
-use crate::report::{Replica, SideReport, markdown};
+use crate::report::{Replica, SideReport, markdown, series};
 use crate::scenario::Scenario;
-use crate::soak::{self, SoakReport, series};
+use crate::soak::{self, SoakReport};
 use crate::stack::{Options, http_get, start_replicas, start_simulator};
 
 /// Everything one scenario produced; written as `<out>/<name>.json`.
