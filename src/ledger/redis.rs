@@ -60,7 +60,8 @@
 //!   above, for those pools only) until a replica is promoted; the probe needs every master.
 //!   Writes it acknowledged but had not replicated are lost with it: leases and deductions of
 //!   the last moment's admissions are forgotten by the new master (their settlements find no
-//!   lease and charge nothing more), so it may admit those tokens again, once.
+//!   lease, so only a charge above the reservation is debited), so it may admit those tokens
+//!   again, once.
 //! - **Clocks.** Only Redis `TIME` is used. After a failover to a Redis whose clock is behind,
 //!   refill pauses until that clock catches up (time never runs backwards in a bucket). The one
 //!   exception is for tests: [`RedisLedger::connect_with_clock`] builds the scripts to take the
