@@ -12,7 +12,9 @@
 //!
 //! Every script call names its pool's keys, which share one hash tag (one slot), so the cluster
 //! client sends each `EVALSHA` to the master of that slot, following `MOVED` and `ASK`; a script
-//! a node does not have is loaded on every node (`SCRIPT LOAD`) and the call retried.
+//! a node does not have is loaded on every node (`SCRIPT LOAD`, replicas included, so a promoted
+//! replica has the scripts already; the load fails while a node in the slot map is down) and the
+//! call retried.
 //!
 //! # Failure semantics
 //!
@@ -40,7 +42,8 @@ use super::{LedgerError, scripts::BACKEND};
 /// The scheme of a cluster's `ledger.url`.
 pub const CLUSTER_SCHEME: &str = "redis+cluster://";
 
-/// Attempts per cluster call (redirects and retries included), within `ledger.timeout_ms`.
+/// Retries of one cluster call (after a redirect, a lost connection, `TRYAGAIN`), all within
+/// `ledger.timeout_ms`.
 const CLUSTER_RETRIES: u32 = 4;
 /// The shortest and longest pause before a cluster call is retried (a slot being moved, a
 /// cluster down while it elects), in milliseconds.
