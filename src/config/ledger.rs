@@ -48,8 +48,10 @@ pub enum LedgerConfig {
 /// `[ledger] backend = "redis"`: one quota shared by every replica.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisLedgerConfig {
-    /// `redis://host:6379`, `redis://user:password@host:6379/0`, `redis+unix:///path/redis.sock`:
-    /// `url` from the file, or the value of the environment variable named by `url_env`.
+    /// `redis://host:6379`, `redis://user:password@host:6379/0`, `redis+unix:///path/redis.sock`,
+    /// or a Redis Cluster's seed nodes, `redis+cluster://[user:password@]host:port[,host:port...]`
+    /// (parsed by the ledger at start, `ledger::connection`): `url` from the file, or the value of
+    /// the environment variable named by `url_env`.
     pub url: String,
     /// The longest one ledger call may take (connecting included) before it counts as failed.
     pub timeout: Duration,
@@ -85,7 +87,7 @@ pub(super) fn validate(raw: RawLedger, env: &Env) -> Result<LedgerConfig, Config
         }
         Backend::Redis => redis_url(raw.url, raw.url_env.as_deref(), env)?,
     };
-    if !["redis://", "redis+unix://", "unix://"]
+    if !["redis://", "redis+unix://", "unix://", "redis+cluster://"]
         .iter()
         .any(|scheme| url.starts_with(scheme))
     {
@@ -97,7 +99,10 @@ pub(super) fn validate(raw: RawLedger, env: &Env) -> Result<LedgerConfig, Config
         // Never echo the URL: it may hold a password.
         return Err(invalid(
             url_key(raw.url_env.as_deref()),
-            format!("{hint}write redis://host:6379 or redis+unix:///path/to/redis.sock"),
+            format!(
+                "{hint}write redis://host:6379, redis+unix:///path/to/redis.sock, or for a Redis \
+                 Cluster redis+cluster://host1:6379,host2:6379 (seed nodes, comma-separated)"
+            ),
         ));
     }
     let timeout = Duration::from_millis(positive(
