@@ -5,7 +5,8 @@
 //! # Layout
 //! [`scenario`] the scenario files · [`arrivals`] what is sent and when · [`client`] the SDK
 //! caller and per-call records · [`drive`] one side's load · [`proxy`] tokengate as a child
-//! process · [`run`] both sides and the outputs · [`overhead`] the overhead scenario ·
+//! process · [`redis`] the replicas' shared Redis or Redis Cluster · [`run`] both sides and the
+//! outputs · [`overhead`] the overhead scenario ·
 //! [`report`] the numbers · [`plot`] the PNGs · [`soak`] minutes of faults, checked at the end ·
 //! [`endpoint`] a SageMaker endpoint scaled on a signal · [`pace`] one address at a fixed rate
 //! (`loadgen pace`), for `nginx_compare.py --rate`.
@@ -18,6 +19,7 @@ mod overhead;
 mod pace;
 mod plot;
 mod proxy;
+mod redis;
 mod report;
 mod routes;
 mod run;

@@ -62,8 +62,10 @@ pub enum LedgerConfig {
 /// `[ledger] backend = "redis"`: one quota shared by every replica.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RedisLedgerConfig {
-    /// `redis://host:6379`, `redis://user:password@host:6379/0`, `redis+unix:///path/redis.sock`:
-    /// `url` from the file, or the value of the environment variable named by `url_env`.
+    /// `redis://host:6379`, `redis://user:password@host:6379/0`, `redis+unix:///path/redis.sock`,
+    /// or a Redis Cluster's seed nodes, `redis+cluster://[user:password@]host:port[,host:port...]`
+    /// (parsed by the ledger at start, `ledger::connection`): `url` from the file, or the value of
+    /// the environment variable named by `url_env`.
     pub url: String,
     /// The longest one ledger call may take (connecting included) before it counts as failed.
     pub timeout: Duration,
@@ -115,7 +117,7 @@ pub(super) fn validate(raw: RawLedger, env: &Env) -> Result<LedgerConfig, Config
         }
         Backend::Redis => redis_url(raw.url, raw.url_env.as_deref(), env)?,
     };
-    if !["redis://", "redis+unix://", "unix://"]
+    if !["redis://", "redis+unix://", "unix://", "redis+cluster://"]
         .iter()
         .any(|scheme| url.starts_with(scheme))
     {
@@ -127,7 +129,10 @@ pub(super) fn validate(raw: RawLedger, env: &Env) -> Result<LedgerConfig, Config
         // Never echo the URL: it may hold a password.
         return Err(invalid(
             url_key(raw.url_env.as_deref()),
-            format!("{hint}write redis://host:6379 or redis+unix:///path/to/redis.sock"),
+            format!(
+                "{hint}write redis://host:6379, redis+unix:///path/to/redis.sock, or for a Redis \
+                 Cluster redis+cluster://host1:6379,host2:6379 (seed nodes, comma-separated)"
+            ),
         ));
     }
     let timeout = Duration::from_millis(positive(
@@ -144,28 +149,7 @@ pub(super) fn validate(raw: RawLedger, env: &Env) -> Result<LedgerConfig, Config
             "must be longer than three ledger.timeout_ms (leases are renewed every third of it)",
         ));
     }
-    let on_error = match (
-        raw.on_error.unwrap_or(OnError::FailClosed),
-        raw.expected_replicas,
-    ) {
-        (OnError::FailClosed, None) => OnLedgerError::FailClosed,
-        (OnError::FailClosed, Some(_)) => {
-            return Err(invalid(
-                "ledger.expected_replicas",
-                "only on_error = \"local\" uses it; remove it or set on_error = \"local\"",
-            ));
-        }
-        (OnError::Local, Some(n)) if n > 0 => OnLedgerError::Local {
-            expected_replicas: n,
-        },
-        (OnError::Local, _) => {
-            return Err(invalid(
-                "ledger.expected_replicas",
-                "on_error = \"local\" needs expected_replicas = N (the replica count): each replica then \
-                 admits 1/N of each pool while Redis is unreachable",
-            ));
-        }
-    };
+    let on_error = on_error(raw.on_error, raw.expected_replicas)?;
     Ok(LedgerConfig::Redis(RedisLedgerConfig {
         url,
         timeout,
@@ -173,6 +157,28 @@ pub(super) fn validate(raw: RawLedger, env: &Env) -> Result<LedgerConfig, Config
         on_error,
         local_leases: local_leases(raw.local_leases, lease)?,
     }))
+}
+
+/// `ledger.on_error`, with the `expected_replicas` only `"local"` takes.
+fn on_error(
+    on_error: Option<OnError>,
+    expected_replicas: Option<u32>,
+) -> Result<OnLedgerError, ConfigError> {
+    match (on_error.unwrap_or(OnError::FailClosed), expected_replicas) {
+        (OnError::FailClosed, None) => Ok(OnLedgerError::FailClosed),
+        (OnError::FailClosed, Some(_)) => Err(invalid(
+            "ledger.expected_replicas",
+            "only on_error = \"local\" uses it; remove it or set on_error = \"local\"",
+        )),
+        (OnError::Local, Some(n)) if n > 0 => Ok(OnLedgerError::Local {
+            expected_replicas: n,
+        }),
+        (OnError::Local, _) => Err(invalid(
+            "ledger.expected_replicas",
+            "on_error = \"local\" needs expected_replicas = N (the replica count): each replica then \
+             admits 1/N of each pool while Redis is unreachable",
+        )),
+    }
 }
 
 /// `[ledger.local_leases]`, when present.

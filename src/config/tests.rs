@@ -256,6 +256,27 @@ fn the_redis_ledger_keys_parse_with_defaults() {
 }
 
 #[test]
+fn a_redis_cluster_url_is_accepted() {
+    let text = MINIMAL.replace(
+        "backend = \"memory\"",
+        "backend = \"redis\"\nurl = \"redis+cluster://10.0.0.5:7000,10.0.0.6:7000\"",
+    );
+    match Config::parse(&text).unwrap().process.ledger {
+        LedgerConfig::Redis(r) => assert_eq!(r.url, "redis+cluster://10.0.0.5:7000,10.0.0.6:7000"),
+        other => panic!("{other:?}"),
+    }
+    let bad = MINIMAL.replace(
+        "backend = \"memory\"",
+        "backend = \"redis\"\nurl = \"cluster://10.0.0.5:7000\"",
+    );
+    let e = Config::parse(&bad).unwrap_err().to_string();
+    assert!(
+        e.starts_with("ledger.url:") && e.contains("redis+cluster://host1:6379,host2:6379"),
+        "{e}"
+    );
+}
+
+#[test]
 fn every_shipped_config_parses() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
     let mut checked = 0;

@@ -6,10 +6,11 @@
 //! takes all of them or none: [`Ledger::reserve`] answers a [`Verdict`], `Granted` with a
 //! [`Reservation`] or `Refused` with a [`Rejection`] that says which limit bound and when refill
 //! would make room. Budgets outside any pool (the account's daily quota, a route's budgets) are
-//! taken in a call of their own ([`Ledger::take_budget`], [`budget`]). The memory backend ([`memory`]) serves one process; the Redis backend
-//! ([`redis`], its Lua in `lua/` and the scripts' wire in `scripts.rs`) shares one quota between
-//! replicas behind the same trait, [`lease`] lets a replica admit from a slice of it in memory,
-//! and [`fallback`] puts a local share behind either for when Redis is unreachable.
+//! taken in a call of their own ([`Ledger::take_budget`], [`budget`]). The memory backend
+//! ([`memory`]) serves one process; the Redis backend ([`redis`], its Lua in `lua/` and the
+//! scripts' wire in `scripts.rs`; one node or a Redis Cluster, [`connection`]) shares one quota
+//! between replicas behind the same trait, [`lease`] lets a replica admit from a slice of it in
+//! memory, and [`fallback`] puts a local share behind either for when Redis is unreachable.
 //!
 //! Limits travel with each call instead of living in the backend: admission owns the effective
 //! limits (headroom, upstream-throttle feedback, config reloads), and every replica sharing a
@@ -40,6 +41,7 @@
 pub mod bucket;
 pub mod budget;
 pub mod clock;
+pub mod connection;
 pub mod fallback;
 pub mod lease;
 pub mod memory;

@@ -56,6 +56,13 @@
 //!   requests (a dead replica's upstream connections close with it, so normally none), and tokens
 //!   by their charge above their reservation (output burndown), which nobody debits: at most
 //!   `maxTokens x (burndown - 1)` per request the dead replica had in flight.
+//! - **A Redis Cluster** (`redis+cluster://`, see [`super::connection`]): each script call goes to
+//!   the master of its pool's slot. A master that dies fails its pools' calls (the failures
+//!   above, for those pools only) until a replica is promoted; the probe needs every master.
+//!   Writes it acknowledged but had not replicated are lost with it: leases and deductions of
+//!   the last moment's admissions are forgotten by the new master (their settlements find no
+//!   lease, so only a charge above the reservation is debited), so it may admit those tokens
+//!   again, once.
 //! - **Clocks.** Only Redis `TIME` is used. After a failover to a Redis whose clock is behind,
 //!   refill pauses until that clock catches up (time never runs backwards in a bucket). The one
 //!   exception is for tests: [`RedisLedger::connect_with_clock`] builds the scripts to take the
@@ -83,16 +90,14 @@ use std::{
 
 use async_trait::async_trait;
 use dashmap::DashMap;
-use redis::{
-    FromRedisValue, ScriptInvocation,
-    aio::{ConnectionManager, ConnectionManagerConfig},
-};
+use redis::{FromRedisValue, ScriptInvocation};
 use tokio::task::AbortHandle;
 
 use super::{
     BudgetRefusal, BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Issuer, Ledger, LedgerError,
     LedgerMode, LedgerStats, Limits, Origin, PoolSnapshot, Rejection, Reservation, ReserveRequest,
     ShareHold, Verdict, WindowSnapshot,
+    connection::Connection,
     scripts::{
         AdmitReply, BACKEND, BudgetReply, Scripts, SettleReply, SliceBack, SliceReply, SliceTake,
         check_limits, check_windows, decode, lease_id, member,
@@ -107,7 +112,9 @@ const RENEW_BATCH: usize = 256;
 /// How to reach Redis and how long leases last.
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
-    /// `redis://[user:password@]host:port[/db]` or `redis+unix:///path/to/socket`.
+    /// `redis://[user:password@]host:port[/db]`, `redis+unix:///path/to/socket`, or a Redis
+    /// Cluster: `redis+cluster://[user:password@]host:port[,host:port...]` (see
+    /// [`super::connection`]).
     pub url: String,
     /// The longest any one call may take, connecting included.
     pub timeout: Duration,
@@ -124,7 +131,7 @@ pub struct RedisLedger {
 
 #[derive(Debug)]
 struct Inner {
-    conn: ConnectionManager,
+    conn: Connection,
     scripts: Scripts,
     timeout: Duration,
     lease: Duration,
@@ -162,20 +169,7 @@ impl RedisLedger {
         options: RedisOptions,
         test_clock: Option<Clock>,
     ) -> Result<RedisLedger, LedgerError> {
-        let client = redis::Client::open(options.url.as_str()).map_err(|e| LedgerError {
-            backend: BACKEND,
-            message: format!("ledger.url is not a usable Redis URL: {e}"),
-        })?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.timeout))
-            .set_response_timeout(Some(options.timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(1));
-        let conn =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| LedgerError {
-                backend: BACKEND,
-                message: format!("cannot set up the Redis connection (ledger.url): {e}"),
-            })?;
+        let conn = Connection::open(&options.url, options.timeout)?;
         let inner = Arc::new(Inner {
             conn,
             scripts: Scripts::new(test_clock.is_some()),

@@ -7,14 +7,10 @@ use std::{
     io::{BufRead, BufReader},
     net::SocketAddr,
     process::{Command, Stdio},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
     time::Duration,
 };
 
-use crate::common::{redis_server::RedisServer, *};
+use crate::common::{load::Load, redis_server::RedisServer, *};
 use tokengate::{
     gateway::Gateway,
     ledger::{Ledger, Limits, PoolSnapshot, RedisLedger, RedisOptions},
@@ -407,49 +403,6 @@ async fn each_call_is_one_redis_call_to_admit_and_one_to_settle() {
 
 // === Redis outages ===
 
-/// Sends Converse calls one after another until stopped; counts answers by status.
-struct Load {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    unavailable: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Load {
-    fn start(addr: SocketAddr) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ok, unavailable) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let task = tokio::spawn({
-            let (stop, ok, unavailable) = (stop.clone(), ok.clone(), unavailable.clone());
-            async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let r = converse(addr).await;
-                    match r.status {
-                        200 => ok.fetch_add(1, Ordering::Relaxed),
-                        503 => unavailable.fetch_add(1, Ordering::Relaxed),
-                        _ => 0,
-                    };
-                }
-            }
-        });
-        Load {
-            stop,
-            ok,
-            unavailable,
-            task,
-        }
-    }
-
-    async fn stop(self) -> (u64, u64) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.expect("load task");
-        (
-            self.ok.load(Ordering::Relaxed),
-            self.unavailable.load(Ordering::Relaxed),
-        )
-    }
-}
-
 async fn converse(addr: SocketAddr) -> RawResponse {
     raw_request(
         addr,
@@ -501,7 +454,7 @@ async fn fail_closed_answers_503_while_redis_is_out_and_recovers() {
     let proxy = start_proxy(config).await;
     let addr = proxy.addr;
     assert_eq!(converse(addr).await.status, 200);
-    let load = Load::start(addr);
+    let load = Load::start(addr, SONNET_US);
 
     for outage in ["frozen (SIGSTOP)", "down (killed, restarted empty)"] {
         if outage.starts_with("frozen") {
@@ -543,7 +496,7 @@ async fn fail_closed_answers_503_while_redis_is_out_and_recovers() {
         );
         println!("{outage}: ready again {back:?} after Redis returned");
     }
-    let (ok, unavailable) = load.stop().await;
+    let (ok, unavailable, _) = load.stop().await;
     println!("load: {ok} ok, {unavailable} unavailable");
     assert!(
         ok > 0 && unavailable > 0,
