@@ -1,6 +1,7 @@
 //! Admission decisions against each ledger backend, in one run: the memory ledger, and the Redis
-//! ledger over loopback TCP and over a unix socket, each against a private `redis-server`, and
-//! on a private three-master Redis Cluster over loopback TCP (`redis+cluster://`).
+//! ledger over loopback TCP and over a unix socket, each against a private `redis-server`, alone
+//! and with local capacity leases (`LeasedLedger`, the default `[ledger.local_leases]`), and on a
+//! private three-master Redis Cluster over loopback TCP (`redis+cluster://`).
 //!
 //! For each backend:
 //! - **latency**: one task doing `reserve` then `settle`, one after the other; the latency of each
@@ -28,7 +29,8 @@ use std::{
 };
 
 use tokengate::ledger::{
-    Clock, Ledger, Limits, MemoryLedger, RedisLedger, RedisOptions, ReserveRequest, Verdict,
+    Clock, LeaseOptions, LeasedLedger, Ledger, Limits, MemoryLedger, RedisLedger, RedisOptions,
+    ReserveRequest, Verdict,
 };
 
 const LIMITS: Limits = Limits {
@@ -70,17 +72,31 @@ async fn run() {
     report("memory", &memory, &[]).await;
     let node_url = |port: u16| format!("redis://127.0.0.1:{port}");
     let masters: Vec<String> = cluster.nodes.iter().map(|n| node_url(n.port)).collect();
-    for (name, url, stats) in [
+    for (name, url, stats, leases) in [
         (
             "redis, loopback TCP",
             node_url(tcp.port),
             vec![node_url(tcp.port)],
+            false,
         ),
-        ("redis, unix socket", unix.url(), vec![unix.url()]),
+        ("redis, unix socket", unix.url(), vec![unix.url()], false),
         (
             "redis cluster (3 masters), loopback TCP",
             cluster.url(),
             masters,
+            false,
+        ),
+        (
+            "redis + local leases, loopback TCP",
+            node_url(tcp.port),
+            vec![node_url(tcp.port)],
+            true,
+        ),
+        (
+            "redis + local leases, unix socket",
+            unix.url(),
+            vec![unix.url()],
+            true,
         ),
     ] {
         let options = RedisOptions {
@@ -88,11 +104,23 @@ async fn run() {
             timeout: Duration::from_secs(2),
             lease: Duration::from_secs(600),
         };
-        let ledger: Arc<dyn Ledger> =
-            Arc::new(RedisLedger::connect(options).await.expect("redis ledger"));
+        let shared = RedisLedger::connect(options).await.expect("redis ledger");
+        let ledger: Arc<dyn Ledger> = if leases {
+            Arc::new(LeasedLedger::new(shared, LEASES))
+        } else {
+            Arc::new(shared)
+        };
         report(name, &ledger, &stats).await;
+        ledger.close().await;
     }
 }
+
+/// `[ledger.local_leases]` with its defaults (`src/config/ledger.rs`).
+const LEASES: LeaseOptions = LeaseOptions {
+    horizon: Duration::from_millis(250),
+    max_fraction: 0.1,
+    max_age: Duration::from_secs(2),
+};
 
 /// Measures `ledger`; `redis`: the servers whose `EVALSHA` counts add up to its calls.
 async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: &[String]) {

@@ -9,7 +9,8 @@
 //! expiry (its size is the number of requests in flight). The logic is server-side Lua
 //! (`src/ledger/lua/`), one script per operation, each one round trip: `admit` (purge expired
 //! leases, refill, check tokens, requests, concurrency and the caller's route share, take all or
-//! nothing), `settle`, `renew`, `snapshot`; and `budget` for a scope's budget
+//! nothing), `settle`, `renew`, `snapshot`, `slice` (a replica's capacity slice given back and
+//! taken, [`super::lease`]); and `budget` for a scope's budget
 //! (`tg:v1:{budget:SCOPE}:b`, its own hash tag: see [`super::budget`]). Scripts are called by SHA1 (`EVALSHA`; a Redis that
 //! lost them gets them again on `NOSCRIPT`) and read the time from Redis `TIME`, never from a
 //! replica. Each answers a JSON object decoded into a typed reply; how the scripts are built
@@ -98,8 +99,8 @@ use super::{
     ShareHold, Verdict, WindowSnapshot,
     connection::Connection,
     scripts::{
-        AdmitReply, BACKEND, BudgetReply, Scripts, SettleReply, check_limits, check_windows,
-        decode, lease_id, member,
+        AdmitReply, BACKEND, BudgetReply, Scripts, SettleReply, SliceBack, SliceReply, SliceTake,
+        check_limits, check_windows, decode, lease_id, member,
     },
 };
 
@@ -203,6 +204,30 @@ impl RedisLedger {
     /// `lease / 3`).
     pub async fn renew_all(&self) {
         self.inner.renew_all().await;
+    }
+
+    /// Gives a capacity slice back and/or takes one (`lua/slice.lua`, [`super::lease`]): one
+    /// round trip. The reservations in flight of a slice given back become leases of this
+    /// replica, renewed as its own.
+    pub(super) async fn slice(
+        &self,
+        pool: &Arc<str>,
+        limits: &Limits,
+        back: Option<&SliceBack<'_>>,
+        take: Option<&SliceTake>,
+    ) -> Result<SliceReply, LedgerError> {
+        check_limits(pool, limits)?;
+        let inner = &self.inner;
+        let invocation = inner.scripts.slice(pool, limits, inner.lease, back, take);
+        let reply: String = inner.run(invocation, "slice", pool).await?;
+        let reply: SliceReply = decode("slice", &reply)?;
+        warn_purged(pool, reply.purged());
+        if let Some(back) = back.filter(|_| reply.returned()) {
+            for &(id, tokens) in back.in_flight {
+                inner.held.insert(id, (pool.clone(), tokens));
+            }
+        }
+        Ok(reply)
     }
 }
 
@@ -333,6 +358,17 @@ impl Inner {
     }
 }
 
+/// Expired leases reclaimed by a call are a replica that stopped renewing: worth a warning.
+fn warn_purged(pool: &str, purged: u64) {
+    if purged > 0 {
+        tracing::warn!(
+            pool,
+            purged,
+            "expired leases reclaimed: a replica stopped renewing (crashed, or lost Redis)"
+        );
+    }
+}
+
 // === impl Ledger for RedisLedger ===
 
 #[async_trait]
@@ -346,14 +382,7 @@ impl Ledger for RedisLedger {
             .admit(request, &member(id, request.tokens), inner.lease);
         let reply: String = inner.run(invocation, "admit", request.pool).await?;
         let reply: AdmitReply = decode("admit", &reply)?;
-        let purged = reply.purged();
-        if purged > 0 {
-            tracing::warn!(
-                pool = request.pool,
-                purged,
-                "expired leases reclaimed: a replica stopped renewing (crashed, or lost Redis)"
-            );
-        }
+        warn_purged(request.pool, reply.purged());
         Ok(match reply {
             AdmitReply::Granted {
                 guaranteed,
