@@ -1,5 +1,7 @@
 //! Admission decisions against each ledger backend, in one run: the memory ledger, and the Redis
-//! ledger over loopback TCP and over a unix socket, each against a private `redis-server`.
+//! ledger over loopback TCP and over a unix socket, each against a private `redis-server`, alone
+//! and with local capacity leases (`LeasedLedger`, the default `[ledger.local_leases]`), and on a
+//! private three-master Redis Cluster over loopback TCP (`redis+cluster://`).
 //!
 //! For each backend:
 //! - **latency**: one task doing `reserve` then `settle`, one after the other; the latency of each
@@ -10,21 +12,25 @@
 //!   show one round trip to admit and one to settle, and Redis's own time per call (the scripts'
 //!   cost on the server, which client-side latency on a busy machine hides).
 //!
-//! Run: `cargo bench --bench ledger` (needs `redis-server` on PATH; prints a Markdown table).
+//! Run: `cargo bench --bench ledger` (needs `redis-server` and `redis-cli` on PATH; prints a
+//! Markdown table).
 
-// The test harness's Redis server; the bench uses only starting it.
+// The test harness's Redis servers; the bench uses only starting them.
+#[allow(dead_code)]
+#[path = "../tests/it/common/redis_cluster.rs"]
+mod redis_cluster;
 #[allow(dead_code)]
 #[path = "../tests/it/common/redis_server.rs"]
 mod redis_server;
 
 use std::{
-    process::{Child, Command, Stdio},
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use tokengate::ledger::{
-    Clock, Ledger, Limits, MemoryLedger, RedisLedger, RedisOptions, ReserveRequest, Verdict,
+    Clock, LeaseOptions, LeasedLedger, Ledger, Limits, MemoryLedger, RedisLedger, RedisOptions,
+    ReserveRequest, Verdict,
 };
 
 const LIMITS: Limits = Limits {
@@ -51,37 +57,78 @@ async fn run() {
         eprintln!("no redis-server: nothing to compare");
         return;
     };
-    let (tcp, _tcp_server) = tcp_server().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let tcp = redis_cluster::RedisNode::start(dir.path(), false)
+        .await
+        .expect("redis-server on loopback TCP");
+    let cluster = redis_cluster::RedisCluster::start(dir.path(), 3, 0)
+        .await
+        .expect("a three-master cluster (redis-cli --cluster create)");
     println!(
         "| backend | reserve p50 | reserve p99 | reserve p99.9 | settle p50 | settle p99 | decisions/s ({TASKS} tasks) | EVALSHA per reserve + settle | Redis µs per EVALSHA |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     let memory: Arc<dyn Ledger> = Arc::new(MemoryLedger::new(Clock::tokio()));
-    report("memory", &memory, None).await;
-    for (name, url) in [
-        ("redis, loopback TCP", tcp.clone()),
-        ("redis, unix socket", unix.url()),
+    report("memory", &memory, &[]).await;
+    let node_url = |port: u16| format!("redis://127.0.0.1:{port}");
+    let masters: Vec<String> = cluster.nodes.iter().map(|n| node_url(n.port)).collect();
+    for (name, url, stats, leases) in [
+        (
+            "redis, loopback TCP",
+            node_url(tcp.port),
+            vec![node_url(tcp.port)],
+            false,
+        ),
+        ("redis, unix socket", unix.url(), vec![unix.url()], false),
+        (
+            "redis cluster (3 masters), loopback TCP",
+            cluster.url(),
+            masters,
+            false,
+        ),
+        (
+            "redis + local leases, loopback TCP",
+            node_url(tcp.port),
+            vec![node_url(tcp.port)],
+            true,
+        ),
+        (
+            "redis + local leases, unix socket",
+            unix.url(),
+            vec![unix.url()],
+            true,
+        ),
     ] {
         let options = RedisOptions {
-            url: url.clone(),
+            url,
             timeout: Duration::from_secs(2),
             lease: Duration::from_secs(600),
         };
-        let ledger: Arc<dyn Ledger> =
-            Arc::new(RedisLedger::connect(options).await.expect("redis ledger"));
-        report(name, &ledger, Some(&url)).await;
+        let shared = RedisLedger::connect(options).await.expect("redis ledger");
+        let ledger: Arc<dyn Ledger> = if leases {
+            Arc::new(LeasedLedger::new(shared, LEASES))
+        } else {
+            Arc::new(shared)
+        };
+        report(name, &ledger, &stats).await;
+        ledger.close().await;
     }
 }
 
-async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: Option<&str>) {
+/// `[ledger.local_leases]` with its defaults (`src/config/ledger.rs`).
+const LEASES: LeaseOptions = LeaseOptions {
+    horizon: Duration::from_millis(250),
+    max_fraction: 0.1,
+    max_age: Duration::from_secs(2),
+};
+
+/// Measures `ledger`; `redis`: the servers whose `EVALSHA` counts add up to its calls.
+async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: &[String]) {
     // Warm up: connection, script load.
     for _ in 0..1_000 {
         pair(ledger.as_ref(), "warm-up").await;
     }
-    let evals_before = match redis {
-        Some(url) => evalsha_stats(url).await,
-        None => (0, 0),
-    };
+    let evals_before = evalsha_sum(redis).await;
     let (mut reserves, mut settles) = (
         Vec::with_capacity(SEQUENTIAL),
         Vec::with_capacity(SEQUENTIAL),
@@ -91,16 +138,16 @@ async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: Option<&str>) {
         reserves.push(r);
         settles.push(s);
     }
-    let (per_decision, server_us) = match redis {
-        Some(url) => {
-            let (calls, usec) = evalsha_stats(url).await;
+    let (per_decision, server_us) = match redis.is_empty() {
+        false => {
+            let (calls, usec) = evalsha_sum(redis).await;
             let calls = calls - evals_before.0;
             (
                 format!("{:.2}", calls as f64 / SEQUENTIAL as f64),
                 format!("{:.2}", (usec - evals_before.1) as f64 / calls as f64),
             )
         }
-        None => ("-".into(), "-".into()),
+        true => ("-".into(), "-".into()),
     };
     let rate = throughput(ledger).await;
     reserves.sort_unstable();
@@ -166,6 +213,16 @@ fn us(d: Duration) -> String {
     format!("{:.1} µs", d.as_secs_f64() * 1e6)
 }
 
+/// [`evalsha_stats`] summed over `urls`.
+async fn evalsha_sum(urls: &[String]) -> (u64, u64) {
+    let mut sum = (0, 0);
+    for url in urls {
+        let (calls, usec) = evalsha_stats(url).await;
+        sum = (sum.0 + calls, sum.1 + usec);
+    }
+    sum
+}
+
 /// `EVALSHA` calls so far and the microseconds Redis spent in them, from `INFO commandstats`.
 async fn evalsha_stats(url: &str) -> (u64, u64) {
     let client = redis::Client::open(url).expect("url");
@@ -191,56 +248,4 @@ async fn evalsha_stats(url: &str) -> (u64, u64) {
             .unwrap_or(0)
     };
     (field("calls"), field("usec"))
-}
-
-/// Kills the server when dropped.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A second server on loopback TCP (the way most deployments reach Redis).
-async fn tcp_server() -> (String, Server) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let server = Server(
-        Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server"),
-    );
-    let url = format!("redis://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(client) = redis::Client::open(url.as_str())
-            && let Ok(mut conn) = client.get_multiplexed_async_connection().await
-            && redis::cmd("PING")
-                .query_async::<String>(&mut conn)
-                .await
-                .is_ok()
-        {
-            return (url, server);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "redis-server on {port} did not answer"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }

@@ -9,6 +9,13 @@ and `nginx` on PATH (Debian: `nginx-light`, `wrk`) and a release build of tokeng
 
     python3 loadtest/nginx_compare.py target/release/tokengate [--seconds 10] [--rounds 3]
         [--connections 32] [--ledger memory|redis] [--no-access-log]
+        [--rate 1000 [--loadgen target/debug/loadgen]] [--keep DIR]
+
+`--rate N` measures latency at a fixed rate instead of throughput: `loadgen pace` (a thin
+open-loop HTTP/1.1 client on one core, `loadtest/src/pace.rs`) sends N calls per second to each
+target in turn for `--seconds`, and the summary gives each target's latency percentiles (medians
+over the rounds) and what each proxy adds over the simulator direct, per round (p50 and p99 of
+the proxy minus those of the direct run just before it).
 
 Several binaries (`LABEL=PATH ...`, e.g. a build before and after a change) are each started and
 driven in turn within every round, so an A/B comparison shares the machine's load too; the
@@ -17,6 +24,7 @@ simulator is the first binary's.
 Both proxies write one access-log line per request to a file in the run's temporary directory
 (tokengate's stderr; nginx's `access_log`), as each does by default; `--no-access-log` turns off
 both. `--ledger redis` starts a private `redis-server` (unix socket) for tokengate's ledger.
+`--keep DIR` copies the configurations and logs there (tokengate's access log is `LABEL.log`).
 It prints a JSON line per measurement and a summary: median calls/s per target and tokengate's
 ratio to nginx (per round and the median), with the load average beside each. CI does not run it.
 """
@@ -148,6 +156,45 @@ def wrk(addr: str, seconds: int, connections: int, script: Path) -> dict:
             "latency_p99": lat["99"]}
 
 
+def pace(loadgen: str, addr: str, seconds: int, rate: int) -> dict:
+    out = subprocess.run([loadgen, "pace", addr, "--path", PATH, "--body", BODY, "--header",
+                          "authorization: " + AUTH, "--rate", str(rate), "--seconds", str(seconds)],
+                         capture_output=True, text=True, check=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    lat = r["latency_ms"] or {}
+    return {"calls": r["calls"], "failed": r["failed"], "first_failure": r["first_failure"],
+            "connections": r["connections_opened"], "p50_ms": lat.get("p50"), "p99_ms": lat.get("p99"),
+            "p999_ms": lat.get("p999"), "send_lag_p99_ms": (r["send_lag_ms"] or {}).get("p99")}
+
+
+def pace_rounds(targets: dict, proxies: list, opts) -> None:
+    """Fixed-rate latency of each target, rounds alternating; the proxies' added p50 and p99."""
+    results: dict[str, list[dict]] = {name: [] for name in targets}
+    added: list[dict] = []
+    for round_no in range(1, opts.rounds + 1):
+        for name, addr in targets.items():
+            load = os.getloadavg()[0]
+            r = pace(opts.loadgen, addr, opts.seconds, opts.rate)
+            r.update(round=round_no, target=name, load_average=round(load, 2))
+            print(json.dumps(r), flush=True)
+            if r["failed"]:
+                sys.exit(f"{name}: failed calls in the run: {r}")
+            results[name].append(r)
+        direct = results["simulator"][-1]
+        added.append({label: {q: round(results[label][-1][q] - direct[q], 3) for q in ("p50_ms", "p99_ms")}
+                      for label in [*(label for label, _ in proxies), "nginx"]})
+    median = lambda xs: round(statistics.median(xs), 3)
+    print(json.dumps({
+        "rate": opts.rate, "seconds": opts.seconds, "rounds": opts.rounds, "ledger": opts.ledger,
+        "median_latency_ms": {name: {q: median([r[q] for r in rs]) for q in ("p50_ms", "p99_ms", "p999_ms")}
+                              for name, rs in results.items()},
+        "added_per_round": added,
+        "added_median": {label: {q: median([a[label][q] for a in added]) for q in ("p50_ms", "p99_ms")}
+                         for label in added[0]},
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+    }))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("binary", nargs="+",
@@ -157,8 +204,12 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--ledger", choices=["memory", "redis"], default="memory")
     parser.add_argument("--no-access-log", action="store_true")
+    parser.add_argument("--rate", type=int, default=0,
+                        help="latency at this many calls/s (loadgen pace) instead of wrk's throughput")
+    parser.add_argument("--loadgen", default="target/debug/loadgen", help="the loadgen binary, for --rate")
+    parser.add_argument("--keep", help="copy the run's configurations and logs to this directory")
     opts = parser.parse_args()
-    for tool in ("wrk", "nginx"):
+    for tool in ("wrk", "nginx") if not opts.rate else ("nginx", opts.loadgen):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is not on PATH (Debian: apt-get install -y nginx-light wrk)")
     access_log = not opts.no_access_log
@@ -196,6 +247,9 @@ def main() -> None:
                                               "tokengate", env, log)
                 procs.append(proxy)
                 targets[label] = proxy_addr
+            if opts.rate:
+                pace_rounds(targets, proxies, opts)
+                return
             for addr in targets.values():  # warm each path up (connections, allocator pools)
                 wrk(addr, 2, opts.connections, script)
             results: dict[str, list[int]] = {name: [] for name in targets}
@@ -228,6 +282,9 @@ def main() -> None:
                     p.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     p.kill()
+            if opts.keep:  # the proxies' logs (tokengate's access log has its own latency_ms)
+                shutil.copytree(tmp, opts.keep, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("*.sock", "body", "proxy", "fcgi", "uwsgi", "scgi"))
 
 
 if __name__ == "__main__":

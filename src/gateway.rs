@@ -26,7 +26,10 @@ use crate::{
     admission::InputCounter,
     app::{Admin, admin_router, router},
     config::{Config, Endpoint, LedgerConfig, OnLedgerError, ProcessConfig, RedisLedgerConfig},
-    ledger::{Clock, FallbackLedger, Ledger, MemoryLedger, RedisLedger, RedisOptions},
+    ledger::{
+        Clock, FallbackLedger, LeaseOptions, LeasedLedger, Ledger, MemoryLedger, RedisLedger,
+        RedisOptions,
+    },
     metrics::Metrics,
     observe::{Telemetry, timed::TimedLedger},
     proxy::count_tokens::UpstreamCounter,
@@ -291,7 +294,8 @@ impl Gateway {
     /// `server.accept_grace_secs`, so load balancers stop sending first); queued requests are
     /// answered with a retryable error; the listener closes; in-flight requests and streams
     /// finish, until `server.drain_secs`, after which what is left is ended and settled;
-    /// settlements still on their way to the ledger complete; the telemetry outputs write what
+    /// settlements still on their way to the ledger complete; capacity slices go back
+    /// (`[ledger.local_leases]`); the telemetry outputs write what
     /// they hold; then the admin listener (which answered "not ready" throughout) and the
     /// in-process simulator stop.
     pub async fn shutdown(mut self) -> io::Result<ShutdownReport> {
@@ -318,6 +322,8 @@ impl Gateway {
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        // Capacity slices go back last, once nothing more can be admitted from them.
+        admission.ledger().close().await;
         let report = ShutdownReport::of(&admission);
         // Every request is answered and settled: the outputs' last figures are complete.
         self.state.telemetry.shutdown().await;
@@ -606,11 +612,20 @@ async fn redis_ledger(
     if !shared.is_healthy() {
         tracing::warn!("redis ledger unreachable at start; retrying every second");
     }
-    Ok(match config.on_error {
-        OnLedgerError::FailClosed => Arc::new(shared),
-        OnLedgerError::Local { expected_replicas } => {
+    let leases = config.local_leases.map(|l| LeaseOptions {
+        horizon: l.horizon,
+        max_fraction: l.max_fraction,
+        max_age: l.max_age,
+    });
+    Ok(match (config.on_error, leases) {
+        (OnLedgerError::FailClosed, None) => Arc::new(shared),
+        (OnLedgerError::FailClosed, Some(leases)) => Arc::new(LeasedLedger::new(shared, leases)),
+        (OnLedgerError::Local { expected_replicas }, None) => {
             Arc::new(FallbackLedger::new(shared, clock, expected_replicas))
         }
+        (OnLedgerError::Local { expected_replicas }, Some(leases)) => Arc::new(
+            FallbackLedger::new(LeasedLedger::new(shared, leases), clock, expected_replicas),
+        ),
     })
 }
 

@@ -93,8 +93,9 @@ pub async fn record_call(
     record
 }
 
-/// Runs every group of `scenario` against `addr`; `side` names the SDK retry partitions.
-pub async fn drive(scenario: &Scenario, addr: SocketAddr, side: &str) -> Vec<Record> {
+/// Runs every group of `scenario` against `addrs` (the simulator, or the proxy's replicas: each
+/// group's callers spread over them round robin); `side` names the SDK retry partitions.
+pub async fn drive(scenario: &Scenario, addrs: &[SocketAddr], side: &str) -> Vec<Record> {
     let ctx = Ctx {
         model: scenario.model.as_str().into(),
         burndown: scenario.burndown,
@@ -104,14 +105,18 @@ pub async fn drive(scenario: &Scenario, addr: SocketAddr, side: &str) -> Vec<Rec
     let end = ctx.epoch + Duration::from_secs_f64(scenario.duration_secs);
     let mut set = JoinSet::new();
     for (i, group) in scenario.groups.iter().enumerate() {
+        // One retry partition per team, whichever replica its callers reach.
         let partition = format!("{side}-{}", group.team);
         let key = scenario.route_key(&group.team);
-        let client = sdk_client(addr, group.max_attempts, &partition, key.as_ref());
+        let clients = addrs
+            .iter()
+            .map(|addr| sdk_client(*addr, group.max_attempts, &partition, key.as_ref()))
+            .collect();
         let seed = scenario.seed.wrapping_mul(1_000_003).wrapping_add(i as u64);
         start_group(
             &mut set,
             &ctx,
-            client,
+            clients,
             group,
             seed,
             scenario.duration_secs,
@@ -123,11 +128,12 @@ pub async fn drive(scenario: &Scenario, addr: SocketAddr, side: &str) -> Vec<Rec
     ctx.sink.take()
 }
 
-/// Spawns a group's callers into `set`: one task per arrival (open loop) or per caller.
+/// Spawns a group's callers into `set`: one task per arrival (open loop) or per caller, the
+/// `i`-th on `clients[i mod clients.len()]`.
 fn start_group(
     set: &mut JoinSet<()>,
     ctx: &Ctx,
-    client: Client,
+    clients: Vec<Client>,
     group: &Group,
     seed: u64,
     duration: f64,
@@ -137,8 +143,9 @@ fn start_group(
     let pause = Duration::from_millis(group.pause_after_failure_ms);
     match group.arrival {
         Arrival::Poisson { .. } => {
-            for call in schedule(group, seed, duration) {
-                let (ctx, client, team) = (ctx.clone(), client.clone(), team.clone());
+            for (i, call) in schedule(group, seed, duration).into_iter().enumerate() {
+                let client = clients[i % clients.len()].clone();
+                let (ctx, team) = (ctx.clone(), team.clone());
                 let at = ctx.epoch + Duration::from_secs_f64(call.at);
                 set.spawn(async move {
                     tokio::time::sleep_until(at.into()).await;
@@ -146,9 +153,10 @@ fn start_group(
                 });
             }
         }
-        Arrival::Closed { clients } => {
-            for c in 0..clients {
-                let (ctx, client, team) = (ctx.clone(), client.clone(), team.clone());
+        Arrival::Closed { clients: callers } => {
+            for c in 0..callers {
+                let client = clients[c as usize % clients.len()].clone();
+                let (ctx, team) = (ctx.clone(), team.clone());
                 let mut source =
                     CallSource::new(group, seed.wrapping_mul(31).wrapping_add(c as u64));
                 set.spawn(async move {

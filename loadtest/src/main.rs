@@ -5,17 +5,21 @@
 //! # Layout
 //! [`scenario`] the scenario files · [`arrivals`] what is sent and when · [`client`] the SDK
 //! caller and per-call records · [`drive`] one side's load · [`proxy`] tokengate as a child
-//! process · [`run`] both sides and the outputs · [`overhead`] the overhead scenario ·
+//! process · [`redis`] the replicas' shared Redis or Redis Cluster · [`run`] both sides and the
+//! outputs · [`overhead`] the overhead scenario ·
 //! [`report`] the numbers · [`plot`] the PNGs · [`soak`] minutes of faults, checked at the end ·
-//! [`endpoint`] a SageMaker endpoint scaled on a signal.
+//! [`endpoint`] a SageMaker endpoint scaled on a signal · [`pace`] one address at a fixed rate
+//! (`loadgen pace`), for `nginx_compare.py --rate`.
 
 mod arrivals;
 mod client;
 mod drive;
 mod endpoint;
 mod overhead;
+mod pace;
 mod plot;
 mod proxy;
+mod redis;
 mod report;
 mod routes;
 mod run;
@@ -56,6 +60,8 @@ enum Command {
         #[arg(default_value = "loadtest/scenarios")]
         dir: PathBuf,
     },
+    /// Sends one request at a fixed rate to one address and prints its latencies as JSON.
+    Pace(pace::PaceArgs),
 }
 
 #[tokio::main]
@@ -70,6 +76,8 @@ async fn main() -> anyhow::Result<()> {
     let files = match cli.command {
         Command::Run { scenario } => vec![scenario],
         Command::All { dir } => scenario_files(&dir)?,
+        // On a thread and runtime of its own: nothing else runs meanwhile.
+        Command::Pace(args) => return pace::run(args),
     };
     for file in files {
         if endpoint::scenario::EndpointScenario::is_one(&file) {

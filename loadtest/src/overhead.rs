@@ -153,7 +153,7 @@ async fn run_side(s: &Scenario, o: &Options, through_proxy: bool) -> anyhow::Res
             drain_secs: 5.0,
             ..s.clone()
         };
-        let records = drive(&step, addr, &format!("{side}-{name}")).await;
+        let records = drive(&step, &[addr], &format!("{side}-{name}")).await;
         out.push((name, step_side(&records, step.duration_secs)));
     }
     eprintln!("[{}] {side}: open streams", s.name);

@@ -136,11 +136,45 @@ pub struct SideReport {
     pub teams: BTreeMap<String, Summary>,
     pub upstream: Upstream,
     pub proxy_memory: Option<Memory>,
-    /// Proxy side: its refusals by reason (`tokengate_rejections_total`), at the end of the run.
+    /// Proxy side: its refusals by reason (`tokengate_rejections_total`), at the end of the run
+    /// (summed over the replicas).
     pub proxy_refusals: Option<BTreeMap<String, u64>>,
     /// Proxy side: what each route's adaptive maxTokens learned (`GET /v1/pools`'
     /// `adaptive_max_tokens` of every pool), at the end of the run.
     pub proxy_adaptive: Option<Vec<serde_json::Value>>,
+    /// Proxy side, with several replicas or a shared ledger: what each replica decided.
+    pub replicas: Option<Vec<Replica>>,
+}
+
+/// One proxy replica's decisions over the run, from its `/metrics` at the end.
+#[derive(Debug, Clone, Serialize)]
+pub struct Replica {
+    /// Admitted calls (`tokengate_requests_total{outcome="admitted"}`).
+    pub admitted: u64,
+    /// Refused by a limit (`outcome="rejected"`).
+    pub rejected: u64,
+    /// Admitted and refused, per second of the run (load and drain).
+    pub decisions_per_sec: f64,
+    /// Upstream throttles this replica received (`tokengate_upstream_throttles_total`).
+    pub upstream_throttles: u64,
+    pub memory: Memory,
+}
+
+impl Replica {
+    /// From a replica's `/metrics` text, over `elapsed` seconds.
+    pub fn new(metrics: &str, memory: Memory, elapsed: f64) -> Replica {
+        let outcomes = series(metrics, "tokengate_requests_total", "outcome");
+        let count = |outcome: &str| outcomes.get(outcome).copied().unwrap_or(0);
+        let (admitted, rejected) = (count("admitted"), count("rejected"));
+        let throttles = series(metrics, "tokengate_upstream_throttles_total", "pool");
+        Replica {
+            admitted,
+            rejected,
+            decisions_per_sec: (admitted + rejected) as f64 / elapsed.max(1e-9),
+            upstream_throttles: throttles.values().sum(),
+            memory,
+        }
+    }
 }
 
 impl SideReport {
@@ -161,6 +195,7 @@ impl SideReport {
             proxy_memory: None,
             proxy_refusals: None,
             proxy_adaptive: None,
+            replicas: None,
         }
     }
 }
@@ -193,6 +228,22 @@ pub fn markdown(sides: &[&SideReport]) -> String {
                 ms(x.latency_ms, |p| p.p50), ms(x.latency_ms, |p| p.p99),
                 ms(x.ttft_ms, |p| p.p50), ms(x.ttft_ms, |p| p.p99),
             ));
+        }
+    }
+    for s in sides {
+        if let Some(replicas) = &s.replicas {
+            out.push_str(&format!("\n{} replicas (one shared ledger):\n\n", s.side));
+            out.push_str("| replica | admitted | refused | decisions/s | upstream 429 | RSS MiB |\n|---|---|---|---|---|---|\n");
+            for (i, r) in replicas.iter().enumerate() {
+                out.push_str(&format!(
+                    "| {i} | {} | {} | {:.1} | {} | {:.1} |\n",
+                    r.admitted,
+                    r.rejected,
+                    r.decisions_per_sec,
+                    r.upstream_throttles,
+                    r.memory.rss_kib as f64 / 1024.0
+                ));
+            }
         }
     }
     for s in sides {
@@ -238,6 +289,30 @@ pub fn adaptive_views(pools: &serde_json::Value) -> Vec<serde_json::Value> {
                 .unwrap_or_default()
         })
         .collect()
+}
+
+/// The samples of counter `name` by the value of `label` (summed over the other labels).
+pub fn series(metrics: &str, name: &str, label: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let prefix = format!("{name}{{");
+    for line in metrics.lines().filter(|l| l.starts_with(&prefix)) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let key = format!("{label}=\"");
+        let Some(v) = series
+            .split_once(&key)
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map(|(v, _)| v.to_string())
+        else {
+            continue;
+        };
+        let n = value.parse::<f64>().unwrap_or(0.0) as u64;
+        if n > 0 {
+            *out.entry(v).or_insert(0) += n;
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -2,8 +2,10 @@
 //! in front of another fresh simulator (same quota, same seed), then writing the report, the
 //! per-call records (JSON lines) and the plots.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
+use std::time::Instant;
 
 use anyhow::Context;
 use serde::Serialize;
@@ -12,10 +14,11 @@ use crate::client::Record;
 use crate::drive::drive;
 use crate::overhead::{self, OverheadReport};
 use crate::plot::{self, Series};
-use crate::report::{SideReport, adaptive_views, markdown};
+use crate::redis::SharedLedger;
+use crate::report::{Replica, SideReport, adaptive_views, markdown, series};
 use crate::scenario::Scenario;
-use crate::soak::{self, SoakReport, series};
-use crate::stack::{Options, http_get, start_proxy, start_simulator};
+use crate::soak::{self, SoakReport};
+use crate::stack::{Options, http_get, start_replicas, start_simulator};
 
 /// Everything one scenario produced; written as `<out>/<name>.json`.
 #[derive(Debug, Serialize)]
@@ -110,12 +113,29 @@ async fn run_side(
     let side = if through_proxy { "proxy" } else { "direct" };
     eprintln!("[{}] {side}: {:.0} s of load", s.name, s.duration_secs);
     let sim = start_simulator(s).await?;
-    let proxy = match through_proxy {
-        true => Some(start_proxy(s, o, sim.addr).await?),
+    let ledger = match through_proxy {
+        true => SharedLedger::start(s.ledger, &o.out.join(format!("{}.redis", s.name))).await?,
         false => None,
     };
-    let addr = proxy.as_ref().map_or(sim.addr, |p| p.addr);
-    let records = drive(s, addr, side).await;
+    let proxies = match through_proxy {
+        true => {
+            start_replicas(
+                s,
+                o,
+                sim.addr,
+                ledger.as_ref().map(SharedLedger::url).as_deref(),
+            )
+            .await?
+        }
+        false => Vec::new(),
+    };
+    let addrs: Vec<_> = match proxies.is_empty() {
+        true => vec![sim.addr],
+        false => proxies.iter().map(|p| p.addr).collect(),
+    };
+    let started = Instant::now();
+    let records = drive(s, &addrs, side).await;
+    let elapsed = started.elapsed().as_secs_f64();
     let quota = if through_proxy {
         s.proxy_quota_tpm()
     } else {
@@ -123,15 +143,32 @@ async fn run_side(
     };
     let mut report = SideReport::new(side, &records, (s.warmup_secs, s.duration_secs), quota);
     report.upstream = (&sim.simulator.stats()).into();
-    if let Some(p) = proxy {
-        report.proxy_memory = Some(p.memory());
-        let metrics = http_get(p.addr, "/metrics").await?;
-        report.proxy_refusals = Some(series(&metrics, "tokengate_rejections_total", "reason"));
-        let pools: serde_json::Value =
-            serde_json::from_str(&http_get(p.addr, "/v1/pools").await?).context("GET /v1/pools")?;
-        report.proxy_adaptive = Some(adaptive_views(&pools));
-        p.stop().await;
+    if !proxies.is_empty() {
+        let mut refusals = BTreeMap::new();
+        let mut replicas = Vec::new();
+        let mut adaptive = Vec::new();
+        for p in &proxies {
+            let metrics = http_get(p.addr, "/metrics").await?;
+            for (reason, n) in series(&metrics, "tokengate_rejections_total", "reason") {
+                *refusals.entry(reason).or_insert(0) += n;
+            }
+            replicas.push(Replica::new(&metrics, p.memory(), elapsed));
+            let pools: serde_json::Value =
+                serde_json::from_str(&http_get(p.addr, "/v1/pools").await?)
+                    .context("GET /v1/pools")?;
+            adaptive.extend(adaptive_views(&pools));
+        }
+        report.proxy_memory = Some(proxies[0].memory());
+        report.proxy_refusals = Some(refusals);
+        report.proxy_adaptive = Some(adaptive);
+        if s.replicas > 1 || ledger.is_some() {
+            report.replicas = Some(replicas);
+        }
+        for p in proxies {
+            p.stop().await;
+        }
     }
+    drop(ledger);
     sim.shutdown().await;
     Ok((report, records))
 }

@@ -1,6 +1,7 @@
 //! Scenario files (`loadtest/scenarios/<name>.toml`): the quota, the simulator's behaviour, the
 //! proxy's pool, and the client groups that make the load. `--quick` shrinks a scenario to a
 //! few seconds with a fast simulator, for CI.
+//! (Over 500 lines: the file format, its checks and the proxy config it writes, beside their tests.)
 
 use std::path::Path;
 
@@ -45,6 +46,14 @@ pub struct Scenario {
     /// proxy has its implicit route and every team is one route.
     #[serde(default)]
     pub routes: Vec<toml::Table>,
+    /// Proxy replicas sharing the ledger (1: one proxy). Each group's callers are spread over
+    /// them round robin (a caller, or an arrival, to replica `i mod replicas`).
+    #[serde(default = "one_replica")]
+    pub replicas: u32,
+    /// The proxies' ledger: `memory` (each its own), `redis` (one `redis-server`) or
+    /// `redis-cluster` (a three-master Redis Cluster), started by loadgen.
+    #[serde(default)]
+    pub ledger: LedgerKind,
     /// Present only in the overhead scenario, which runs its own steps instead of `groups`.
     pub overhead: Option<Overhead>,
     /// Present only in a soak: the proxy side alone, faults injected, checked at the end.
@@ -55,6 +64,20 @@ pub struct Scenario {
 
 fn default_drain() -> f64 {
     30.0
+}
+
+fn one_replica() -> u32 {
+    1
+}
+
+/// `ledger`: what the proxies keep their reservations in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LedgerKind {
+    #[default]
+    Memory,
+    Redis,
+    RedisCluster,
 }
 
 /// The proxy's `[[pools]]` entry, apart from the quota.
@@ -228,6 +251,7 @@ impl Scenario {
             bail!("{}: a soak runs [[groups]], not [overhead]", self.name);
         }
         self.check_routes()?;
+        self.check_replicas()?;
         for g in &self.groups {
             if g.shapes.is_empty() || g.shapes.iter().all(|s| s.weight <= 0.0) {
                 bail!(
@@ -247,6 +271,30 @@ impl Scenario {
                     g.team
                 );
             }
+        }
+        Ok(())
+    }
+
+    /// Several replicas need a shared ledger (with their own memory ledgers each would admit
+    /// the whole quota); the overhead scenario and the soak measure one proxy.
+    fn check_replicas(&self) -> anyhow::Result<()> {
+        if self.replicas == 0 {
+            bail!("{}: replicas must be at least 1", self.name);
+        }
+        if self.replicas > 1 && self.ledger == LedgerKind::Memory {
+            bail!(
+                "{}: replicas = {} need a shared ledger: set ledger = \"redis\" or \"redis-cluster\"",
+                self.name,
+                self.replicas
+            );
+        }
+        if (self.replicas > 1 || self.ledger != LedgerKind::Memory)
+            && (self.overhead.is_some() || self.soak.is_some())
+        {
+            bail!(
+                "{}: the overhead scenario and the soak run one proxy on the memory ledger",
+                self.name
+            );
         }
         Ok(())
     }
@@ -375,7 +423,8 @@ impl Scenario {
     /// The proxy's configuration file, in front of `upstream`. A soak sets the idle timeout and
     /// logs tokengate's own info lines (the last one reports the ledger at shutdown), not the
     /// access log.
-    pub fn proxy_config(&self, upstream: std::net::SocketAddr) -> String {
+    /// With `redis_url`, the ledger is that Redis (or Redis Cluster), shared by the replicas.
+    pub fn proxy_config(&self, upstream: std::net::SocketAddr, redis_url: Option<&str>) -> String {
         let (idle, level) = match &self.soak {
             Some(soak) => (
                 soak.idle_timeout_secs
@@ -384,9 +433,12 @@ impl Scenario {
             ),
             None => (String::new(), "warn"),
         };
+        let ledger = redis_url.map_or("backend = \"memory\"".to_string(), |url| {
+            format!("backend = \"redis\"\nurl = \"{url}\"")
+        });
         format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
-             endpoint = \"http://{upstream}\"\n{idle}\n[ledger]\nbackend = \"memory\"\n\n\
+             endpoint = \"http://{upstream}\"\n{idle}\n[ledger]\n{ledger}\n\n\
              [log]\nlevel = \"{level}\"\n{}{}",
             self.pools(),
             self.routes_config()
@@ -405,6 +457,7 @@ mod tests {
     fn every_scenario_s_proxy_config_parses() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let (mut spilling, mut with_routes) = (0, 0);
+        let mut shared = Vec::new();
         let entries = ["scenarios", "variants"]
             .into_iter()
             .flat_map(|dir| std::fs::read_dir(root.join(dir)).unwrap());
@@ -414,9 +467,18 @@ mod tests {
                 continue;
             }
             let s = Scenario::load(&path, false).unwrap();
-            let text = s.proxy_config("127.0.0.1:9".parse().unwrap());
+            let redis = (s.ledger != LedgerKind::Memory).then_some("redis+cluster://127.0.0.1:9");
+            let text = s.proxy_config("127.0.0.1:9".parse().unwrap(), redis);
             let config = tokengate::config::Config::parse(&text)
                 .unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()));
+            if s.ledger != LedgerKind::Memory {
+                shared.push(s.ledger);
+                assert!(s.replicas > 1, "{}", path.display());
+                assert!(matches!(
+                    config.process.ledger,
+                    tokengate::config::LedgerConfig::Redis(_)
+                ));
+            }
             let pools = &config.policy.pools;
             if s.spill_pools == 1 {
                 spilling += 1;
@@ -443,9 +505,27 @@ mod tests {
             assert_eq!(learns, s.name.ends_with("-adaptive"), "{}", path.display());
         }
         assert_eq!(spilling, 2);
+        // 14 and 15: three replicas on Redis, and on a Redis Cluster.
+        assert_eq!(shared.len(), 2, "{shared:?}");
+        assert!(shared.contains(&LedgerKind::Redis) && shared.contains(&LedgerKind::RedisCluster));
         // 10-two-teams-routes, the adaptive maxTokens scenarios 11, 13, 17 and 19, and their
         // counterparts 12, 16 and 18 on the same route.
         assert_eq!(with_routes, 8);
+    }
+
+    /// Several replicas each on its own memory ledger would each admit the whole quota: refused,
+    /// naming the fix.
+    #[test]
+    fn replicas_need_a_shared_ledger() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/14-three-replicas-redis.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut s: Scenario = toml::from_str(&text).unwrap();
+        s.ledger = LedgerKind::Memory;
+        let e = s.check().unwrap_err().to_string();
+        assert!(e.contains("replicas = 3 need a shared ledger"), "{e}");
+        s.replicas = 0;
+        assert!(s.check().unwrap_err().to_string().contains("at least 1"));
     }
 
     /// A scenario with `[[routes]]`: the proxy checks SigV4, every team is a route of its own

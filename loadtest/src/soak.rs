@@ -27,7 +27,7 @@ use serde::Serialize;
 use crate::client::Record;
 use crate::drive::drive;
 use crate::proxy::memory_of;
-use crate::report::Upstream;
+use crate::report::{Upstream, series};
 use crate::scenario::Scenario;
 use crate::stack::{Options, http_get, start_proxy, start_simulator};
 
@@ -238,7 +238,7 @@ pub async fn run(s: &Scenario, o: &Options) -> anyhow::Result<SoakReport> {
             }
         })
     };
-    let records = drive(s, addr, "proxy").await;
+    let records = drive(s, &[addr], "proxy").await;
     sampler.abort();
     let after_drain = memory_of(pid);
     let ledger = ledger_at_rest(addr).await?;
@@ -424,28 +424,4 @@ async fn ledger_at_rest(addr: SocketAddr) -> anyhow::Result<LedgerEnd> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// The samples of counter `name` by the value of `label` (summed over the other labels).
-pub fn series(metrics: &str, name: &str, label: &str) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    let prefix = format!("{name}{{");
-    for line in metrics.lines().filter(|l| l.starts_with(&prefix)) {
-        let Some((series, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let key = format!("{label}=\"");
-        let Some(v) = series
-            .split_once(&key)
-            .and_then(|(_, rest)| rest.split_once('"'))
-            .map(|(v, _)| v.to_string())
-        else {
-            continue;
-        };
-        let n = value.parse::<f64>().unwrap_or(0.0) as u64;
-        if n > 0 {
-            *out.entry(v).or_insert(0) += n;
-        }
-    }
-    out
 }

@@ -27,13 +27,34 @@ pub async fn start_simulator(s: &Scenario) -> anyhow::Result<SimulatorHandle> {
     Ok(simulator::spawn(s.simulator_config()?, addr).await?)
 }
 
+/// One proxy on the memory ledger (the overhead scenario, the soak).
 pub async fn start_proxy(
     s: &Scenario,
     o: &Options,
     upstream: SocketAddr,
 ) -> anyhow::Result<ProxyProcess> {
     let path = o.out.join(format!("{}.proxy.toml", s.name));
-    ProxyProcess::start(&o.tokengate_bin, &s.proxy_config(upstream), &path).await
+    ProxyProcess::start(&o.tokengate_bin, &s.proxy_config(upstream, None), &path).await
+}
+
+/// The scenario's `replicas` proxies, on the shared ledger at `redis_url` if any: each its own
+/// process, its config `<name>.proxy.toml` (`<name>.proxy-<i>.toml` with several), log beside it.
+pub async fn start_replicas(
+    s: &Scenario,
+    o: &Options,
+    upstream: SocketAddr,
+    redis_url: Option<&str>,
+) -> anyhow::Result<Vec<ProxyProcess>> {
+    let mut replicas = Vec::new();
+    for i in 0..s.replicas {
+        let file = match s.replicas {
+            1 => format!("{}.proxy.toml", s.name),
+            _ => format!("{}.proxy-{i}.toml", s.name),
+        };
+        let config = s.proxy_config(upstream, redis_url);
+        replicas.push(ProxyProcess::start(&o.tokengate_bin, &config, &o.out.join(file)).await?);
+    }
+    Ok(replicas)
 }
 
 /// One `GET` over HTTP/1.1 (`connection: close`); the body of a 200 response.

@@ -3,7 +3,9 @@
 //! fields. Structure only, no timing; the properties checked are that the upstream (almost)
 //! never throttles through the proxy, and that the soak's checks pass (every call answered, the
 //! ledger at zero, a clean shutdown, faults injected, stalls ended by the idle timeout), except
-//! "memory flat", which a quick run cannot evaluate and reports as skipped.
+//! "memory flat", which a quick run cannot evaluate and reports as skipped. The replicas
+//! scenarios start their own Redis and Redis Cluster (`redis-server` and `redis-cli`, which CI
+//! installs).
 //!
 //! Needs the `tokengate` binary beside `loadgen` (`cargo build --workspace` puts it there).
 
@@ -61,6 +63,21 @@ fn check_signed_teams(name: &str, proxy: &Value, groups: usize) {
                 "{name} {team}: {summary}"
             );
         }
+    }
+}
+
+/// A scenario with several replicas on a shared ledger: each replica decided calls (the
+/// callers are spread over them) and none was throttled upstream.
+fn check_replicas(name: &str, proxy: &Value, expected: usize) {
+    let replicas = proxy["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), expected, "{name}: {replicas:?}");
+    for r in replicas {
+        assert!(r["admitted"].as_u64().unwrap() > 0, "{name}: {r}");
+        assert!(
+            r["decisions_per_sec"].as_f64().unwrap() > 0.0,
+            "{name}: {r}"
+        );
+        assert_eq!(r["upstream_throttles"], 0, "{name}: {r}");
     }
 }
 
@@ -193,9 +210,12 @@ fn every_scenario_runs_quick_on_both_sides() {
                 assert!(adaptive.is_empty(), "{name}: {adaptive:?}");
             }
             assert_eq!(report["proxy"]["all"]["cut_short"], 0, "{name}");
+            if let Some(replicas) = scenario.get("replicas").and_then(toml::Value::as_integer) {
+                check_replicas(name, &report["proxy"], replicas as usize);
+            }
         }
         seen += 1;
     }
-    assert_eq!(seen, 17, "seventeen scenarios");
+    assert_eq!(seen, 19, "nineteen scenarios");
     let _ = std::fs::remove_dir_all(&out);
 }

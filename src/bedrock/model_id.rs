@@ -114,16 +114,16 @@ struct Arn<'a> {
 
 /// `arn:{partition}:bedrock:{region}:{account}:{type}/{id}`
 fn parse_arn(s: &str) -> Option<Arn<'_>> {
-    let mut parts = s.splitn(6, ':');
-    let (arn, _partition, service, region, _account, resource) = (
-        parts.next()?,
+    // Most ids are not ARNs: say so before splitting (this runs on every request).
+    let mut parts = s.strip_prefix("arn:")?.splitn(5, ':');
+    let (_partition, service, region, _account, resource) = (
         parts.next()?,
         parts.next()?,
         parts.next()?,
         parts.next()?,
         parts.next()?,
     );
-    if arn != "arn" || service != "bedrock" {
+    if service != "bedrock" {
         return None;
     }
     let (resource_type, resource_id) = resource.split_once('/')?;

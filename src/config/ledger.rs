@@ -9,6 +9,9 @@ use super::{ConfigError, Env, invalid, positive};
 
 const DEFAULT_LEDGER_TIMEOUT_MS: u64 = 250;
 const DEFAULT_LEASE_SECS: u64 = 600;
+const DEFAULT_SLICE_HORIZON_MS: u64 = 250;
+const DEFAULT_SLICE_MAX_FRACTION: f64 = 0.1;
+const DEFAULT_SLICE_MAX_AGE_MS: u64 = 2_000;
 
 /// `ledger.backend`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -37,25 +40,53 @@ pub struct RawLedger {
     pub lease_secs: Option<u64>,
     pub on_error: Option<OnError>,
     pub expected_replicas: Option<u32>,
+    /// `[ledger.local_leases]`: present (even empty) turns local capacity leases on.
+    pub local_leases: Option<RawLocalLeases>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `[ledger.local_leases]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLocalLeases {
+    pub horizon_ms: Option<u64>,
+    pub max_fraction: Option<f64>,
+    pub max_age_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub enum LedgerConfig {
     Memory,
     Redis(RedisLedgerConfig),
 }
 
 /// `[ledger] backend = "redis"`: one quota shared by every replica.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RedisLedgerConfig {
-    /// `redis://host:6379`, `redis://user:password@host:6379/0`, `redis+unix:///path/redis.sock`:
-    /// `url` from the file, or the value of the environment variable named by `url_env`.
+    /// `redis://host:6379`, `redis://user:password@host:6379/0`, `redis+unix:///path/redis.sock`,
+    /// or a Redis Cluster's seed nodes, `redis+cluster://[user:password@]host:port[,host:port...]`
+    /// (parsed by the ledger at start, `ledger::connection`): `url` from the file, or the value of
+    /// the environment variable named by `url_env`.
     pub url: String,
     /// The longest one ledger call may take (connecting included) before it counts as failed.
     pub timeout: Duration,
     /// How long a reservation outlives its replica's last renewal (renewed every third of it).
     pub lease: Duration,
     pub on_error: OnLedgerError,
+    /// `[ledger.local_leases]`: admit from slices of each pool's bucket in memory (off: every
+    /// decision is a round trip).
+    pub local_leases: Option<LocalLeasesConfig>,
+}
+
+/// `[ledger.local_leases]` (see `ledger::lease`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LocalLeasesConfig {
+    /// A slice holds about twice the demand of the last `horizon_ms`; an idle slice goes back
+    /// after it.
+    pub horizon: Duration,
+    /// The largest part of each of a pool's limits one slice holds, in (0, 1].
+    pub max_fraction: f64,
+    /// A slice goes back at the latest this long after it was taken.
+    pub max_age: Duration,
 }
 
 /// What admission does while Redis is unreachable.
@@ -77,6 +108,7 @@ pub(super) fn validate(raw: RawLedger, env: &Env) -> Result<LedgerConfig, Config
                 ("ledger.lease_secs", raw.lease_secs.is_some()),
                 ("ledger.on_error", raw.on_error.is_some()),
                 ("ledger.expected_replicas", raw.expected_replicas.is_some()),
+                ("ledger.local_leases", raw.local_leases.is_some()),
             ];
             if let Some((key, _)) = redis_only.iter().find(|(_, set)| *set) {
                 return Err(invalid(*key, "only the redis backend takes this key"));
@@ -85,7 +117,7 @@ pub(super) fn validate(raw: RawLedger, env: &Env) -> Result<LedgerConfig, Config
         }
         Backend::Redis => redis_url(raw.url, raw.url_env.as_deref(), env)?,
     };
-    if !["redis://", "redis+unix://", "unix://"]
+    if !["redis://", "redis+unix://", "unix://", "redis+cluster://"]
         .iter()
         .any(|scheme| url.starts_with(scheme))
     {
@@ -97,7 +129,10 @@ pub(super) fn validate(raw: RawLedger, env: &Env) -> Result<LedgerConfig, Config
         // Never echo the URL: it may hold a password.
         return Err(invalid(
             url_key(raw.url_env.as_deref()),
-            format!("{hint}write redis://host:6379 or redis+unix:///path/to/redis.sock"),
+            format!(
+                "{hint}write redis://host:6379, redis+unix:///path/to/redis.sock, or for a Redis \
+                 Cluster redis+cluster://host1:6379,host2:6379 (seed nodes, comma-separated)"
+            ),
         ));
     }
     let timeout = Duration::from_millis(positive(
@@ -114,33 +149,71 @@ pub(super) fn validate(raw: RawLedger, env: &Env) -> Result<LedgerConfig, Config
             "must be longer than three ledger.timeout_ms (leases are renewed every third of it)",
         ));
     }
-    let on_error = match (
-        raw.on_error.unwrap_or(OnError::FailClosed),
-        raw.expected_replicas,
-    ) {
-        (OnError::FailClosed, None) => OnLedgerError::FailClosed,
-        (OnError::FailClosed, Some(_)) => {
-            return Err(invalid(
-                "ledger.expected_replicas",
-                "only on_error = \"local\" uses it; remove it or set on_error = \"local\"",
-            ));
-        }
-        (OnError::Local, Some(n)) if n > 0 => OnLedgerError::Local {
-            expected_replicas: n,
-        },
-        (OnError::Local, _) => {
-            return Err(invalid(
-                "ledger.expected_replicas",
-                "on_error = \"local\" needs expected_replicas = N (the replica count): each replica then \
-                 admits 1/N of each pool while Redis is unreachable",
-            ));
-        }
-    };
+    let on_error = on_error(raw.on_error, raw.expected_replicas)?;
     Ok(LedgerConfig::Redis(RedisLedgerConfig {
         url,
         timeout,
         lease,
         on_error,
+        local_leases: local_leases(raw.local_leases, lease)?,
+    }))
+}
+
+/// `ledger.on_error`, with the `expected_replicas` only `"local"` takes.
+fn on_error(
+    on_error: Option<OnError>,
+    expected_replicas: Option<u32>,
+) -> Result<OnLedgerError, ConfigError> {
+    match (on_error.unwrap_or(OnError::FailClosed), expected_replicas) {
+        (OnError::FailClosed, None) => Ok(OnLedgerError::FailClosed),
+        (OnError::FailClosed, Some(_)) => Err(invalid(
+            "ledger.expected_replicas",
+            "only on_error = \"local\" uses it; remove it or set on_error = \"local\"",
+        )),
+        (OnError::Local, Some(n)) if n > 0 => Ok(OnLedgerError::Local {
+            expected_replicas: n,
+        }),
+        (OnError::Local, _) => Err(invalid(
+            "ledger.expected_replicas",
+            "on_error = \"local\" needs expected_replicas = N (the replica count): each replica then \
+             admits 1/N of each pool while Redis is unreachable",
+        )),
+    }
+}
+
+/// `[ledger.local_leases]`, when present.
+fn local_leases(
+    raw: Option<RawLocalLeases>,
+    lease: Duration,
+) -> Result<Option<LocalLeasesConfig>, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let horizon = Duration::from_millis(positive(
+        "ledger.local_leases.horizon_ms",
+        raw.horizon_ms.unwrap_or(DEFAULT_SLICE_HORIZON_MS),
+    )?);
+    let max_fraction = raw.max_fraction.unwrap_or(DEFAULT_SLICE_MAX_FRACTION);
+    if !(max_fraction > 0.0 && max_fraction <= 1.0) {
+        return Err(invalid(
+            "ledger.local_leases.max_fraction",
+            "must be a fraction in (0, 1], e.g. 0.1 (the most of each pool limit one slice holds)",
+        ));
+    }
+    let max_age = Duration::from_millis(positive(
+        "ledger.local_leases.max_age_ms",
+        raw.max_age_ms.unwrap_or(DEFAULT_SLICE_MAX_AGE_MS),
+    )?);
+    if max_age < horizon || max_age * 3 > lease {
+        return Err(invalid(
+            "ledger.local_leases.max_age_ms",
+            "must be at least horizon_ms and at most a third of ledger.lease_secs (a slice goes back long before its lease ends)",
+        ));
+    }
+    Ok(Some(LocalLeasesConfig {
+        horizon,
+        max_fraction,
+        max_age,
     }))
 }
 

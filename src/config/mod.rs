@@ -33,7 +33,7 @@ pub use adaptive::AdaptiveMaxTokens;
 pub use admission::{AdmissionConfig, UnknownModels};
 pub use auth::{AuthConfig, AuthMode, Secret};
 pub use endpoints::EndpointConfig;
-pub use ledger::{LedgerConfig, OnLedgerError, RedisLedgerConfig};
+pub use ledger::{LedgerConfig, LocalLeasesConfig, OnLedgerError, RedisLedgerConfig};
 pub use log::{LogConfig, LogFormat};
 pub use pools::{InputEstimate, PoolConfig, PoolTier, Source, WhenMaxTokensMissing};
 use raw::RawConfig;

@@ -27,29 +27,61 @@
 //! - Snapshots while Redis answers add the local reservations still outstanding to the shared
 //!   figures, so "nothing in flight" means nothing in flight in either.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
 
 use async_trait::async_trait;
 
 use super::{
-    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Ledger, LedgerError, LedgerMode,
-    LedgerStats, Limits, MemoryLedger, Origin, PoolSnapshot, RedisLedger, Reservation,
+    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, LeasedLedger, Ledger, LedgerError,
+    LedgerMode, LedgerStats, Limits, MemoryLedger, Origin, PoolSnapshot, RedisLedger, Reservation,
     ReserveRequest, Verdict, WindowSnapshot,
 };
 
+/// What the fallback needs of the shared ledger it stands behind: the Redis ledger, alone or
+/// with local capacity leases in front of it.
+pub trait SharedLedger: Ledger {
+    /// Whether the last call to Redis succeeded.
+    fn is_healthy(&self) -> bool;
+    /// The stats, to share with the fallback's local ledger.
+    fn stats_handle(&self) -> Arc<LedgerStats>;
+}
+
+impl SharedLedger for RedisLedger {
+    fn is_healthy(&self) -> bool {
+        RedisLedger::is_healthy(self)
+    }
+
+    fn stats_handle(&self) -> Arc<LedgerStats> {
+        RedisLedger::stats_handle(self)
+    }
+}
+
+impl SharedLedger for LeasedLedger {
+    fn is_healthy(&self) -> bool {
+        self.shared().is_healthy()
+    }
+
+    fn stats_handle(&self) -> Arc<LedgerStats> {
+        self.shared().stats_handle()
+    }
+}
+
 /// The shared ledger with a local share behind it.
 #[derive(Debug)]
-pub struct FallbackLedger {
-    shared: RedisLedger,
+pub struct FallbackLedger<S = RedisLedger> {
+    shared: S,
     local: MemoryLedger,
     replicas: u32,
     /// True from a fallback until the shared ledger admits again.
     in_local: AtomicBool,
 }
 
-impl FallbackLedger {
+impl<S: SharedLedger> FallbackLedger<S> {
     /// `shared` with a local share on `clock` behind it; both count into `shared`'s stats.
-    pub fn new(shared: RedisLedger, clock: Clock, expected_replicas: u32) -> FallbackLedger {
+    pub fn new(shared: S, clock: Clock, expected_replicas: u32) -> FallbackLedger<S> {
         let local = MemoryLedger::with_stats(clock, shared.stats_handle());
         FallbackLedger {
             shared,
@@ -59,7 +91,7 @@ impl FallbackLedger {
         }
     }
 
-    pub fn shared(&self) -> &RedisLedger {
+    pub fn shared(&self) -> &S {
         &self.shared
     }
 
@@ -115,7 +147,7 @@ impl FallbackLedger {
 }
 
 #[async_trait]
-impl Ledger for FallbackLedger {
+impl<S: SharedLedger> Ledger for FallbackLedger<S> {
     async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         if self.shared.is_healthy() {
             match self.shared.reserve(request).await {
@@ -235,6 +267,10 @@ impl Ledger for FallbackLedger {
         } else {
             LedgerMode::LocalShare
         }
+    }
+
+    async fn close(&self) {
+        self.shared.close().await;
     }
 }
 

@@ -6,10 +6,11 @@
 //! takes all of them or none: [`Ledger::reserve`] answers a [`Verdict`], `Granted` with a
 //! [`Reservation`] or `Refused` with a [`Rejection`] that says which limit bound and when refill
 //! would make room. Budgets outside any pool (the account's daily quota, a route's budgets) are
-//! taken in a call of their own ([`Ledger::take_budget`], [`budget`]). The memory backend ([`memory`]) serves one process; the Redis backend
-//! ([`redis`], its Lua in `lua/` and the scripts' wire in `scripts.rs`) shares one quota between
-//! replicas behind the same trait, and [`fallback`] puts a local share behind it for when Redis
-//! is unreachable.
+//! taken in a call of their own ([`Ledger::take_budget`], [`budget`]). The memory backend
+//! ([`memory`]) serves one process; the Redis backend ([`redis`], its Lua in `lua/` and the
+//! scripts' wire in `scripts.rs`; one node or a Redis Cluster, [`connection`]) shares one quota
+//! between replicas behind the same trait, [`lease`] lets a replica admit from a slice of it in
+//! memory, and [`fallback`] puts a local share behind either for when Redis is unreachable.
 //!
 //! Limits travel with each call instead of living in the backend: admission owns the effective
 //! limits (headroom, upstream-throttle feedback, config reloads), and every replica sharing a
@@ -40,7 +41,9 @@
 pub mod bucket;
 pub mod budget;
 pub mod clock;
+pub mod connection;
 pub mod fallback;
+pub mod lease;
 pub mod memory;
 pub mod redis;
 mod scripts;
@@ -56,7 +59,8 @@ use serde::{Deserialize, Serialize};
 
 pub use budget::{BudgetRefusal, BudgetRequest, BudgetWindow, WindowSnapshot};
 pub use clock::Clock;
-pub use fallback::FallbackLedger;
+pub use fallback::{FallbackLedger, SharedLedger};
+pub use lease::{LeaseCounts, LeaseOptions, LeasedLedger};
 pub use memory::MemoryLedger;
 pub use redis::{RedisLedger, RedisOptions};
 pub use shares::{RouteShare, ShareHold, ShareRequest};
@@ -370,6 +374,10 @@ pub trait Ledger: Send + Sync + fmt::Debug + 'static {
     fn mode(&self) -> LedgerMode {
         LedgerMode::Memory
     }
+
+    /// Gives back what this ledger holds for its own use (a replica's capacity slices,
+    /// [`lease`]); shutdown calls it once every settlement is done. Nothing for other backends.
+    async fn close(&self) {}
 }
 
 #[cfg(test)]

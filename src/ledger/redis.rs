@@ -9,7 +9,8 @@
 //! expiry (its size is the number of requests in flight). The logic is server-side Lua
 //! (`src/ledger/lua/`), one script per operation, each one round trip: `admit` (purge expired
 //! leases, refill, check tokens, requests, concurrency and the caller's route share, take all or
-//! nothing), `settle`, `renew`, `snapshot`; and `budget` for a scope's budget
+//! nothing), `settle`, `renew`, `snapshot`, `slice` (a replica's capacity slice given back and
+//! taken, [`super::lease`]); and `budget` for a scope's budget
 //! (`tg:v1:{budget:SCOPE}:b`, its own hash tag: see [`super::budget`]). Scripts are called by SHA1 (`EVALSHA`; a Redis that
 //! lost them gets them again on `NOSCRIPT`) and read the time from Redis `TIME`, never from a
 //! replica. Each answers a JSON object decoded into a typed reply; how the scripts are built
@@ -55,6 +56,13 @@
 //!   requests (a dead replica's upstream connections close with it, so normally none), and tokens
 //!   by their charge above their reservation (output burndown), which nobody debits: at most
 //!   `maxTokens x (burndown - 1)` per request the dead replica had in flight.
+//! - **A Redis Cluster** (`redis+cluster://`, see [`super::connection`]): each script call goes to
+//!   the master of its pool's slot. A master that dies fails its pools' calls (the failures
+//!   above, for those pools only) until a replica is promoted; the probe needs every master.
+//!   Writes it acknowledged but had not replicated are lost with it: leases and deductions of
+//!   the last moment's admissions are forgotten by the new master (their settlements find no
+//!   lease, so only a charge above the reservation is debited), so it may admit those tokens
+//!   again, once.
 //! - **Clocks.** Only Redis `TIME` is used. After a failover to a Redis whose clock is behind,
 //!   refill pauses until that clock catches up (time never runs backwards in a bucket). The one
 //!   exception is for tests: [`RedisLedger::connect_with_clock`] builds the scripts to take the
@@ -82,19 +90,17 @@ use std::{
 
 use async_trait::async_trait;
 use dashmap::DashMap;
-use redis::{
-    FromRedisValue, ScriptInvocation,
-    aio::{ConnectionManager, ConnectionManagerConfig},
-};
+use redis::{FromRedisValue, ScriptInvocation};
 use tokio::task::AbortHandle;
 
 use super::{
     BudgetRefusal, BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Issuer, Ledger, LedgerError,
     LedgerMode, LedgerStats, Limits, Origin, PoolSnapshot, Rejection, Reservation, ReserveRequest,
     ShareHold, Verdict, WindowSnapshot,
+    connection::Connection,
     scripts::{
-        AdmitReply, BACKEND, BudgetReply, Scripts, SettleReply, check_limits, check_windows,
-        decode, lease_id, member,
+        AdmitReply, BACKEND, BudgetReply, Scripts, SettleReply, SliceBack, SliceReply, SliceTake,
+        check_limits, check_windows, decode, lease_id, member,
     },
 };
 
@@ -106,7 +112,9 @@ const RENEW_BATCH: usize = 256;
 /// How to reach Redis and how long leases last.
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
-    /// `redis://[user:password@]host:port[/db]` or `redis+unix:///path/to/socket`.
+    /// `redis://[user:password@]host:port[/db]`, `redis+unix:///path/to/socket`, or a Redis
+    /// Cluster: `redis+cluster://[user:password@]host:port[,host:port...]` (see
+    /// [`super::connection`]).
     pub url: String,
     /// The longest any one call may take, connecting included.
     pub timeout: Duration,
@@ -123,7 +131,7 @@ pub struct RedisLedger {
 
 #[derive(Debug)]
 struct Inner {
-    conn: ConnectionManager,
+    conn: Connection,
     scripts: Scripts,
     timeout: Duration,
     lease: Duration,
@@ -161,20 +169,7 @@ impl RedisLedger {
         options: RedisOptions,
         test_clock: Option<Clock>,
     ) -> Result<RedisLedger, LedgerError> {
-        let client = redis::Client::open(options.url.as_str()).map_err(|e| LedgerError {
-            backend: BACKEND,
-            message: format!("ledger.url is not a usable Redis URL: {e}"),
-        })?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.timeout))
-            .set_response_timeout(Some(options.timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(1));
-        let conn =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| LedgerError {
-                backend: BACKEND,
-                message: format!("cannot set up the Redis connection (ledger.url): {e}"),
-            })?;
+        let conn = Connection::open(&options.url, options.timeout)?;
         let inner = Arc::new(Inner {
             conn,
             scripts: Scripts::new(test_clock.is_some()),
@@ -209,6 +204,30 @@ impl RedisLedger {
     /// `lease / 3`).
     pub async fn renew_all(&self) {
         self.inner.renew_all().await;
+    }
+
+    /// Gives a capacity slice back and/or takes one (`lua/slice.lua`, [`super::lease`]): one
+    /// round trip. The reservations in flight of a slice given back become leases of this
+    /// replica, renewed as its own.
+    pub(super) async fn slice(
+        &self,
+        pool: &Arc<str>,
+        limits: &Limits,
+        back: Option<&SliceBack<'_>>,
+        take: Option<&SliceTake>,
+    ) -> Result<SliceReply, LedgerError> {
+        check_limits(pool, limits)?;
+        let inner = &self.inner;
+        let invocation = inner.scripts.slice(pool, limits, inner.lease, back, take);
+        let reply: String = inner.run(invocation, "slice", pool).await?;
+        let reply: SliceReply = decode("slice", &reply)?;
+        warn_purged(pool, reply.purged());
+        if let Some(back) = back.filter(|_| reply.returned()) {
+            for &(id, tokens) in back.in_flight {
+                inner.held.insert(id, (pool.clone(), tokens));
+            }
+        }
+        Ok(reply)
     }
 }
 
@@ -339,6 +358,17 @@ impl Inner {
     }
 }
 
+/// Expired leases reclaimed by a call are a replica that stopped renewing: worth a warning.
+fn warn_purged(pool: &str, purged: u64) {
+    if purged > 0 {
+        tracing::warn!(
+            pool,
+            purged,
+            "expired leases reclaimed: a replica stopped renewing (crashed, or lost Redis)"
+        );
+    }
+}
+
 // === impl Ledger for RedisLedger ===
 
 #[async_trait]
@@ -352,14 +382,7 @@ impl Ledger for RedisLedger {
             .admit(request, &member(id, request.tokens), inner.lease);
         let reply: String = inner.run(invocation, "admit", request.pool).await?;
         let reply: AdmitReply = decode("admit", &reply)?;
-        let purged = reply.purged();
-        if purged > 0 {
-            tracing::warn!(
-                pool = request.pool,
-                purged,
-                "expired leases reclaimed: a replica stopped renewing (crashed, or lost Redis)"
-            );
-        }
+        warn_purged(request.pool, reply.purged());
         Ok(match reply {
             AdmitReply::Granted {
                 guaranteed,

@@ -1,4 +1,5 @@
 //! The Redis ledger's Lua scripts (`lua/`) and their wire: how each script is built, what each
+//! (Over 500 lines: every script's arguments and reply, side by side with the others.)
 //! call sends (keys and arguments) and what it answers (typed replies).
 //!
 //! # Building
@@ -17,7 +18,7 @@
 //! # Replies
 //!
 //! Each script answers one JSON object, decoded here with serde ([`AdmitReply`], [`SettleReply`],
-//! [`PoolSnapshot`]); a reply that does not decode is a [`LedgerError`] quoting it. The scripts
+//! [`SliceReply`], [`PoolSnapshot`]); a reply that does not decode is a [`LedgerError`] quoting it. The scripts
 //! write each reply with one `string.format` of a fixed template: integers through `%d`, exact for
 //! every integer a double holds (`cjson.encode` keeps only 14 digits), and one string made per
 //! reply (a field-by-field encoder cost Redis about 3 µs more per call: `loadtest/RESULTS.md`).
@@ -44,7 +45,7 @@ pub const LAYOUT_VERSION: &str = "v1";
 /// and levels (including burndown debt) must stay far below 2^53.
 pub const MAX_TOKENS_PER_MINUTE: u64 = 1_000_000_000;
 /// Charges above this are debited as this much (ten of the largest buckets): same reason.
-const MAX_CHARGE: u64 = 10 * MAX_TOKENS_PER_MINUTE;
+pub const MAX_CHARGE: u64 = 10 * MAX_TOKENS_PER_MINUTE;
 /// Expired leases reclaimed per script call (`PURGE_BATCH` in the scripts).
 const PURGE_BATCH: usize = 256;
 /// How long an idle pool's keys outlive the moment every lease has expired and both buckets are
@@ -67,7 +68,7 @@ fn constants() -> String {
     )
 }
 
-/// The four scripts, each one round trip.
+/// The scripts, each one round trip.
 #[derive(Debug)]
 pub struct Scripts {
     admit: Script,
@@ -75,6 +76,7 @@ pub struct Scripts {
     renew: Script,
     snapshot: Script,
     budget: Script,
+    slice: Script,
 }
 
 impl Scripts {
@@ -89,6 +91,7 @@ impl Scripts {
             renew: script(include_str!("lua/renew.lua")),
             snapshot: script(include_str!("lua/snapshot.lua")),
             budget: script(include_str!("lua/budget.lua")),
+            slice: script(include_str!("lua/slice.lua")),
         }
     }
 
@@ -177,6 +180,67 @@ impl Scripts {
         invocation
     }
 
+    /// `slice.lua`: gives `back` back and takes `take` in `pool` under `limits`, the new slice's
+    /// lease lasting `lease`.
+    pub fn slice(
+        &self,
+        pool: &str,
+        limits: &Limits,
+        lease: Duration,
+        back: Option<&SliceBack<'_>>,
+        take: Option<&SliceTake>,
+    ) -> ScriptInvocation<'_> {
+        let mut invocation = self.pool_call(&self.slice, pool);
+        invocation
+            .arg(limits.tokens_per_minute)
+            .arg(rpm_arg(limits))
+            .arg(limits.max_concurrency)
+            .arg(millis(lease))
+            .arg(tpd_arg(limits));
+        match back {
+            Some(b) => invocation
+                .arg(slice_id(b.id))
+                .arg(b.tokens)
+                .arg(b.requests)
+                .arg(b.permits)
+                .arg(b.unused_tokens)
+                .arg(b.unused_requests)
+                .arg(u8::from(b.from_full)),
+            None => invocation
+                .arg("-")
+                .arg(0)
+                .arg(0)
+                .arg(0)
+                .arg(0)
+                .arg(0)
+                .arg(0),
+        };
+        match take {
+            Some(t) => invocation
+                .arg(slice_id(t.id))
+                .arg(t.least)
+                .arg(t.tokens)
+                .arg(t.requests)
+                .arg(t.permits)
+                .arg(t.keep)
+                .arg(t.route.as_ref().map_or("-", |(r, _)| &**r))
+                .arg(t.route.as_ref().map_or(0, |(_, v)| *v)),
+            None => invocation
+                .arg("-")
+                .arg(0)
+                .arg(0)
+                .arg(0)
+                .arg(0)
+                .arg(0)
+                .arg("-")
+                .arg(0),
+        };
+        for &(id, tokens) in back.map_or(&[][..], |b| b.in_flight) {
+            invocation.arg(member(id, tokens));
+        }
+        invocation
+    }
+
     fn pool_call<'a>(&self, script: &'a Script, pool: &str) -> ScriptInvocation<'a> {
         let [state, leases] = keys(pool);
         let mut invocation = script.prepare_invoke();
@@ -228,6 +292,88 @@ pub enum BudgetReply {
         wait_ms: Option<u64>,
         deficit: u64,
     },
+}
+
+/// A capacity slice given back ([`super::lease`]): what it was taken with, what it did not use,
+/// and its reservations still in flight (id, tokens), which become leases of their own.
+#[derive(Debug)]
+pub struct SliceBack<'a> {
+    pub id: u64,
+    pub tokens: u64,
+    pub requests: u64,
+    pub permits: u32,
+    /// Negative when its reservations were charged more than it held.
+    pub unused_tokens: i64,
+    pub unused_requests: u64,
+    /// It admitted a request while nothing of it was used: the pool's bucket may have been full.
+    pub from_full: bool,
+    pub in_flight: &'a [(u64, u64)],
+}
+
+/// A capacity slice to take: at least `least` tokens (the request asking), at most the sizes,
+/// leaving `keep` tokens in the bucket; `route`: the asking route and its recovery (tokens per
+/// minute), marked seen as an admission marks it.
+#[derive(Debug)]
+pub struct SliceTake {
+    pub id: u64,
+    pub least: u64,
+    pub tokens: u64,
+    pub requests: u64,
+    pub permits: u32,
+    pub keep: u64,
+    pub route: Option<(std::sync::Arc<str>, u64)>,
+}
+
+/// The slice script's reply.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum SliceReply {
+    /// Only given back (nothing asked).
+    Returned { returned: bool, purged: u64 },
+    /// What the new slice holds.
+    Granted {
+        returned: bool,
+        purged: u64,
+        tokens: u64,
+        requests: u64,
+        permits: u32,
+    },
+    /// As [`AdmitReply::Refused`], for the request that asked.
+    Refused {
+        returned: bool,
+        purged: u64,
+        limit: Limit,
+        wait_ms: Option<u64>,
+        deficit: u64,
+        reserved: u64,
+        in_flight: u32,
+        held_for_others: bool,
+    },
+}
+
+impl SliceReply {
+    /// Expired leases (and slices) this call reclaimed.
+    pub fn purged(&self) -> u64 {
+        match self {
+            SliceReply::Returned { purged, .. }
+            | SliceReply::Granted { purged, .. }
+            | SliceReply::Refused { purged, .. } => *purged,
+        }
+    }
+
+    /// Whether the slice given back was live (else it had expired and was charged in full).
+    pub fn returned(&self) -> bool {
+        match self {
+            SliceReply::Returned { returned, .. }
+            | SliceReply::Granted { returned, .. }
+            | SliceReply::Refused { returned, .. } => *returned,
+        }
+    }
+}
+
+/// A slice's id in its lease members (`lua/slice.lua` builds them from it).
+fn slice_id(id: u64) -> String {
+    format!("{id:016x}")
 }
 
 /// The lease's member in the pool's sorted set: its id and the tokens it holds.

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
 use super::{Verdict, trace};
@@ -28,7 +28,9 @@ pub struct Observation {
     pub(super) route_slot: Option<usize>,
     pub(super) verdict: Option<Verdict>,
     pub(super) status: Option<u16>,
-    pub(super) request_id: Option<HeaderValue>,
+    /// Copied out of the response head: a `HeaderValue` would be a slice of the upstream
+    /// connection's read buffer and keep all 8 KiB of it alive for as long as a stream lasts.
+    pub(super) request_id: Option<Box<str>>,
     pub(super) admitted_at: Option<Instant>,
     pub(super) first_byte: Option<Instant>,
     pub(super) first_token: Option<Instant>,
@@ -85,7 +87,7 @@ impl Observation {
     pub fn answered(&mut self, status: StatusCode, headers: &HeaderMap) {
         self.status = Some(status.as_u16());
         if let Some(id) = headers.get(X_AMZN_REQUEST_ID) {
-            self.request_id = Some(id.clone());
+            self.request_id = id.to_str().ok().map(Box::from);
         }
     }
 
@@ -98,7 +100,7 @@ impl Observation {
     }
 
     pub(super) fn request_id(&self) -> Option<&str> {
-        self.request_id.as_ref().and_then(|v| v.to_str().ok())
+        self.request_id.as_deref()
     }
 
     pub(super) fn operation_label(&self) -> &'static str {

@@ -87,4 +87,8 @@ impl Ledger for TimedLedger {
     fn mode(&self) -> LedgerMode {
         self.inner.mode()
     }
+
+    async fn close(&self) {
+        self.inner.close().await;
+    }
 }

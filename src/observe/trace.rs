@@ -98,6 +98,8 @@ pub struct RequestTrace {
     /// The caller's span, from its `traceparent`.
     parent: Option<[u8; 8]>,
     upstream_span_id: [u8; 8],
+    /// A copy: the caller's value is a slice of its connection's read buffer (ARCHITECTURE.md,
+    /// bounded memory), and a trace lives as long as its request.
     tracestate: Option<HeaderValue>,
     /// Wall-clock time at the request's arrival, in nanoseconds since the Unix epoch.
     arrived_unix_nanos: u64,
@@ -129,7 +131,9 @@ impl RequestTrace {
             span_id: nonzero(),
             parent: parent.map(|p| p.span_id),
             upstream_span_id: nonzero(),
-            tracestate: parent.and(headers.get(TRACESTATE).cloned()),
+            tracestate: parent
+                .and(headers.get(TRACESTATE))
+                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
             arrived_unix_nanos: arrived,
             decided_at: None,
             queued_for: None,

@@ -49,9 +49,9 @@ use std::{
 };
 
 use tokengate::ledger::{
-    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Ledger, Limit, Limits, MemoryLedger,
-    PoolSnapshot, RedisLedger, RedisOptions, Rejection, Reservation, ReserveRequest, RouteShare,
-    ShareRequest, Verdict,
+    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, LeaseOptions, LeasedLedger, Ledger, Limit,
+    Limits, MemoryLedger, PoolSnapshot, RedisLedger, RedisOptions, Rejection, Reservation,
+    ReserveRequest, RouteShare, ShareRequest, Verdict,
 };
 use tokio::sync::Barrier;
 
@@ -59,12 +59,13 @@ use tokio::sync::Barrier;
 const TPM: u64 = 600;
 const TOKENS_PER_SEC: f64 = TPM as f64 / 60.0;
 
-use crate::common::redis_server;
+use crate::common::{redis_cluster::RedisCluster, redis_server};
 
 /// A ledger under test, and whatever must live as long as it (a private Redis).
 struct Backend {
     ledger: Arc<dyn Ledger>,
     _server: Option<redis_server::RedisServer>,
+    _cluster: Option<(RedisCluster, tempfile::TempDir)>,
 }
 
 /// Instantiates every contract case for one backend: `contract_suite!(name => async factory)`.
@@ -125,6 +126,7 @@ async fn memory_ledger() -> Option<Backend> {
     Some(Backend {
         ledger: Arc::new(MemoryLedger::new(Clock::tokio())),
         _server: None,
+        _cluster: None,
     })
 }
 
@@ -140,11 +142,67 @@ async fn redis_ledger() -> Option<Backend> {
     Some(Backend {
         ledger: Arc::new(ledger),
         _server: Some(server),
+        _cluster: None,
+    })
+}
+
+/// The Redis ledger on a three-master Redis Cluster (`redis+cluster://`): every script's keys
+/// share one slot, so each case runs as on one node.
+async fn redis_cluster_ledger() -> Option<Backend> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cluster = crate::cluster::start_cluster(dir.path(), 3, 0).await?;
+    let ledger = crate::cluster::cluster_ledger(cluster.url(), Duration::from_secs(5)).await;
+    assert!(ledger.is_healthy(), "the private cluster answers");
+    Some(Backend {
+        ledger: Arc::new(ledger),
+        _server: None,
+        _cluster: Some((cluster, dir)),
+    })
+}
+
+/// Slices up to the whole of each limit: most cases' requests are then admitted from a slice,
+/// and every case must hold as it does without.
+const LEASES: LeaseOptions = LeaseOptions {
+    horizon: Duration::from_millis(250),
+    max_fraction: 1.0,
+    max_age: Duration::from_secs(1),
+};
+
+/// The Redis ledger with local capacity leases ([`LEASES`]).
+async fn redis_leased_ledger() -> Option<Backend> {
+    let server = redis_server::RedisServer::start().await?;
+    let options = RedisOptions {
+        url: server.url(),
+        timeout: Duration::from_secs(5),
+        lease: Duration::from_secs(60),
+    };
+    let shared = RedisLedger::connect(options).await.expect("redis ledger");
+    assert!(shared.is_healthy(), "the private redis-server answers");
+    Some(Backend {
+        ledger: Arc::new(LeasedLedger::new(shared, LEASES)),
+        _server: Some(server),
+        _cluster: None,
+    })
+}
+
+/// The same on a three-master Redis Cluster: a slice's keys are its pool's, in one slot.
+async fn redis_cluster_leased_ledger() -> Option<Backend> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cluster = crate::cluster::start_cluster(dir.path(), 3, 0).await?;
+    let shared = crate::cluster::cluster_ledger(cluster.url(), Duration::from_secs(5)).await;
+    assert!(shared.is_healthy(), "the private cluster answers");
+    Some(Backend {
+        ledger: Arc::new(LeasedLedger::new(shared, LEASES)),
+        _server: None,
+        _cluster: Some((cluster, dir)),
     })
 }
 
 contract_suite!(memory => memory_ledger());
 contract_suite!(redis => redis_ledger());
+contract_suite!(redis_leases => redis_leased_ledger());
+contract_suite!(redis_cluster => redis_cluster_ledger());
+contract_suite!(redis_cluster_leases => redis_cluster_leased_ledger());
 
 // === helpers ===
 

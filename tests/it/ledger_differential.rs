@@ -21,6 +21,12 @@
 //! clock only moves by whole milliseconds, where the two resolutions agree exactly. Leases last
 //! a year of that clock, so none expires (the memory backend has no leases).
 //!
+//! It runs twice: on the Redis ledger, and on the Redis ledger with local capacity leases whose
+//! slices are exactly the request that asks ([`LeasedLedger`] with a horizon of zero), which must
+//! move the shared state exactly as plain reservations do. Slices of more than one request change
+//! what is admitted when (never more than the exact bucket would): `ledger_leases.rs` holds them
+//! to that.
+//!
 //! Like the contract suite, it runs against a private `redis-server` (`common/redis_server.rs`):
 //! always under CI (`CI=true` fails without one); locally, without `redis-server`, it is a named,
 //! counted skip (`common/skip.rs`).
@@ -39,9 +45,9 @@ use proptest::{
     test_runner::{Config, TestCaseError, TestRunner},
 };
 use tokengate::ledger::{
-    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, Ledger, Limit, Limits, MemoryLedger,
-    RedisLedger, RedisOptions, Rejection, Reservation, ReserveRequest, RouteShare, ShareRequest,
-    Verdict,
+    BudgetRequest, BudgetVerdict, BudgetWindow, Clock, LeaseOptions, LeasedLedger, Ledger, Limit,
+    Limits, MemoryLedger, RedisLedger, RedisOptions, Rejection, Reservation, ReserveRequest,
+    RouteShare, ShareRequest, Verdict,
 };
 
 /// Cases per run: enough to reach every rule many times, few enough for a few seconds in CI.
@@ -58,7 +64,7 @@ type Caller = Option<(usize, bool)>;
 type Routes = Arc<[RouteShare]>;
 
 #[derive(Debug, Clone)]
-enum Op {
+pub(crate) enum Op {
     Reserve {
         /// Which of the case's limits and route configurations this call applies.
         limits: usize,
@@ -96,15 +102,15 @@ enum Op {
 }
 
 #[derive(Debug, Clone)]
-struct Case {
-    limits: Vec<Limits>,
+pub(crate) struct Case {
+    pub(crate) limits: Vec<Limits>,
     /// The budget's window sets (a reload changes capacities, adds and drops windows).
     budgets: Vec<Vec<BudgetWindow>>,
     routes: Vec<Routes>,
     retry_reserve: f64,
     priority_margin: f64,
     idle_ms: u64,
-    ops: Vec<Op>,
+    pub(crate) ops: Vec<Op>,
 }
 
 fn limits() -> impl Strategy<Value = Limits> {
@@ -203,7 +209,7 @@ fn op(
     ]
 }
 
-fn case() -> impl Strategy<Value = Case> {
+pub(crate) fn case() -> impl Strategy<Value = Case> {
     let routes = (1usize..=3).prop_flat_map(|n| {
         let set = ["triage", "batch", "chat"][..n]
             .iter()
@@ -256,7 +262,8 @@ fn case() -> impl Strategy<Value = Case> {
 /// The two ledgers under comparison, on one clock.
 struct Pair<'a> {
     memory: MemoryLedger,
-    redis: RedisLedger,
+    /// The Redis ledger, alone or with local capacity leases in front of it.
+    redis: Box<dyn Ledger>,
     clock: Clock,
     pool: String,
     seen: &'a Seen,
@@ -399,8 +406,22 @@ impl Pair<'_> {
     }
 }
 
+impl Case {
+    /// The share request of `caller` (a route and whether it retries) under route set `routes`.
+    pub(crate) fn share(&self, routes: usize, caller: Caller) -> Option<ShareRequest> {
+        caller.map(|(caller, retry)| ShareRequest {
+            routes: self.routes[routes].clone(),
+            caller,
+            retry,
+            retry_reserve: self.retry_reserve,
+            priority_margin: self.priority_margin,
+            idle: Duration::from_millis(self.idle_ms),
+        })
+    }
+}
+
 /// A tokens-per-minute fraction in thousandths, at least one token.
-fn permille_of(limits: &Limits, permille: u64) -> u64 {
+pub(crate) fn permille_of(limits: &Limits, permille: u64) -> u64 {
     (limits.tokens_per_minute * permille / 1_000).max(1)
 }
 
@@ -516,14 +537,7 @@ async fn step_all(
                 hold_back_permille,
             } => {
                 let limits = case.limits[limits];
-                let share = caller.map(|(caller, retry)| ShareRequest {
-                    routes: case.routes[routes].clone(),
-                    caller,
-                    retry,
-                    retry_reserve: case.retry_reserve,
-                    priority_margin: case.priority_margin,
-                    idle: Duration::from_millis(case.idle_ms),
-                });
+                let share = case.share(routes, caller);
                 let request = ReserveRequest {
                     pool: &pair.pool,
                     limits,
@@ -570,6 +584,25 @@ async fn step_all(
 
 #[test]
 fn memory_and_redis_ledgers_agree_exactly() {
+    differential(None);
+}
+
+/// With local capacity leases whose slices are exactly the request that asks (a horizon of
+/// zero), the shared state moves exactly as with plain reservations: every request goes through
+/// `lua/slice.lua` (a slice taken, admitted from in memory, used up and so given back at once,
+/// its reservation a lease of its own), and every answer must still be the memory ledger's. What
+/// slices of more than one request may change, and what they never may, is in
+/// `ledger_leases.rs`.
+#[test]
+fn memory_and_leased_redis_agree_exactly_with_one_request_slices() {
+    differential(Some(LeaseOptions {
+        horizon: Duration::ZERO,
+        max_fraction: 1.0,
+        max_age: Duration::from_secs(3_600),
+    }));
+}
+
+fn differential(leases: Option<LeaseOptions>) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -600,11 +633,16 @@ fn memory_and_redis_ledgers_agree_exactly() {
                 timeout: Duration::from_secs(5),
                 lease: LEASE,
             };
+            let shared = RedisLedger::connect_with_clock(options, clock.clone())
+                .await
+                .expect("redis ledger");
+            let redis: Box<dyn Ledger> = match leases {
+                Some(leases) => Box::new(LeasedLedger::new(shared, leases)),
+                None => Box::new(shared),
+            };
             let pair = Pair {
                 memory: MemoryLedger::new(clock.clone()),
-                redis: RedisLedger::connect_with_clock(options, clock.clone())
-                    .await
-                    .expect("redis ledger"),
+                redis,
                 clock,
                 pool: format!("differential-{run_id}-{n}"),
                 seen: &seen,

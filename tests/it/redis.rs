@@ -7,14 +7,10 @@ use std::{
     io::{BufRead, BufReader},
     net::SocketAddr,
     process::{Command, Stdio},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
     time::Duration,
 };
 
-use crate::common::{redis_server::RedisServer, *};
+use crate::common::{load::Load, redis_server::RedisServer, *};
 use tokengate::{
     gateway::Gateway,
     ledger::{Ledger, Limits, PoolSnapshot, RedisLedger, RedisOptions},
@@ -229,6 +225,17 @@ const QUOTA: u64 = 300_000;
 /// measure as `tests/saturation.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_share_one_quota() {
+    three_replicas_on_one_redis("").await;
+}
+
+/// The same with local capacity leases: most decisions come from each replica's slice of the
+/// bucket, and upstream still never throttles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_share_one_quota_with_local_leases() {
+    three_replicas_on_one_redis("[ledger.local_leases]\nmax_fraction = 0.1\n").await;
+}
+
+async fn three_replicas_on_one_redis(leases: &str) {
     let Some(server) = RedisServer::start().await else {
         return;
     };
@@ -238,7 +245,7 @@ async fn three_replicas_share_one_quota() {
     .await;
     let pool = format!("{}max_wait_ms = 0\n", sonnet_pool(QUOTA, 64));
     let ledger = format!(
-        "[ledger]\nbackend = \"redis\"\nurl = \"{}\"\n",
+        "[ledger]\nbackend = \"redis\"\nurl = \"{}\"\n{leases}",
         server.url()
     );
     let mut replicas = Vec::new();
@@ -284,6 +291,48 @@ async fn three_replicas_share_one_quota() {
     for replica in &replicas {
         assert_ledger_zero(replica).await;
     }
+}
+
+/// With `[ledger.local_leases]`, calls are admitted from the replica's slice (the shared state
+/// shows the slice, not the calls, while the replica is idle), and shutdown gives it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_gives_capacity_slices_back() {
+    let Some(server) = RedisServer::start().await else {
+        return;
+    };
+    let sim = start_simulator("time_to_first_token_ms = 0\ntokens_per_second = 0\n").await;
+    let ledger = format!(
+        "[ledger]\nbackend = \"redis\"\nurl = \"{}\"\n\n[ledger.local_leases]\nhorizon_ms = 60000\nmax_age_ms = 60000\nmax_fraction = 0.5\n",
+        server.url()
+    );
+    let proxy = start_proxy(proxy_config(sim.addr, &sonnet_pool(60_000, 8), &ledger)).await;
+    for _ in 0..3 {
+        // Charged well under the reservation: a charge above it would give the slice back.
+        let body = converse_body("[sim:output=5] hello", Some(100));
+        let path = model_path(SONNET_US, "converse");
+        let answer = raw_request(proxy.addr, "POST", &path, body, false).await;
+        assert_eq!(answer.status, 200);
+    }
+    let limits = Limits {
+        tokens_per_minute: 60_000,
+        requests_per_minute: None,
+        max_concurrency: 8,
+        tokens_per_day: None,
+    };
+    let observer = observer(&server).await;
+    let held = shared_state(&observer, limits).await;
+    assert!(
+        held.reserved_tokens > 0 && held.in_flight_requests > 0,
+        "a live slice holds tokens and permits while no call is in flight: {held:?}"
+    );
+    let report = proxy.shutdown().await.expect("shutdown");
+    assert!(report.is_clean(), "{report:?}");
+    let after = shared_state(&observer, limits).await;
+    assert_eq!(
+        (after.reserved_tokens, after.in_flight_requests),
+        (0, 0),
+        "the slice went back at shutdown: {after:?}"
+    );
 }
 
 fn rejections(proxy: &Gateway) -> u64 {
@@ -354,49 +403,6 @@ async fn each_call_is_one_redis_call_to_admit_and_one_to_settle() {
 
 // === Redis outages ===
 
-/// Sends Converse calls one after another until stopped; counts answers by status.
-struct Load {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    unavailable: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Load {
-    fn start(addr: SocketAddr) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ok, unavailable) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let task = tokio::spawn({
-            let (stop, ok, unavailable) = (stop.clone(), ok.clone(), unavailable.clone());
-            async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let r = converse(addr).await;
-                    match r.status {
-                        200 => ok.fetch_add(1, Ordering::Relaxed),
-                        503 => unavailable.fetch_add(1, Ordering::Relaxed),
-                        _ => 0,
-                    };
-                }
-            }
-        });
-        Load {
-            stop,
-            ok,
-            unavailable,
-            task,
-        }
-    }
-
-    async fn stop(self) -> (u64, u64) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.expect("load task");
-        (
-            self.ok.load(Ordering::Relaxed),
-            self.unavailable.load(Ordering::Relaxed),
-        )
-    }
-}
-
 async fn converse(addr: SocketAddr) -> RawResponse {
     raw_request(
         addr,
@@ -448,7 +454,7 @@ async fn fail_closed_answers_503_while_redis_is_out_and_recovers() {
     let proxy = start_proxy(config).await;
     let addr = proxy.addr;
     assert_eq!(converse(addr).await.status, 200);
-    let load = Load::start(addr);
+    let load = Load::start(addr, SONNET_US);
 
     for outage in ["frozen (SIGSTOP)", "down (killed, restarted empty)"] {
         if outage.starts_with("frozen") {
@@ -490,7 +496,7 @@ async fn fail_closed_answers_503_while_redis_is_out_and_recovers() {
         );
         println!("{outage}: ready again {back:?} after Redis returned");
     }
-    let (ok, unavailable) = load.stop().await;
+    let (ok, unavailable, _) = load.stop().await;
     println!("load: {ok} ok, {unavailable} unavailable");
     assert!(
         ok > 0 && unavailable > 0,

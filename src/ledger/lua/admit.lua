@@ -17,7 +17,7 @@ local hold_back, tpd = tonumber(ARGV[7]), tonumber(ARGV[8])
 local s = load_synced(tpm, rpm, tpd, now)
 local purged = purge(s, now)
 local in_flight = redis.call('ZCARD', LEASES)
-local t, r = s.tokens, s.requests
+local t = s.tokens
 
 -- The caller's share: what the bucket must hold (need) and what the route takes.
 local n = tonumber(ARGV[9] or '0')
@@ -85,47 +85,14 @@ if n > 0 then
   end
 end
 
--- The daily quota: the request's own tokens (src/ledger/memory.rs checks it at the same point).
-local d = s.day
-if d and tokens * d.w > d.level then
-  return refused('daily_quota', win_wait(d, tokens, now), math.max(0, tokens - win_whole(d)), false)
+-- The daily quota is checked for the request's own tokens (src/ledger/memory.rs checks it at the
+-- same point), the bucket for what it needs.
+local limit, wait, deficit, held_for_others =
+  pool_refusal(s, tokens, need + hold_back, protected, in_flight, max_concurrency, now)
+if limit then
+  return refused(limit, wait, deficit, held_for_others)
 end
-
-need = need + hold_back
-local token_fit = need * U <= t.level
-local request_fit = (not r) or U <= r.level
-if not token_fit or not request_fit then
-  local token_wait = wait_for(t, need)
-  local request_wait = -1
-  if r then
-    request_wait = wait_for(r, 1)
-  end
-  local deficit = math.max(0, need - whole(t))
-  -- The limit with the longer wait binds; refill never satisfying counts as longest. Refill is a
-  -- known wait and a free permit is not, so a short bucket binds even when permits are gone too.
-  local tokens_bind = (not token_fit)
-    and (request_fit or token_wait < 0 or (request_wait >= 0 and token_wait >= request_wait))
-  if tokens_bind then
-    local held_for_others = protected > 0 and (need - protected) * U <= t.level
-    return refused('tokens', token_wait, deficit, held_for_others)
-  end
-  return refused('requests', request_wait, deficit, false)
-end
-if in_flight >= max_concurrency then
-  return refused('concurrency', 0, 0, false)
-end
--- From a full bucket, refill waits for the request to reach upstream (see
--- TokenBucket::take_in_transit): upstream's bucket stays capped until then.
-if t.level >= t.cap * U then
-  t.ts = math.max(t.ts, now + TRANSIT_MS)
-end
-t.level = t.level - tokens * U
-if r then
-  r.level = r.level - U
-end
-if d then
-  d.level = d.level - tokens * d.w
-end
+take(s, tokens, 1, now)
 if rs then
   rs.g.level = rs.g.level - hold_g * U
   if rs.c then

@@ -13,9 +13,15 @@
 -- The state hash: tl/tc/tt = token level/capacity/updated ms; rl/rc/rt = the request bucket (absent
 -- when the pool has no request limit); dl/dc/dt = the daily bucket (absent without tokens_per_day:
 -- level in token-ticks, capacity, updated tick; see "Long windows" below); res = tokens held by
--- live leases.
+-- live leases (and slices); sl/sr = tokens and requests held by live slices (absent: none).
 -- The lease zset: member "<id hex>:<tokens>", score = expiry in Redis ms. Its cardinality is the
--- number of requests in flight.
+-- number of requests in flight. A capacity slice (src/ledger/lease/, lua/slice.lua) is P members:
+-- "<id hex>:<tokens>:<requests>" and P - 1 permits "<id hex>.<j>:0", so that it holds P permits.
+--
+-- Slices: tokens and requests a replica took to admit from in memory. They are out of the bucket
+-- (taken as reservations are), and the bucket's refill and credits stop at its capacity less what
+-- live slices hold (`top`): what a slice has not used yet was never sent upstream, whose own bucket
+-- still counts it, so the shared level plus every slice's unused part never exceeds capacity.
 
 local STATE, LEASES = KEYS[1], KEYS[2]
 
@@ -52,14 +58,20 @@ local function json_int(x)
   return string.format('%d', x)
 end
 
+-- `held`: what live slices hold of it (see `top`).
 local function bucket_new(cap, now)
-  return { level = cap * U, cap = cap, ts = now }
+  return { level = cap * U, cap = cap, ts = now, held = 0 }
 end
 
--- Adds what refilled since ts; never above capacity; time never runs backwards.
+-- The most a bucket may hold: its capacity less what live slices hold of it.
+local function top(b)
+  return math.max(0, b.cap - (b.held or 0)) * U
+end
+
+-- Adds what refilled since ts; never above `top`; time never runs backwards.
 local function refill(b, now)
   if now > b.ts then
-    local full = b.cap * U
+    local full = top(b)
     if b.cap > 0 and b.level < full then
       -- Clamp elapsed first so that elapsed * cap stays exact.
       local elapsed = math.min(now - b.ts, idiv(full - b.level, b.cap) + 1)
@@ -72,7 +84,7 @@ end
 local function set_capacity(b, cap, now)
   refill(b, now)
   b.cap = cap
-  b.level = math.min(b.level, cap * U)
+  b.level = math.min(b.level, top(b))
 end
 
 -- Milliseconds until `tokens` fit by refill alone: 0 if they fit now, -1 if never.
@@ -148,16 +160,20 @@ local function win_whole(b)
 end
 
 local function load(now)
-  local h = redis.call('HMGET', STATE, 'tl', 'tc', 'tt', 'rl', 'rc', 'rt', 'res', 'dl', 'dc', 'dt')
+  local h = redis.call('HMGET', STATE, 'tl', 'tc', 'tt', 'rl', 'rc', 'rt', 'res', 'dl', 'dc', 'dt',
+    'sl', 'sr')
   if not h[1] then
     return nil
   end
   local s = {
-    tokens = { level = tonumber(h[1]), cap = tonumber(h[2]), ts = tonumber(h[3]) },
+    tokens = { level = tonumber(h[1]), cap = tonumber(h[2]), ts = tonumber(h[3]),
+      held = tonumber(h[11]) or 0 },
     reserved = tonumber(h[7]) or 0,
+    requests_held = tonumber(h[12]) or 0,
   }
   if h[4] then
-    s.requests = { level = tonumber(h[4]), cap = tonumber(h[5]), ts = tonumber(h[6]) }
+    s.requests = { level = tonumber(h[4]), cap = tonumber(h[5]), ts = tonumber(h[6]),
+      held = s.requests_held }
   end
   if h[8] then
     s.day = win_new(tonumber(h[9]), DAY_MS, now)
@@ -185,7 +201,7 @@ end
 local function load_synced(tpm, rpm, tpd, now)
   local s = load(now)
   if not s then
-    s = { tokens = bucket_new(tpm, now), reserved = 0 }
+    s = { tokens = bucket_new(tpm, now), reserved = 0, requests_held = 0 }
     if rpm >= 0 then
       s.requests = bucket_new(rpm, now)
     end
@@ -203,7 +219,10 @@ local function load_synced(tpm, rpm, tpd, now)
     end
     refill(s.requests, now)
   elseif rpm >= 0 then
+    -- New, full up to its top: slices taken under an earlier request limit still hold requests.
     s.requests = bucket_new(rpm, now)
+    s.requests.held = s.requests_held
+    s.requests.level = math.min(s.requests.level, top(s.requests))
   else
     s.requests = nil
   end
@@ -212,10 +231,21 @@ end
 
 -- Removes leases that expired (their holder stopped renewing: it crashed or lost Redis). Their
 -- permits return; their tokens stay charged in full (see the module docs for why).
+-- Expired slices the same: what they held stays charged, and no longer lowers the buckets' top.
 local function purge(s, now)
   local expired = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, PURGE_BATCH)
   for _, m in ipairs(expired) do
-    local tokens = tonumber(string.match(m, ':(%d+)$')) or 0
+    local tokens, requests = string.match(m, '^[^:]+:(%d+):(%d+)$')
+    if tokens then
+      tokens, requests = tonumber(tokens), tonumber(requests)
+      s.tokens.held = math.max(0, s.tokens.held - tokens)
+      s.requests_held = math.max(0, s.requests_held - requests)
+      if s.requests then
+        s.requests.held = s.requests_held
+      end
+    else
+      tokens = tonumber(string.match(m, ':(%d+)$')) or 0
+    end
     s.reserved = math.max(0, s.reserved - tokens)
   end
   if #expired > 0 then
@@ -244,6 +274,11 @@ end
 local function save(s, now)
   local t = s.tokens
   redis.call('HSET', STATE, 'tl', int(t.level), 'tc', int(t.cap), 'tt', int(t.ts), 'res', int(s.reserved))
+  if (t.held or 0) > 0 or (s.requests_held or 0) > 0 then
+    redis.call('HSET', STATE, 'sl', int(t.held or 0), 'sr', int(s.requests_held or 0))
+  else
+    redis.call('HDEL', STATE, 'sl', 'sr')
+  end
   local r = s.requests
   if r then
     redis.call('HSET', STATE, 'rl', int(r.level), 'rc', int(r.cap), 'rt', int(r.ts))
@@ -266,6 +301,56 @@ local function save(s, now)
   ttl = ttl + KEY_GRACE_MS
   extend(STATE, ttl)
   extend(LEASES, ttl)
+end
+
+-- Whether `tokens` (with `need` tokens in the bucket: the request's own and what it must leave
+-- there), one request and one permit fit the pool now: nil if they do, else the refusal's limit,
+-- wait (ms of refill, -1: never), deficit and held_for_others (`protected`: what it must leave
+-- for other routes' guarantees). The daily quota is checked for the request's own tokens.
+local function pool_refusal(s, tokens, need, protected, in_flight, max_concurrency, now)
+  local t, r, d = s.tokens, s.requests, s.day
+  if d and tokens * d.w > d.level then
+    return 'daily_quota', win_wait(d, tokens, now), math.max(0, tokens - win_whole(d)), false
+  end
+  local token_fit = need * U <= t.level
+  local request_fit = (not r) or U <= r.level
+  if not token_fit or not request_fit then
+    local token_wait = wait_for(t, need)
+    local request_wait = -1
+    if r then
+      request_wait = wait_for(r, 1)
+    end
+    local deficit = math.max(0, need - whole(t))
+    -- The limit with the longer wait binds; refill never satisfying counts as longest. Refill is a
+    -- known wait and a free permit is not, so a short bucket binds even when permits are gone too.
+    local tokens_bind = (not token_fit)
+      and (request_fit or token_wait < 0 or (request_wait >= 0 and token_wait >= request_wait))
+    if tokens_bind then
+      return 'tokens', token_wait, deficit, protected > 0 and (need - protected) * U <= t.level
+    end
+    return 'requests', request_wait, deficit, false
+  end
+  if in_flight >= max_concurrency then
+    return 'concurrency', 0, 0, false
+  end
+  return nil
+end
+
+-- Takes `tokens` and `requests` from the pool's buckets (and the day's); from a full bucket,
+-- refill waits for the request to reach upstream (see TokenBucket::take_in_transit): upstream's
+-- bucket stays capped until then.
+local function take(s, tokens, requests, now)
+  local t = s.tokens
+  if t.level >= top(t) then
+    t.ts = math.max(t.ts, now + TRANSIT_MS)
+  end
+  t.level = t.level - tokens * U
+  if s.requests then
+    s.requests.level = s.requests.level - requests * U
+  end
+  if s.day then
+    s.day.level = s.day.level - tokens * s.day.w
+  end
 end
 
 -- Route shares (see src/ledger/shares.rs for the rules). A route's buckets in a pool live in the

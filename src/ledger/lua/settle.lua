@@ -20,7 +20,7 @@ if held == 1 then
 else
   delta = math.min(0, delta)
 end
-t.level = math.min(t.level + delta * U, t.cap * U)
+t.level = math.min(t.level + delta * U, top(t))
 local d = s.day
 if d then
   win_refill(d, now)
