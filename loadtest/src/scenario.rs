@@ -508,9 +508,9 @@ mod tests {
         // 14 and 15: three replicas on Redis, and on a Redis Cluster.
         assert_eq!(shared.len(), 2, "{shared:?}");
         assert!(shared.contains(&LedgerKind::Redis) && shared.contains(&LedgerKind::RedisCluster));
-        // 10-two-teams-routes, the adaptive maxTokens scenarios 11, 13 and 17, and their
-        // counterparts 12 and 16 on the same route.
-        assert_eq!(with_routes, 6);
+        // 10-two-teams-routes, the adaptive maxTokens scenarios 11, 13, 17 and 19, and their
+        // counterparts 12, 16 and 18 on the same route.
+        assert_eq!(with_routes, 8);
     }
 
     /// Several replicas each on its own memory ledger would each admit the whole quota: refused,

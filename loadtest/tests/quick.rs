@@ -216,6 +216,6 @@ fn every_scenario_runs_quick_on_both_sides() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 17, "seventeen scenarios");
+    assert_eq!(seen, 19, "nineteen scenarios");
     let _ = std::fs::remove_dir_all(&out);
 }
