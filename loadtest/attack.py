@@ -265,7 +265,7 @@ def main() -> None:
         config = Path(tmp, "proxy.toml")
         config.write_text(proxy_config(sim_addr, opts.auth, [f"{kv.split('=', 1)[0]} = {kv.split('=', 1)[1]}"
                                                               for kv in opts.set]))
-        proxy, addr = start(opts.binary, ["serve", "--config", str(config)], "tokengate", env)
+        proxy, addr = start([opts.binary, "serve", "--config", str(config)], "tokengate", env)
         try:
             time.sleep(1.0)  # let the runtime settle before the idle figure (not a readiness wait)
             idle_kib = rss_kib(proxy.pid)

@@ -30,7 +30,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nginx_compare import AUTH, BODY, PATH, proxy_config, simulator_config, start  # noqa: E402
+from nginx_compare import AUTH, BODY, PATH, proxy_config, simulator_config  # noqa: E402
+from sizing import start  # noqa: E402
 
 
 def calls(addr: str, n: int, connections: int) -> None:

@@ -44,6 +44,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sizing import start  # noqa: E402
+
 MODEL = "us.anthropic.claude-sonnet-4-20250514-v1:0"
 PATH = f"/model/{MODEL.replace(':', '%3A')}/converse"
 BODY = json.dumps({"messages": [{"role": "user", "content": [{"text": "[sim:output=10] " + "hello " * 20}]}],
@@ -64,20 +67,6 @@ def proxy_config(sim_addr: str, ledger: str) -> str:
             f'endpoint = "http://{sim_addr}"\n{ledger}[[pools]]\nname = "sonnet4-us"\n'
             f'models = ["{MODEL}"]\ntokens_per_minute = 1000000000\nmax_concurrency = 4096\n'
             'output_burndown = 5\ndefault_max_tokens = 1000\nmax_wait_ms = 0\n')
-
-
-def start(args: list[str], prefix: str, env: dict, stderr) -> tuple[subprocess.Popen, str]:
-    """Starts a tokengate subcommand and waits for its `<prefix> listening on` line."""
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 30
-    for line in proc.stdout:
-        if line.startswith(f"{prefix} listening on "):
-            return proc, line.split(" listening on ", 1)[1].strip().removeprefix("http://")
-        if time.monotonic() > deadline:
-            break
-    proc.kill()
-    sys.exit(f"{prefix} did not start")
 
 
 def free_port() -> int:

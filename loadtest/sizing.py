@@ -25,9 +25,10 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def start(binary: str, args: list[str], prefix: str, env: dict) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([binary, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env=env, text=True)
+def start(args: list[str], prefix: str, env: dict, stderr=subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
+    """Starts a command (a tokengate subcommand, or one wrapping it) and waits for its `<prefix>
+    listening on` line; answers the process and the address it listens on."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, env=env, text=True)
     deadline = time.monotonic() + 30
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -45,7 +46,7 @@ def start_instant_simulator(binary: str, tmp: str, env: dict) -> tuple[subproces
     sim_config.write_text('[server]\nlisten = "127.0.0.1:0"\n[upstream]\nregion = "us-east-1"\n'
                           'endpoint = "simulated"\n[simulator]\ntime_to_first_token_ms = 0\n'
                           'tokens_per_second = 0\ndefault_tokens_per_minute = 1000000000\n')
-    return start(binary, ["simulate", "--listen", "127.0.0.1:0", "--config", str(sim_config)], "simulator", env)
+    return start([binary, "simulate", "--listen", "127.0.0.1:0", "--config", str(sim_config)], "simulator", env)
 
 
 def rss_kib(pid: int) -> int:
@@ -90,7 +91,7 @@ def main() -> None:
                                 f'endpoint = "http://{sim_addr}"\n[[pools]]\nname = "sonnet4-us"\n'
                                 f'models = ["{MODEL}"]\ntokens_per_minute = 1000000000\nmax_concurrency = 1024\n'
                                 'output_burndown = 5\ndefault_max_tokens = 1000\nmax_wait_ms = 0\n')
-        proxy, addr = start(opts.binary, ["serve", "--config", str(proxy_config)], "tokengate", env)
+        proxy, addr = start([opts.binary, "serve", "--config", str(proxy_config)], "tokengate", env)
         try:
             time.sleep(1.0)  # let the runtime settle before the idle figure (not a readiness wait)
             idle = rss_kib(proxy.pid)
