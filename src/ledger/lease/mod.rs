@@ -254,9 +254,8 @@ impl Inner {
         let limits = &request.limits;
         let f = self.options.max_fraction;
         request.share.is_none_or(plain_share)
-            && request.hold_back == 0
             && limits.tokens_per_day.is_none()
-            && request.tokens <= part(limits.tokens_per_minute, f)
+            && request.tokens.saturating_add(request.hold_back) <= part(limits.tokens_per_minute, f)
             && part(u64::from(limits.max_concurrency), f) >= 1
             && limits.requests_per_minute.is_none_or(|r| part(r, f) >= 1)
     }
@@ -287,22 +286,23 @@ impl Inner {
     }
 
     /// The slow path, run to its end even if the caller goes away (a client that hung up): gives
-    /// the pool's slice back and takes the next one for a request of `tokens` under `limits`, in
-    /// one round trip, holding the pool's turn (another caller may have taken one meanwhile). A
-    /// grant is [`Pending`] until the caller takes it.
+    /// the pool's slice back and takes the next one for a request of `tokens` with `hold_back`
+    /// under `limits`, in one round trip, holding the pool's turn (another caller may have taken
+    /// one meanwhile). A grant is [`Pending`] until the caller takes it.
     async fn exchange(
         self: Arc<Self>,
         pool: Arc<PoolSlices>,
-        (limits, tokens, share): (Limits, u64, Option<ShareRequest>),
+        ask: Ask,
     ) -> Result<Exchanged, LedgerError> {
         let _turn = pool.exchange.clone().lock_owned().await;
         let request = ReserveRequest {
             pool: &pool.issuer.pool,
-            limits,
-            tokens,
-            share: share.as_ref(),
-            hold_back: 0,
+            limits: ask.limits,
+            tokens: ask.tokens,
+            share: ask.share.as_ref(),
+            hold_back: ask.hold_back,
         };
+        let (limits, tokens) = (ask.limits, ask.tokens);
         let now = Instant::now();
         let next = {
             let mut local = lock(&pool.local);
@@ -474,6 +474,14 @@ impl Inner {
     }
 }
 
+/// What the slow path asks for: a [`ReserveRequest`] that outlives its caller.
+struct Ask {
+    limits: Limits,
+    tokens: u64,
+    share: Option<ShareRequest>,
+    hold_back: u64,
+}
+
 /// The slow path's answer.
 enum Exchanged {
     Granted(Pending),
@@ -545,7 +553,12 @@ impl Ledger for LeasedLedger {
             local.admit(request, &inner.options, now)
         };
         let Some((id, exhausted)) = admitted else {
-            let ask = (request.limits, request.tokens, request.share.cloned());
+            let ask = Ask {
+                limits: request.limits,
+                tokens: request.tokens,
+                share: request.share.cloned(),
+                hold_back: request.hold_back,
+            };
             let exchange = inner.clone().exchange(pool, ask);
             return match tokio::spawn(exchange).await.map_err(|e| inner.lost(&e))?? {
                 Exchanged::Granted(pending) => pending.into_verdict(),

@@ -137,6 +137,11 @@ impl Slice {
         self.limits.requests_per_minute.is_some()
     }
 
+    /// Whether `request` may be admitted from the slice: taken under its limits and leaving its
+    /// retry reserve, and what is left covers its tokens and its hold-back. (The exact bucket
+    /// holds at least what is left of the slice and the reserve left beside it, so this never
+    /// admits what the exact bucket would refuse; the hold-back stays in the slice, where the
+    /// burndown debts it is kept for are settled.)
     pub(super) fn fits(
         &self,
         request: &ReserveRequest<'_>,
@@ -146,7 +151,8 @@ impl Slice {
         self.limits == request.limits
             && self.keep == keep(request)
             && now.duration_since(self.taken_at) < options.max_age
-            && i128::from(self.unused_tokens) >= i128::from(request.tokens)
+            && i128::from(self.unused_tokens)
+                >= i128::from(request.tokens) + i128::from(request.hold_back)
             && self.free_permits > 0
             && (!self.request_limited() || self.unused_requests > 0)
     }
@@ -214,7 +220,9 @@ impl Demand {
         self.peak_in_flight = self.peak_in_flight.max(in_flight.saturating_add(1));
     }
 
-    /// The next slice for `request`, from the demand since the last one (which starts afresh).
+    /// The next slice for `request`, from the demand since the last one (which starts afresh),
+    /// and the request's hold-back on top: the slice must go on covering it for the next request
+    /// to fit (a horizon of zero takes exactly the request, hold-back checked but not taken).
     pub(super) fn size(
         &mut self,
         id: u64,
@@ -238,6 +246,7 @@ impl Demand {
             2.0 * options.horizon.as_secs_f64() / elapsed.as_secs_f64()
         };
         let scaled = |n: u64| (n as f64 * scale).ceil() as u64;
+        let hold_back = if scale > 0.0 { request.hold_back } else { 0 };
         let permits = if options.horizon.is_zero() {
             1
         } else {
@@ -253,10 +262,12 @@ impl Demand {
             id,
             least: request.tokens,
             keep: keep(request),
+            hold_back: request.hold_back,
             route,
             tokens: scaled(demand.tokens)
+                .saturating_add(hold_back)
                 .min(part(limits.tokens_per_minute, f))
-                .max(request.tokens),
+                .max(request.tokens.saturating_add(hold_back)),
             requests: limits
                 .requests_per_minute
                 .map_or(0, |r| scaled(demand.requests).min(part(r, f)).max(1)),
