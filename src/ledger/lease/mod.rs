@@ -234,16 +234,20 @@ async fn sweep(inner: Weak<Inner>) {
     }
 }
 
-/// A route share a slice can decide: a first attempt, and no route with a guarantee, a ceiling
-/// or another priority (nothing to weigh but the retry reserve it leaves in the shared bucket).
+/// A route share a slice can decide: no route with a guarantee, a ceiling or another priority
+/// (nothing to weigh but the retry reserve it leaves in the shared bucket; a retry that the slice
+/// does not cover is decided in Redis, which may let it into that reserve).
 fn plain_share(share: &ShareRequest) -> bool {
     let priority = share.caller().priority;
-    !share.retry
-        && share.routes.iter().all(|r| {
-            r.min_share == 0.0
-                && r.max_share.is_none()
-                && (r.priority == priority || share.priority_margin == 0.0)
-        })
+    share.routes.iter().all(|r| {
+        r.min_share == 0.0
+            && r.max_share.is_none()
+            && (r.priority == priority || share.priority_margin == 0.0)
+    })
+}
+
+fn retry(request: &ReserveRequest<'_>) -> bool {
+    request.share.is_some_and(|s| s.retry)
 }
 
 // === impl Inner ===
@@ -466,6 +470,22 @@ impl Inner {
         .map_err(|e| self.lost(&e))?
     }
 
+    /// A plain reservation in Redis, after giving back a slice taken under other limits (the
+    /// bucket may have shrunk under it).
+    async fn in_redis(
+        self: &Arc<Self>,
+        request: &ReserveRequest<'_>,
+    ) -> Result<Verdict, LedgerError> {
+        let limits = request.limits;
+        if let Some(pool) = self.pools.get(request.pool).map(|p| p.clone()) {
+            self.give_back_if(&pool, move |l| {
+                l.slice.as_ref().is_some_and(|s| *s.limits() != limits)
+            })
+            .await;
+        }
+        self.shared.reserve(request).await
+    }
+
     fn lost(&self, e: &tokio::task::JoinError) -> LedgerError {
         LedgerError {
             backend: self.shared.backend(),
@@ -534,25 +554,20 @@ impl Ledger for LeasedLedger {
     async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         let inner = &self.inner;
         if !inner.sliceable(request) {
-            let limits = request.limits;
-            if let Some(pool) = inner.pools.get(request.pool).map(|p| p.clone()) {
-                inner
-                    .give_back_if(&pool, move |l| {
-                        l.slice.as_ref().is_some_and(|s| *s.limits() != limits)
-                    })
-                    .await;
-            }
-            return inner.shared.reserve(request).await;
+            return inner.in_redis(request).await;
         }
         let pool = inner.pool(request.pool);
         let now = Instant::now();
         let admitted = {
             let mut local = lock(&pool.local);
             let in_flight = local.slice.as_ref().map_or(0, Slice::admitted);
-            local.demand.note(request.tokens, in_flight, now);
+            local.demand.note(request, in_flight, now);
             local.admit(request, &inner.options, now)
         };
         let Some((id, exhausted)) = admitted else {
+            if retry(request) {
+                return inner.in_redis(request).await;
+            }
             let ask = Ask {
                 limits: request.limits,
                 tokens: request.tokens,

@@ -50,9 +50,12 @@ pub(super) struct Slice {
 #[derive(Debug, Default)]
 pub(super) struct Demand {
     since: Option<Instant>,
+    /// The requests' tokens, and how much their hold-back grew: a slice must cover both.
     tokens: u64,
     requests: u64,
     peak_in_flight: u32,
+    /// The last request's hold-back (kept from one slice to the next).
+    hold_back: u64,
 }
 
 // === impl Local, Slice, Demand ===
@@ -211,10 +214,17 @@ impl Slice {
 }
 
 impl Demand {
-    /// Counts a request asking, with `in_flight` already admitted from the slice.
-    pub(super) fn note(&mut self, tokens: u64, in_flight: usize, now: Instant) {
+    /// Counts a request asking, with `in_flight` already admitted from the slice. A hold-back
+    /// that grew since the last request counts as tokens asked: what is left of the slice must
+    /// cover it as it covers the requests.
+    pub(super) fn note(&mut self, request: &ReserveRequest<'_>, in_flight: usize, now: Instant) {
         self.since.get_or_insert(now);
-        self.tokens = self.tokens.saturating_add(tokens);
+        let grown = request.hold_back.saturating_sub(self.hold_back);
+        self.hold_back = request.hold_back;
+        self.tokens = self
+            .tokens
+            .saturating_add(request.tokens)
+            .saturating_add(grown);
         self.requests += 1;
         let in_flight = u32::try_from(in_flight).unwrap_or(u32::MAX);
         self.peak_in_flight = self.peak_in_flight.max(in_flight.saturating_add(1));
@@ -232,6 +242,7 @@ impl Demand {
     ) -> SliceTake {
         let demand = std::mem::take(self);
         self.since = Some(now);
+        self.hold_back = demand.hold_back;
         let limits = &request.limits;
         let f = options.max_fraction;
         let elapsed = demand
