@@ -49,6 +49,7 @@ mod dashboards;
 mod emf;
 mod endpoints;
 mod iam_policy;
+mod leases_hold_back;
 mod ledger_contract;
 mod ledger_differential;
 mod ledger_leases;

@@ -471,19 +471,28 @@ impl Inner {
     }
 
     /// A plain reservation in Redis, after giving back a slice taken under other limits (the
-    /// bucket may have shrunk under it).
+    /// bucket may have shrunk under it). A retry that Redis lets into the retry reserve leaves the
+    /// shared bucket below what the pool's slice left there for retries, and the slice's own
+    /// check counts on that: the slice goes back (the next one is taken leaving the reserve).
     async fn in_redis(
         self: &Arc<Self>,
         request: &ReserveRequest<'_>,
     ) -> Result<Verdict, LedgerError> {
         let limits = request.limits;
-        if let Some(pool) = self.pools.get(request.pool).map(|p| p.clone()) {
-            self.give_back_if(&pool, move |l| {
+        let pool = self.pools.get(request.pool).map(|p| p.clone());
+        if let Some(pool) = &pool {
+            self.give_back_if(pool, move |l| {
                 l.slice.as_ref().is_some_and(|s| *s.limits() != limits)
             })
             .await;
         }
-        self.shared.reserve(request).await
+        let verdict = self.shared.reserve(request).await?;
+        if let (Some(pool), Verdict::Granted(r)) = (&pool, &verdict)
+            && r.share().is_some_and(|s| s.recovered)
+        {
+            self.give_back_if(pool, |l| l.slice.is_some()).await;
+        }
+        Ok(verdict)
     }
 
     fn lost(&self, e: &tokio::task::JoinError) -> LedgerError {
