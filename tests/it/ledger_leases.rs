@@ -31,7 +31,7 @@ use proptest::{
 use tokengate::ledger::{
     Clock, FallbackLedger, LeaseCounts, LeaseOptions, LeasedLedger, Ledger, Limits, MemoryLedger,
     Origin, PoolSnapshot, RedisLedger, RedisOptions, Reservation, ReserveRequest, RouteShare,
-    ShareRequest, Verdict,
+    Verdict,
 };
 
 use crate::{
@@ -142,9 +142,12 @@ async fn shadow_step(
             // and weigh which routes asked lately: Redis learns of a route's asks from slices
             // only when it takes one, so across a reload from plain shares to weighed ones it
             // may lend an active route's guarantee for a moment (see `ledger::lease`). Here
-            // the shares are made plain ones (slices decide them, retries among them): the
-            // retry reserve and the recovery buckets stay.
-            let share = case.share(routes, caller).map(plain);
+            // the shares are plain ones (slices decide them) or none.
+            let share = case.share(routes, caller).filter(|s| {
+                s.routes
+                    .iter()
+                    .all(|r| r.min_share == 0.0 && r.max_share.is_none())
+            });
             // The hold-back: the case's arbitrary one where it has one, else as admission's, the
             // excess expected of the reservations in flight (a fifth of them here, as a stream
             // whose output costs 5 per token adds to it).
@@ -216,10 +219,10 @@ async fn shadow_step(
     Ok(())
 }
 
-/// `share` with no guarantee, ceiling or priority to weigh.
-fn plain(share: ShareRequest) -> ShareRequest {
-    let routes: Vec<RouteShare> = share
-        .routes
+/// `routes` with no guarantee, ceiling or priority to weigh: their retry reserve and recovery
+/// stay.
+fn plain(routes: &[RouteShare]) -> Arc<[RouteShare]> {
+    routes
         .iter()
         .map(|r| RouteShare {
             priority: 0,
@@ -227,11 +230,7 @@ fn plain(share: ShareRequest) -> ShareRequest {
             max_share: None,
             ..r.clone()
         })
-        .collect();
-    ShareRequest {
-        routes: routes.into(),
-        ..share
-    }
+        .collect()
 }
 
 /// The one bound the module docs leave open on one replica: after slices the shared level can
@@ -260,6 +259,7 @@ fn slices_never_admit_more_than_the_exact_bucket() {
 #[test]
 fn slices_never_admit_more_than_the_exact_bucket_with_small_requests_and_hold_back() {
     let small = case().prop_map(|mut case| {
+        case.routes = case.routes.iter().map(|r| plain(r)).collect();
         for l in &mut case.limits {
             l.max_concurrency *= 20;
             l.requests_per_minute = l.requests_per_minute.map(|r| r * 20);
