@@ -131,6 +131,11 @@ impl Slice {
         &self.limits
     }
 
+    /// What it left in the shared bucket for retries (see [`keep`]).
+    pub(super) fn keep(&self) -> u64 {
+        self.keep
+    }
+
     /// Its reservations in flight.
     pub(super) fn admitted(&self) -> usize {
         self.in_flight.len()
