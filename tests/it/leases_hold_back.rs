@@ -64,6 +64,7 @@ async fn a_burndown_pool_with_a_stream_in_flight_admits_from_the_slice() {
         "the stream settled before the calls were done (a machine too slow for this test)"
     );
     let scripts = sent.iter().filter(|c| *c == "evalsha").count();
+    println!("{scripts} script calls for {CALLS} calls with a hold-back");
     assert!(
         scripts <= CALLS / 4,
         "{scripts} script calls for {CALLS} calls with a hold-back: {sent:?}"
