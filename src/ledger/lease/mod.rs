@@ -30,9 +30,9 @@
 //! (first: its debt must meet the slice's unused part; one settled from the slice debits the
 //! slice), and a grant in Redis that may leave the shared bucket below the retry reserve the
 //! slice left there, on which its own check counts (after: a retry let into the reserve, or a
-//! request keeping a smaller reserve, as across a reload of the pool's routes). What stays open: a debt settled by *another*
-//! replica is not seen by this one's slice until it goes back (within `max_age`), so while it
-//! lives the pool may admit up to that debt (output burndown above the reservation; the expected
+//! request keeping a smaller reserve, as across a reload of the pool's routes). What stays open:
+//! a debt settled by *another* replica is not seen by this one's slice until it goes back (within
+//! `max_age`), so while it lives the pool may admit up to that debt (output burndown above the reservation; the expected
 //! part is exact: each replica's hold-back for its streams in flight is kept in the shared bucket
 //! where Redis decides, or in its slice's unused part where the slice does); likewise another
 //! replica's retry let into the reserve, until this slice goes back, may leave its first attempts
@@ -76,13 +76,12 @@
 //! `horizon`, plus the asking request's hold-back, and twice the most requests it had in flight at
 //! once since the last slice; at least what the asking request needs (its tokens and hold-back),
 //! at most `max_fraction` of each limit (and never more than the bucket holds: Redis takes what
-//! there is up to the size asked). A slice is given back:
-//! when the next request does not fit it (with the next one taken in the same call), at once when
-//! a request uses it up (so an empty slice never holds the bucket's top down), when it has not
-//! admitted for `horizon` or is `max_age` old (a background sweep), when a call's limits differ
-//! from the ones it was taken with, before a debt is settled in Redis and after a grant there
-//! that may dip into the retry reserve (above), and at shutdown
-//! ([`Ledger::close`]). A `horizon` of zero makes every slice exactly the request that asks (its
+//! there is up to the size asked). A slice is given back: when the next request does not fit it
+//! (with the next one taken in the same call), at once when a request uses it up (so an empty
+//! slice never holds the bucket's top down), when it has not admitted for `horizon` or is
+//! `max_age` old (a background sweep), when a call's limits differ from the ones it was taken
+//! with, before a debt is settled in Redis and after a grant there that may dip into the retry
+//! reserve (above), and at shutdown ([`Ledger::close`]). A `horizon` of zero makes every slice exactly the request that asks (its
 //! hold-back checked, not taken): the shared state then moves exactly as with plain reservations
 //! (the differential test holds it to that).
 //!
@@ -267,6 +266,7 @@ fn plain_share(share: &ShareRequest) -> bool {
     })
 }
 
+/// An SDK retry (attempt > 1) of a route share.
 fn retry(request: &ReserveRequest<'_>) -> bool {
     request.share.is_some_and(|s| s.retry)
 }
