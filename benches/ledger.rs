@@ -1,7 +1,9 @@
 //! Admission decisions against each ledger backend, in one run: the memory ledger, and the Redis
 //! ledger over loopback TCP and over a unix socket, each against a private `redis-server`, alone
 //! and with local capacity leases (`LeasedLedger`, the default `[ledger.local_leases]`), and on a
-//! private three-master Redis Cluster over loopback TCP (`redis+cluster://`).
+//! private three-master Redis Cluster over loopback TCP (`redis+cluster://`); and the Redis ledger
+//! with and without leases for requests carrying a hold-back (admission's [`HOLD_BACK`]: a
+//! burndown pool with streams in flight on this replica).
 //!
 //! For each backend:
 //! - **latency**: one task doing `reserve` then `settle`, one after the other; the latency of each
@@ -13,7 +15,8 @@
 //!   cost on the server, which client-side latency on a busy machine hides).
 //!
 //! Run: `cargo bench --bench ledger` (needs `redis-server` and `redis-cli` on PATH; prints a
-//! Markdown table).
+//! Markdown table). `cargo bench --bench ledger -- WORD` runs only the rows whose name holds WORD
+//! (e.g. `hold-back`).
 
 // The test harness's Redis servers; the bench uses only starting them.
 #[allow(dead_code)]
@@ -42,6 +45,9 @@ const LIMITS: Limits = Limits {
 const SEQUENTIAL: usize = 20_000;
 const TASKS: usize = 32;
 const THROUGHPUT_RUN: Duration = Duration::from_secs(4);
+/// The hold-back of the rows that carry one: the expected burndown excess of, say, 20 streams in
+/// flight at 5,000 tokens each (`Pool::pending_excess`), held constant.
+const HOLD_BACK: u64 = 100_000;
 
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -68,39 +74,80 @@ async fn run() {
         "| backend | reserve p50 | reserve p99 | reserve p99.9 | settle p50 | settle p99 | decisions/s ({TASKS} tasks) | EVALSHA per reserve + settle | Redis µs per EVALSHA |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    let memory: Arc<dyn Ledger> = Arc::new(MemoryLedger::new(Clock::tokio()));
-    report("memory", &memory, &[]).await;
+    // The first argument that is not a flag (cargo passes `--bench`): a filter on row names.
+    let only = std::env::args().skip(1).find(|a| !a.starts_with("--"));
+    let wanted = |name: &str| only.as_deref().is_none_or(|w| name.contains(w));
+    if wanted("memory") {
+        let memory: Arc<dyn Ledger> = Arc::new(MemoryLedger::new(Clock::tokio()));
+        report("memory", &memory, &[], 0).await;
+    }
     let node_url = |port: u16| format!("redis://127.0.0.1:{port}");
     let masters: Vec<String> = cluster.nodes.iter().map(|n| node_url(n.port)).collect();
-    for (name, url, stats, leases) in [
+    let tcp_url = node_url(tcp.port);
+    let rows = [
         (
             "redis, loopback TCP",
-            node_url(tcp.port),
-            vec![node_url(tcp.port)],
+            &tcp_url,
+            vec![tcp_url.clone()],
             false,
+            0,
         ),
-        ("redis, unix socket", unix.url(), vec![unix.url()], false),
+        (
+            "redis, unix socket",
+            &unix.url(),
+            vec![unix.url()],
+            false,
+            0,
+        ),
         (
             "redis cluster (3 masters), loopback TCP",
-            cluster.url(),
+            &cluster.url(),
             masters,
             false,
+            0,
         ),
         (
             "redis + local leases, loopback TCP",
-            node_url(tcp.port),
-            vec![node_url(tcp.port)],
+            &tcp_url,
+            vec![tcp_url.clone()],
             true,
+            0,
         ),
         (
             "redis + local leases, unix socket",
-            unix.url(),
+            &unix.url(),
             vec![unix.url()],
             true,
+            0,
         ),
-    ] {
+        (
+            "redis, unix socket, hold-back",
+            &unix.url(),
+            vec![unix.url()],
+            false,
+            HOLD_BACK,
+        ),
+        (
+            "redis + local leases, loopback TCP, hold-back",
+            &tcp_url,
+            vec![tcp_url.clone()],
+            true,
+            HOLD_BACK,
+        ),
+        (
+            "redis + local leases, unix socket, hold-back",
+            &unix.url(),
+            vec![unix.url()],
+            true,
+            HOLD_BACK,
+        ),
+    ];
+    for (name, url, stats, leases, hold_back) in rows {
+        if !wanted(name) {
+            continue;
+        }
         let options = RedisOptions {
-            url,
+            url: url.clone(),
             timeout: Duration::from_secs(2),
             lease: Duration::from_secs(600),
         };
@@ -110,7 +157,7 @@ async fn run() {
         } else {
             Arc::new(shared)
         };
-        report(name, &ledger, &stats).await;
+        report(name, &ledger, &stats, hold_back).await;
         ledger.close().await;
     }
 }
@@ -122,11 +169,12 @@ const LEASES: LeaseOptions = LeaseOptions {
     max_age: Duration::from_secs(2),
 };
 
-/// Measures `ledger`; `redis`: the servers whose `EVALSHA` counts add up to its calls.
-async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: &[String]) {
+/// Measures `ledger` with requests carrying `hold_back`; `redis`: the servers whose `EVALSHA`
+/// counts add up to its calls.
+async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: &[String], hold_back: u64) {
     // Warm up: connection, script load.
     for _ in 0..1_000 {
-        pair(ledger.as_ref(), "warm-up").await;
+        pair(ledger.as_ref(), "warm-up", hold_back).await;
     }
     let evals_before = evalsha_sum(redis).await;
     let (mut reserves, mut settles) = (
@@ -134,7 +182,7 @@ async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: &[String]) {
         Vec::with_capacity(SEQUENTIAL),
     );
     for _ in 0..SEQUENTIAL {
-        let (r, s) = pair(ledger.as_ref(), "latency").await;
+        let (r, s) = pair(ledger.as_ref(), "latency", hold_back).await;
         reserves.push(r);
         settles.push(s);
     }
@@ -149,7 +197,7 @@ async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: &[String]) {
         }
         true => ("-".into(), "-".into()),
     };
-    let rate = throughput(ledger).await;
+    let rate = throughput(ledger, hold_back).await;
     reserves.sort_unstable();
     settles.sort_unstable();
     println!(
@@ -163,13 +211,13 @@ async fn report(name: &str, ledger: &Arc<dyn Ledger>, redis: &[String]) {
 }
 
 /// One decision and its settlement; the time each took.
-async fn pair(ledger: &dyn Ledger, pool: &str) -> (Duration, Duration) {
+async fn pair(ledger: &dyn Ledger, pool: &str, hold_back: u64) -> (Duration, Duration) {
     let request = ReserveRequest {
         pool,
         limits: LIMITS,
         tokens: 1_000,
         share: None,
-        hold_back: 0,
+        hold_back,
     };
     let started = Instant::now();
     let decision = ledger.reserve(&request).await;
@@ -182,7 +230,7 @@ async fn pair(ledger: &dyn Ledger, pool: &str) -> (Duration, Duration) {
     (reserved, started.elapsed())
 }
 
-async fn throughput(ledger: &Arc<dyn Ledger>) -> f64 {
+async fn throughput(ledger: &Arc<dyn Ledger>, hold_back: u64) -> f64 {
     let started = Instant::now();
     let tasks: Vec<_> = (0..TASKS)
         .map(|_| {
@@ -190,7 +238,7 @@ async fn throughput(ledger: &Arc<dyn Ledger>) -> f64 {
             tokio::spawn(async move {
                 let mut n = 0u64;
                 while started.elapsed() < THROUGHPUT_RUN {
-                    pair(ledger.as_ref(), "throughput").await;
+                    pair(ledger.as_ref(), "throughput", hold_back).await;
                     n += 1;
                 }
                 n

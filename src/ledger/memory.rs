@@ -95,10 +95,13 @@ impl PoolLedger {
             None => None,
             Some(request) => {
                 let tpm = self.tokens.capacity();
-                match self
-                    .routes
-                    .need(request, tokens, self.tokens.level(), tpm, now)
-                {
+                // Whether a retry must dip into the retry reserve is judged on what the bucket
+                // holds beyond the hold-back, which it must keep either way.
+                let level = self
+                    .tokens
+                    .level()
+                    .saturating_sub(i64::try_from(hold_back).unwrap_or(i64::MAX));
+                match self.routes.need(request, tokens, level, tpm, now) {
                     Ok(need) => Some((request, need)),
                     Err(over) => {
                         return Err(Rejection {

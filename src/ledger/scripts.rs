@@ -224,7 +224,8 @@ impl Scripts {
                 .arg(t.permits)
                 .arg(t.keep)
                 .arg(t.route.as_ref().map_or("-", |(r, _)| &**r))
-                .arg(t.route.as_ref().map_or(0, |(_, v)| *v)),
+                .arg(t.route.as_ref().map_or(0, |(_, v)| *v))
+                .arg(t.hold_back.min(MAX_TOKENS_PER_MINUTE)),
             None => invocation
                 .arg("-")
                 .arg(0)
@@ -233,6 +234,7 @@ impl Scripts {
                 .arg(0)
                 .arg(0)
                 .arg("-")
+                .arg(0)
                 .arg(0),
         };
         for &(id, tokens) in back.map_or(&[][..], |b| b.in_flight) {
@@ -311,8 +313,9 @@ pub struct SliceBack<'a> {
 }
 
 /// A capacity slice to take: at least `least` tokens (the request asking), at most the sizes,
-/// leaving `keep` tokens in the bucket; `route`: the asking route and its recovery (tokens per
-/// minute), marked seen as an admission marks it.
+/// leaving `keep` tokens in the bucket; taken only if the bucket also holds the request's
+/// `hold_back` (as an admission checks it); `route`: the asking route and its recovery (tokens
+/// per minute), marked seen as an admission marks it.
 #[derive(Debug)]
 pub struct SliceTake {
     pub id: u64,
@@ -321,6 +324,7 @@ pub struct SliceTake {
     pub requests: u64,
     pub permits: u32,
     pub keep: u64,
+    pub hold_back: u64,
     pub route: Option<(std::sync::Arc<str>, u64)>,
 }
 

@@ -182,7 +182,8 @@ pub(crate) struct RouteStates {
 }
 
 impl RouteStates {
-    /// What the pool's bucket (`pool_level` whole tokens now, `tpm` capacity) must hold for
+    /// What the pool's bucket (`pool_level` whole tokens now beyond the request's hold-back,
+    /// `tpm` capacity) must hold for
     /// `tokens` from the caller, or the caller's ceiling refusing. Marks the caller active, and
     /// brings its buckets to `now` under the capacities of `tpm` (created full the first time it
     /// asks). Other routes' buckets change only when they ask or settle.

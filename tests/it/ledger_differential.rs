@@ -106,7 +106,7 @@ pub(crate) struct Case {
     pub(crate) limits: Vec<Limits>,
     /// The budget's window sets (a reload changes capacities, adds and drops windows).
     budgets: Vec<Vec<BudgetWindow>>,
-    routes: Vec<Routes>,
+    pub(crate) routes: Vec<Routes>,
     retry_reserve: f64,
     priority_margin: f64,
     idle_ms: u64,

@@ -4,7 +4,8 @@
 //! test holds one-request slices to the memory ledger's answers exactly.)
 //!
 //! - **Never more than the exact bucket**: a property test drives the leased Redis ledger through
-//!   the differential test's random operations; each grant is replayed on a memory ledger at the
+//!   the differential test's random operations (hold-backs and retries among them, which slices
+//!   decide when they cover them); each grant is replayed on a memory ledger at the
 //!   same instant, which must grant it too (else the slices over-admitted), and every snapshot
 //!   must show the same reservations in flight and no more requests than the memory ledger
 //!   holds, nor more tokens beyond the one bound the module docs leave open (a transit's refill).
@@ -23,10 +24,14 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::{
+    strategy::Strategy,
+    test_runner::{Config, TestCaseError, TestRunner},
+};
 use tokengate::ledger::{
-    Clock, FallbackLedger, LeaseOptions, LeasedLedger, Ledger, Limits, MemoryLedger, Origin,
-    PoolSnapshot, RedisLedger, RedisOptions, Reservation, ReserveRequest, Verdict,
+    Clock, FallbackLedger, LeaseCounts, LeaseOptions, LeasedLedger, Ledger, Limits, MemoryLedger,
+    Origin, PoolSnapshot, RedisLedger, RedisOptions, Reservation, ReserveRequest, RouteShare,
+    Verdict,
 };
 
 use crate::{
@@ -88,13 +93,32 @@ async fn snapshot(ledger: &dyn Ledger, pool: &str, limits: Limits) -> PoolSnapsh
 
 // === never more than the exact bucket ===
 
-/// What the property run covered: grants from slices, refusals, and how often a refusal came
-/// while the exact bucket had room (the price of slices, never a safety matter).
+/// What the property run covered: grants, refusals, snapshots, and the grants with a hold-back
+/// and of retries decided in the slice with no round trip.
 #[derive(Debug, Default)]
 struct Tally {
     granted: AtomicU64,
     refused: AtomicU64,
     snapshots: AtomicU64,
+    in_slice: AtomicU64,
+    held_back_in_slice: AtomicU64,
+    retries_in_slice: AtomicU64,
+}
+
+impl Tally {
+    /// Counts a grant of `request` decided in the slice, from the ledger's counts before it.
+    fn in_slice(&self, request: &ReserveRequest<'_>, before: LeaseCounts, after: LeaseCounts) {
+        if after.from_slices == before.from_slices || after.slice_calls != before.slice_calls {
+            return;
+        }
+        self.in_slice.fetch_add(1, Ordering::Relaxed);
+        if request.hold_back > 0 {
+            self.held_back_in_slice.fetch_add(1, Ordering::Relaxed);
+        }
+        if request.share.is_some_and(|s| s.retry) {
+            self.retries_in_slice.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 async fn shadow_step(
@@ -124,17 +148,27 @@ async fn shadow_step(
                     .iter()
                     .all(|r| r.min_share == 0.0 && r.max_share.is_none())
             });
+            // The hold-back: the case's arbitrary one where it has one, else as admission's, the
+            // excess expected of the reservations in flight (a fifth of them here, as a stream
+            // whose output costs 5 per token adds to it).
+            let in_flight: u64 = held.iter().map(|(r, _)| r.tokens()).sum();
+            let hold_back = match hold_back_permille {
+                0 => in_flight / 5,
+                p => limits.tokens_per_minute * p / 1_000,
+            };
             let request = ReserveRequest {
                 pool,
                 limits,
                 tokens: permille_of(&limits, permille),
                 share: share.as_ref(),
-                hold_back: limits.tokens_per_minute * hold_back_permille / 1_000,
+                hold_back,
             };
+            let before = leased.counts();
             match leased.reserve(&request).await.expect("redis answers") {
                 Verdict::Granted(r) => match exact.reserve(&request).await.expect("memory") {
                     Verdict::Granted(m) => {
                         tally.granted.fetch_add(1, Ordering::Relaxed);
+                        tally.in_slice(&request, before, leased.counts());
                         held.push((r, m));
                     }
                     Verdict::Refused(m) => {
@@ -185,6 +219,20 @@ async fn shadow_step(
     Ok(())
 }
 
+/// `routes` with no guarantee, ceiling or priority to weigh: their retry reserve and recovery
+/// stay.
+fn plain(routes: &[RouteShare]) -> Arc<[RouteShare]> {
+    routes
+        .iter()
+        .map(|r| RouteShare {
+            priority: 0,
+            min_share: 0.0,
+            max_share: None,
+            ..r.clone()
+        })
+        .collect()
+}
+
 /// The one bound the module docs leave open on one replica: after slices the shared level can
 /// trail the exact one, and a take from a bucket just short of full then refills at once where
 /// the exact bucket waits a transit (100 ms): one transit's refill, and a token of rounding.
@@ -195,13 +243,65 @@ fn transit_refill(limits: &Limits) -> i64 {
 
 #[test]
 fn slices_never_admit_more_than_the_exact_bucket() {
+    let Some(tally) = shadow_run(case()) else {
+        return;
+    };
+    assert!(tally.granted.load(Ordering::Relaxed) > 500, "{tally:?}");
+    assert!(tally.refused.load(Ordering::Relaxed) > 100, "{tally:?}");
+    assert!(tally.snapshots.load(Ordering::Relaxed) > 100, "{tally:?}");
+}
+
+/// The same with the traffic slices are for: one pool's limits and routes throughout (plain
+/// shares: no guarantee, ceiling or priority, so slices decide them, retries too), 20 times the
+/// concurrency (and request limit) of the cases above and no daily quota, requests of 0.1% to 15%
+/// of its tokens, so that a slice holds several and the bucket still runs out; most carry a
+/// hold-back (the reservations in flight make one), and many are retries. Hundreds of grants are
+/// then decided in a slice with no round trip, hold-backs and retries among them.
+#[test]
+fn slices_never_admit_more_than_the_exact_bucket_with_small_requests_and_hold_back() {
+    let small = case().prop_map(|mut case| {
+        // One route configuration throughout: a reload of the routes' recovery shares is seen by
+        // Redis only when a route asks there (see `ledger::lease`).
+        let routes = plain(&case.routes[0]);
+        case.routes = vec![routes; case.routes.len()];
+        for l in &mut case.limits {
+            l.max_concurrency *= 20;
+            l.requests_per_minute = l.requests_per_minute.map(|r| r * 20);
+            l.tokens_per_day = None;
+        }
+        for op in &mut case.ops {
+            match op {
+                Op::Reserve {
+                    limits, permille, ..
+                } => {
+                    *limits = 0;
+                    *permille = *permille % 150 + 1;
+                }
+                Op::Snapshot { limits } => *limits = 0,
+                _ => {}
+            }
+        }
+        case
+    });
+    let Some(tally) = shadow_run(small) else {
+        return;
+    };
+    let count = |n: &AtomicU64| n.load(Ordering::Relaxed);
+    assert!(count(&tally.granted) > 1_000, "{tally:?}");
+    assert!(count(&tally.refused) > 100, "the bucket ran out: {tally:?}");
+    assert!(count(&tally.in_slice) > 200, "{tally:?}");
+    assert!(count(&tally.held_back_in_slice) > 150, "{tally:?}");
+    assert!(count(&tally.retries_in_slice) > 50, "{tally:?}");
+}
+
+/// Runs the shadow comparison on `cases` (`PROPTEST_CASES`, 256 by default); what it covered, or
+/// nothing without `redis-server`.
+fn shadow_run(cases: impl Strategy<Value = Case>) -> Option<Tally> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let Some(server) = runtime.block_on(RedisServer::start()) else {
-        return;
-    };
+    let server = runtime.block_on(RedisServer::start())?;
     let run = pool_name("shadow");
     let mut runner = TestRunner::new(Config {
         cases: std::env::var("PROPTEST_CASES")
@@ -212,7 +312,7 @@ fn slices_never_admit_more_than_the_exact_bucket() {
         ..Config::default()
     });
     let (n, tally) = (AtomicU64::new(0), Tally::default());
-    let result = runner.run(&case(), |case| {
+    let result = runner.run(&cases, |case| {
         let pool = format!("{run}-{}", n.fetch_add(1, Ordering::Relaxed));
         runtime.block_on(async {
             let clock = Clock::manual();
@@ -274,9 +374,7 @@ fn slices_never_admit_more_than_the_exact_bucket() {
         panic!("{e}");
     }
     println!("{tally:?}");
-    assert!(tally.granted.load(Ordering::Relaxed) > 500, "{tally:?}");
-    assert!(tally.refused.load(Ordering::Relaxed) > 100, "{tally:?}");
-    assert!(tally.snapshots.load(Ordering::Relaxed) > 100, "{tally:?}");
+    Some(tally)
 }
 
 // === several replicas, one Redis ===

@@ -15,7 +15,7 @@
 //! | `queue`, `queue_fleet` | the admission queue (paused clock), and a closed-loop SDK fleet against it |
 //! | `routes` | application routes and caller identity: keys, allow-lists, shares, recovery |
 //! | `saturation` | the product's promise under saturating load: no upstream throttle, the quota busy |
-//! | `ledger_contract`, `ledger_differential`, `ledger_leases`, `redis`, `cluster` | what every ledger backend must do (the memory ledger, Redis, Redis with local capacity leases, a Redis Cluster); the memory and Redis ledgers giving the same answers to the same random operations; local capacity leases never admitting more than the exact bucket, across replicas; the shared ledger end to end; on a Redis Cluster, pools over the masters and a master's failover under load |
+//! | `ledger_contract`, `ledger_differential`, `ledger_leases`, `leases_hold_back`, `redis`, `cluster` | what every ledger backend must do (the memory ledger, Redis, Redis with local capacity leases, a Redis Cluster); the memory and Redis ledgers giving the same answers to the same random operations; local capacity leases never admitting more than the exact bucket, across replicas, and deciding a burndown pool's calls with a stream in flight from the slice; the shared ledger end to end; on a Redis Cluster, pools over the masters and a master's failover under load |
 //! | `reload`, `lifecycle` | config reload; shutdown through the real binary |
 //! | `access_log`, `observability`, `dashboards`, `admin` | what operators see: the log line, metrics, the dashboard and alerts, the admin endpoints |
 //! | `dashboard_prometheus`, `tracing`, `emf`, `quota_report`, `top` | what operators run it with (issue #20): the dashboard and alerts on a real Prometheus, OpenTelemetry spans at OTLP receivers (every API's calls, a speech session's too), CloudWatch EMF lines, the quota report, `tokengate top` in tmux |
@@ -49,6 +49,7 @@ mod dashboards;
 mod emf;
 mod endpoints;
 mod iam_policy;
+mod leases_hold_back;
 mod ledger_contract;
 mod ledger_differential;
 mod ledger_leases;

@@ -24,16 +24,22 @@
 //! capacity. The cost is under-admission while a pool's bucket is near full (refill waits for the
 //! slice to come back); under load, when the bucket is low, nothing is lost.
 //!
-//! Two things change the bucket under a slice without its holder knowing, and each gives the
-//! slice back first: a call carrying other limits (a bucket that shrank is clamped, and a slice
-//! must not keep more than it may hold), and a settlement charged above its reservation in Redis
-//! (its debt must meet the slice's unused part; one settled from the slice debits the slice). What
-//! stays open: a debt settled by *another* replica is not seen by this one's slice until it goes
-//! back (within `max_age`), so while it lives the pool may admit up to that debt (output burndown
-//! above the reservation; admission's hold-back for streams in flight takes the Redis path, so
-//! the expected part is exact); and after slices the shared level can trail the exact one, so a
-//! take from a bucket just short of full starts refill at once where upstream's full bucket waits
-//! a transit: at most 100 ms of refill (0.17% of a minute's tokens) per such take. And Redis
+//! Three things change the bucket under a slice without its holder knowing, and each gives the
+//! slice back: a call carrying other limits (first: a bucket that shrank is clamped, and a slice
+//! must not keep more than it may hold), a settlement charged above its reservation in Redis
+//! (first: its debt must meet the slice's unused part; one settled from the slice debits the
+//! slice), and a grant in Redis that may leave the shared bucket below the retry reserve the
+//! slice left there, on which its own check counts (after: a retry let into the reserve, or a
+//! request keeping a smaller reserve, as across a reload of the pool's routes). What stays open:
+//! a debt settled by *another* replica is not seen by this one's slice until it goes back (within
+//! `max_age`), so while it lives the pool may admit up to that debt (output burndown above the reservation; the expected
+//! part is exact: each replica's hold-back for its streams in flight is kept in the shared bucket
+//! where Redis decides, or in its slice's unused part where the slice does); likewise another
+//! replica's retry let into the reserve, until this slice goes back, may leave its first attempts
+//! taking what the reserve keeps for retries (never capacity upstream lacks); and after slices
+//! the shared level can trail the exact one, so a take from a bucket just short of full starts
+//! refill at once where upstream's full bucket waits a transit: at most 100 ms of refill (0.17%
+//! of a minute's tokens) per such take, which a decision in Redis may then grant. And Redis
 //! learns that a route asks only when it takes a slice (it marks the route seen then, not at
 //! each admission from it), so right after a reload that gives the pool's routes guarantees,
 //! Redis may judge a route idle that asked from a slice within the last `max_age`, and lend its
@@ -42,28 +48,42 @@
 //! # Which requests
 //!
 //! A request is decided from a slice when its route share (every route of a pool carries one)
-//! has nothing to weigh but the retry reserve: a first attempt, in a pool where no route has a
-//! guarantee, a ceiling or another priority (those need every route's state: Redis decides them);
-//! the slice is then taken leaving the retry reserve in the shared bucket, and marks the route
-//! seen. It also needs no hold-back (what the whole bucket must keep is known only in Redis), a
-//! pool without a daily quota, and its tokens, one request and one permit within `max_fraction`
+//! has nothing to weigh but the retry reserve: in a pool where no route has a guarantee, a
+//! ceiling or another priority (those need every route's state: Redis decides them); the slice
+//! is then taken leaving the retry reserve in the shared bucket, and marks the route seen. It
+//! also needs a pool without a daily quota (a slice could not give the day's unused tokens back
+//! exactly), and its tokens plus its hold-back, one request and one permit within `max_fraction`
 //! of the pool's limits; any other request is a plain [`RedisLedger::reserve`]. So a pool whose
 //! concurrency (or request limit) times `max_fraction` is below one keeps every decision in Redis:
 //! concurrency stays exact where it binds.
 //!
+//! Such a request is admitted from the slice when what is left of it covers the request's tokens
+//! **and its hold-back** ([`ReserveRequest::hold_back`]: the burndown excess this replica's
+//! streams in flight are expected to be charged, non-zero for every burndown model under load).
+//! The exact bucket holds at least the slice's unused part and the retry reserve left beside it,
+//! so this never admits what the exact bucket would refuse, retries included (the slice leaves
+//! the reserve whole, so a retry it covers is one the exact bucket admits without the reserve).
+//! The hold-back stays in the slice, where the debts it is kept for are settled. When the slice
+//! does not cover it, a first attempt gives the slice back and takes the next in one call, which
+//! checks its tokens, the retry reserve and its hold-back exactly as an admission in Redis does;
+//! a retry is decided in Redis (which may let it into the retry reserve: the recovery buckets are
+//! Redis's).
+//!
 //! # Sizing
 //!
-//! A slice holds about twice the pool's demand on this replica (tokens and requests asked) over
-//! the last `horizon`, and twice the most requests it had in flight at once since the last slice;
-//! at least what the asking request needs, at most `max_fraction` of each limit (and never more
-//! than the bucket holds: Redis takes what there is up to the size asked). A slice is given back:
-//! when the next request does not fit it (with the next one taken in the same call), at once when
-//! a request uses it up (so an empty slice never holds the bucket's top down), when it has not
-//! admitted for `horizon` or is `max_age` old (a background sweep), when a call's limits differ
-//! from the ones it was taken with, before a debt is settled (above), and at shutdown
-//! ([`Ledger::close`]). A `horizon` of zero makes every slice exactly the request that asks: the
-//! shared state then moves exactly as with plain reservations (the differential test holds it to
-//! that).
+//! A slice holds about twice the pool's demand on this replica (tokens and requests asked, and
+//! how much the hold-back grew, which the slice must cover as it covers requests) over the last
+//! `horizon`, plus the asking request's hold-back, and twice the most requests it had in flight at
+//! once since the last slice; at least what the asking request needs (its tokens and hold-back),
+//! at most `max_fraction` of each limit (and never more than the bucket holds: Redis takes what
+//! there is up to the size asked). A slice is given back: when the next request does not fit it
+//! (with the next one taken in the same call), at once when a request uses it up (so an empty
+//! slice never holds the bucket's top down), when it has not admitted for `horizon` or is
+//! `max_age` old (a background sweep), when a call's limits differ from the ones it was taken
+//! with, before a debt is settled in Redis and after a grant there that may dip into the retry
+//! reserve (above), and at shutdown ([`Ledger::close`]). A `horizon` of zero makes every slice exactly the request that asks (its
+//! hold-back checked, not taken): the shared state then moves exactly as with plain reservations
+//! (the differential test holds it to that).
 //!
 //! # Failure semantics
 //!
@@ -104,7 +124,7 @@ use super::{
     ShareRequest, Verdict, WindowSnapshot,
     scripts::{SliceBack, SliceReply, SliceTake},
 };
-use slice::{Local, Slice, hold, lock, part};
+use slice::{Local, Slice, hold, keep, lock, part};
 
 /// How slices are sized and how long they live (`[ledger.local_leases]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -234,16 +254,21 @@ async fn sweep(inner: Weak<Inner>) {
     }
 }
 
-/// A route share a slice can decide: a first attempt, and no route with a guarantee, a ceiling
-/// or another priority (nothing to weigh but the retry reserve it leaves in the shared bucket).
+/// A route share a slice can decide: no route with a guarantee, a ceiling or another priority
+/// (nothing to weigh but the retry reserve it leaves in the shared bucket; a retry that the slice
+/// does not cover is decided in Redis, which may let it into that reserve).
 fn plain_share(share: &ShareRequest) -> bool {
     let priority = share.caller().priority;
-    !share.retry
-        && share.routes.iter().all(|r| {
-            r.min_share == 0.0
-                && r.max_share.is_none()
-                && (r.priority == priority || share.priority_margin == 0.0)
-        })
+    share.routes.iter().all(|r| {
+        r.min_share == 0.0
+            && r.max_share.is_none()
+            && (r.priority == priority || share.priority_margin == 0.0)
+    })
+}
+
+/// An SDK retry (attempt > 1) of a route share.
+fn retry(request: &ReserveRequest<'_>) -> bool {
+    request.share.is_some_and(|s| s.retry)
 }
 
 // === impl Inner ===
@@ -254,9 +279,8 @@ impl Inner {
         let limits = &request.limits;
         let f = self.options.max_fraction;
         request.share.is_none_or(plain_share)
-            && request.hold_back == 0
             && limits.tokens_per_day.is_none()
-            && request.tokens <= part(limits.tokens_per_minute, f)
+            && request.tokens.saturating_add(request.hold_back) <= part(limits.tokens_per_minute, f)
             && part(u64::from(limits.max_concurrency), f) >= 1
             && limits.requests_per_minute.is_none_or(|r| part(r, f) >= 1)
     }
@@ -287,22 +311,23 @@ impl Inner {
     }
 
     /// The slow path, run to its end even if the caller goes away (a client that hung up): gives
-    /// the pool's slice back and takes the next one for a request of `tokens` under `limits`, in
-    /// one round trip, holding the pool's turn (another caller may have taken one meanwhile). A
-    /// grant is [`Pending`] until the caller takes it.
+    /// the pool's slice back and takes the next one for a request of `tokens` with `hold_back`
+    /// under `limits`, in one round trip, holding the pool's turn (another caller may have taken
+    /// one meanwhile). A grant is [`Pending`] until the caller takes it.
     async fn exchange(
         self: Arc<Self>,
         pool: Arc<PoolSlices>,
-        (limits, tokens, share): (Limits, u64, Option<ShareRequest>),
+        ask: Ask,
     ) -> Result<Exchanged, LedgerError> {
         let _turn = pool.exchange.clone().lock_owned().await;
         let request = ReserveRequest {
             pool: &pool.issuer.pool,
-            limits,
-            tokens,
-            share: share.as_ref(),
-            hold_back: 0,
+            limits: ask.limits,
+            tokens: ask.tokens,
+            share: ask.share.as_ref(),
+            hold_back: ask.hold_back,
         };
+        let (limits, tokens) = (ask.limits, ask.tokens);
         let now = Instant::now();
         let next = {
             let mut local = lock(&pool.local);
@@ -466,12 +491,51 @@ impl Inner {
         .map_err(|e| self.lost(&e))?
     }
 
+    /// A plain reservation in Redis, after giving back a slice taken under other limits (the
+    /// bucket may have shrunk under it). A grant that may leave the shared bucket below the retry
+    /// reserve the slice left there, on which the slice's own check counts (a retry Redis let into
+    /// the reserve, or a request that keeps a smaller one, as across a reload of the pool's
+    /// routes), gives the slice back after (the next one is taken leaving the reserve).
+    async fn in_redis(
+        self: &Arc<Self>,
+        request: &ReserveRequest<'_>,
+    ) -> Result<Verdict, LedgerError> {
+        let limits = request.limits;
+        let pool = self.pools.get(request.pool).map(|p| p.clone());
+        if let Some(pool) = &pool {
+            self.give_back_if(pool, move |l| {
+                l.slice.as_ref().is_some_and(|s| *s.limits() != limits)
+            })
+            .await;
+        }
+        let verdict = self.shared.reserve(request).await?;
+        if let (Some(pool), Verdict::Granted(r)) = (&pool, &verdict) {
+            let recovered = r.share().is_some_and(|s| s.recovered);
+            let keeps = keep(request);
+            self.give_back_if(pool, move |l| {
+                l.slice
+                    .as_ref()
+                    .is_some_and(|s| recovered || s.keep() > keeps)
+            })
+            .await;
+        }
+        Ok(verdict)
+    }
+
     fn lost(&self, e: &tokio::task::JoinError) -> LedgerError {
         LedgerError {
             backend: self.shared.backend(),
             message: format!("a slice call did not finish: {e}"),
         }
     }
+}
+
+/// What the slow path asks for: a [`ReserveRequest`] that outlives its caller.
+struct Ask {
+    limits: Limits,
+    tokens: u64,
+    share: Option<ShareRequest>,
+    hold_back: u64,
 }
 
 /// The slow path's answer.
@@ -526,26 +590,26 @@ impl Ledger for LeasedLedger {
     async fn reserve(&self, request: &ReserveRequest<'_>) -> Result<Verdict, LedgerError> {
         let inner = &self.inner;
         if !inner.sliceable(request) {
-            let limits = request.limits;
-            if let Some(pool) = inner.pools.get(request.pool).map(|p| p.clone()) {
-                inner
-                    .give_back_if(&pool, move |l| {
-                        l.slice.as_ref().is_some_and(|s| *s.limits() != limits)
-                    })
-                    .await;
-            }
-            return inner.shared.reserve(request).await;
+            return inner.in_redis(request).await;
         }
         let pool = inner.pool(request.pool);
         let now = Instant::now();
         let admitted = {
             let mut local = lock(&pool.local);
             let in_flight = local.slice.as_ref().map_or(0, Slice::admitted);
-            local.demand.note(request.tokens, in_flight, now);
+            local.demand.note(request, in_flight, now);
             local.admit(request, &inner.options, now)
         };
         let Some((id, exhausted)) = admitted else {
-            let ask = (request.limits, request.tokens, request.share.cloned());
+            if retry(request) {
+                return inner.in_redis(request).await;
+            }
+            let ask = Ask {
+                limits: request.limits,
+                tokens: request.tokens,
+                share: request.share.cloned(),
+                hold_back: request.hold_back,
+            };
             let exchange = inner.clone().exchange(pool, ask);
             return match tokio::spawn(exchange).await.map_err(|e| inner.lost(&e))?? {
                 Exchanged::Granted(pending) => pending.into_verdict(),

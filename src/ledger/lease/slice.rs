@@ -50,9 +50,12 @@ pub(super) struct Slice {
 #[derive(Debug, Default)]
 pub(super) struct Demand {
     since: Option<Instant>,
+    /// The requests' tokens, and how much their hold-back grew: a slice must cover both.
     tokens: u64,
     requests: u64,
     peak_in_flight: u32,
+    /// The last request's hold-back (kept from one slice to the next).
+    hold_back: u64,
 }
 
 // === impl Local, Slice, Demand ===
@@ -128,6 +131,11 @@ impl Slice {
         &self.limits
     }
 
+    /// What it left in the shared bucket for retries (see [`keep`]).
+    pub(super) fn keep(&self) -> u64 {
+        self.keep
+    }
+
     /// Its reservations in flight.
     pub(super) fn admitted(&self) -> usize {
         self.in_flight.len()
@@ -137,6 +145,11 @@ impl Slice {
         self.limits.requests_per_minute.is_some()
     }
 
+    /// Whether `request` may be admitted from the slice: taken under its limits and leaving its
+    /// retry reserve, and what is left covers its tokens and its hold-back. (The exact bucket
+    /// holds at least what is left of the slice and the reserve left beside it, so this never
+    /// admits what the exact bucket would refuse; the hold-back stays in the slice, where the
+    /// burndown debts it is kept for are settled.)
     pub(super) fn fits(
         &self,
         request: &ReserveRequest<'_>,
@@ -146,7 +159,8 @@ impl Slice {
         self.limits == request.limits
             && self.keep == keep(request)
             && now.duration_since(self.taken_at) < options.max_age
-            && i128::from(self.unused_tokens) >= i128::from(request.tokens)
+            && i128::from(self.unused_tokens)
+                >= i128::from(request.tokens) + i128::from(request.hold_back)
             && self.free_permits > 0
             && (!self.request_limited() || self.unused_requests > 0)
     }
@@ -205,16 +219,25 @@ impl Slice {
 }
 
 impl Demand {
-    /// Counts a request asking, with `in_flight` already admitted from the slice.
-    pub(super) fn note(&mut self, tokens: u64, in_flight: usize, now: Instant) {
+    /// Counts a request asking, with `in_flight` already admitted from the slice. A hold-back
+    /// that grew since the last request counts as tokens asked: what is left of the slice must
+    /// cover it as it covers the requests.
+    pub(super) fn note(&mut self, request: &ReserveRequest<'_>, in_flight: usize, now: Instant) {
         self.since.get_or_insert(now);
-        self.tokens = self.tokens.saturating_add(tokens);
+        let grown = request.hold_back.saturating_sub(self.hold_back);
+        self.hold_back = request.hold_back;
+        self.tokens = self
+            .tokens
+            .saturating_add(request.tokens)
+            .saturating_add(grown);
         self.requests += 1;
         let in_flight = u32::try_from(in_flight).unwrap_or(u32::MAX);
         self.peak_in_flight = self.peak_in_flight.max(in_flight.saturating_add(1));
     }
 
-    /// The next slice for `request`, from the demand since the last one (which starts afresh).
+    /// The next slice for `request`, from the demand since the last one (which starts afresh),
+    /// and the request's hold-back on top: the slice must go on covering it for the next request
+    /// to fit (a horizon of zero takes exactly the request, hold-back checked but not taken).
     pub(super) fn size(
         &mut self,
         id: u64,
@@ -224,6 +247,7 @@ impl Demand {
     ) -> SliceTake {
         let demand = std::mem::take(self);
         self.since = Some(now);
+        self.hold_back = demand.hold_back;
         let limits = &request.limits;
         let f = options.max_fraction;
         let elapsed = demand
@@ -238,6 +262,7 @@ impl Demand {
             2.0 * options.horizon.as_secs_f64() / elapsed.as_secs_f64()
         };
         let scaled = |n: u64| (n as f64 * scale).ceil() as u64;
+        let hold_back = if scale > 0.0 { request.hold_back } else { 0 };
         let permits = if options.horizon.is_zero() {
             1
         } else {
@@ -253,10 +278,12 @@ impl Demand {
             id,
             least: request.tokens,
             keep: keep(request),
+            hold_back: request.hold_back,
             route,
             tokens: scaled(demand.tokens)
+                .saturating_add(hold_back)
                 .min(part(limits.tokens_per_minute, f))
-                .max(request.tokens),
+                .max(request.tokens.saturating_add(hold_back)),
             requests: limits
                 .requests_per_minute
                 .map_or(0, |r| scaled(demand.requests).min(part(r, f)).max(1)),

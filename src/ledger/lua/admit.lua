@@ -78,8 +78,10 @@ if n > 0 then
     end
   end
   need = tokens + protected + reserve
-  if retry and reserve > 0 and need * U > t.level and tokens * U <= rs.v.level
-    and (tokens + protected) * U <= t.level then
+  -- Whether a retry dips into the reserve is judged on what the bucket holds beyond the
+  -- hold-back, which it must keep either way (src/ledger/shares.rs, `need`).
+  if retry and reserve > 0 and (need + hold_back) * U > t.level and tokens * U <= rs.v.level
+    and (tokens + protected + hold_back) * U <= t.level then
     need = tokens + protected
     recovered = true
   end

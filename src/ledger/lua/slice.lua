@@ -8,15 +8,16 @@
 --   requests, permits (the most to take), keep (tokens the bucket must still hold after it: a
 --   route share's retry reserve), the asking route ('-': none) and its recovery (tokens per
 --   minute), whose buckets are loaded and marked seen as admit.lua does for a share that has
---   neither guarantees nor ceilings;
+--   neither guarantees nor ceilings, and its hold-back (tokens the bucket must hold beyond the
+--   least tokens and keep, as admit.lua's hold_back);
 --   then the given-back slice's reservations still in flight, as lease members "<id hex>:<tokens>":
 --   they become leases of their own, settled and renewed as any other.
 -- Given back: its members leave the lease set, what it did not use is credited (never above the
 -- bucket's top), and it stops lowering the buckets' top. A slice that already expired was charged
 -- in full when it was purged: nothing is credited and its reservations are not kept.
--- Taken: checked exactly as admit.lua checks a request of `least` tokens with no route share and
--- no hold-back, then as much as the pool holds up to the sizes asked (at least the least tokens, one
--- request and one permit), taken as a reservation is.
+-- Taken: checked exactly as admit.lua checks a request of `least` tokens with its hold-back and a
+-- share that keeps `keep` (the retry reserve), then as much as the pool holds up to the sizes asked
+-- (at least the least tokens, one request and one permit), taken as a reservation is.
 -- Replies (JSON) {"verdict":"returned"|"granted"|"refused","returned":_ (the slice given back was
 -- live),"purged":_, and when granted "tokens":_,"requests":_,"permits":_ (what the slice holds);
 -- when refused the fields of admit.lua's refusal}.
@@ -70,7 +71,7 @@ local function give_back()
   if r then
     r.level = math.min(r.level + unused_requests * U, top(r))
   end
-  for i = 21, #ARGV do
+  for i = 22, #ARGV do
     local lease_tokens = tonumber(string.match(ARGV[i], ':(%d+)$')) or 0
     s.reserved = s.reserved + lease_tokens
     redis.call('ZADD', LEASES, now + lease_ms, ARGV[i])
@@ -85,14 +86,14 @@ if id == '-' then
   return string.format('{"verdict":"returned","returned":%s,"purged":%d}', tostring(returned), purged)
 end
 local least, tokens, requests, permits = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
-local keep, route = tonumber(ARGV[18]), ARGV[19]
+local keep, route, hold_back = tonumber(ARGV[18]), ARGV[19], tonumber(ARGV[21])
 if route ~= '-' then
   local rs = route_load(route, 0, -1, tonumber(ARGV[20]), now)
   rs.seen = now
   route_save(route, rs)
 end
 local in_flight = redis.call('ZCARD', LEASES)
-local limit, wait, deficit = pool_refusal(s, least, least + keep, 0, in_flight, max_concurrency, now)
+local limit, wait, deficit = pool_refusal(s, least, least + keep + hold_back, 0, in_flight, max_concurrency, now)
 if limit then
   save(s, now)
   local wait_ms = nil
