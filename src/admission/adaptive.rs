@@ -50,12 +50,10 @@
 //! charged, so replicas with different caps reserve differently but each truthfully.
 //! Nothing here writes a metric or speaks HTTP; `GET /v1/pools` reads [`Learner::view`].
 
-use std::{
-    collections::HashMap,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
+use foldhash::HashMap;
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicU64, Ordering},
 };
 
 use serde::Serialize;

@@ -2,8 +2,8 @@
 //! (effective limit after upstream throttles, input-estimate calibration, typical duration).
 //! (Over 500 lines: one pool type and one table for Bedrock and endpoint pools alike.)
 
+use foldhash::{HashMap, HashMapExt as _};
 use std::{
-    collections::HashMap,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},

@@ -1,12 +1,10 @@
 //! Application routes at run time: the caller's route, what it may call, and its share of each
 //! pool as the ledger sees it ([`crate::ledger::shares`] has the rules).
 
-use std::{
-    collections::HashMap,
-    sync::{
-        Arc,
-        atomic::{AtomicI64, AtomicU64, Ordering},
-    },
+use foldhash::HashMap;
+use std::sync::{
+    Arc,
+    atomic::{AtomicI64, AtomicU64, Ordering},
 };
 
 use crate::{

@@ -197,7 +197,7 @@ impl PoolLedger {
 /// The single-process ledger.
 #[derive(Debug)]
 pub struct MemoryLedger {
-    pools: DashMap<Arc<str>, MemoryPool>,
+    pools: DashMap<Arc<str>, MemoryPool, foldhash::fast::RandomState>,
     clock: Clock,
     next_id: AtomicU64,
     stats: Arc<LedgerStats>,
@@ -220,7 +220,7 @@ impl MemoryLedger {
     /// ledger).
     pub(crate) fn with_stats(clock: Clock, stats: Arc<LedgerStats>) -> Self {
         MemoryLedger {
-            pools: DashMap::new(),
+            pools: DashMap::default(),
             clock,
             next_id: AtomicU64::new(1),
             stats,

@@ -30,7 +30,9 @@
 //! same rules run in the memory backend (here) and in the Redis scripts (`lua/admit.lua`), held
 //! together by the contract suite and the differential test.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
+
+use foldhash::HashMap;
 
 use super::bucket::TokenBucket;
 
