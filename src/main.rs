@@ -9,6 +9,7 @@ use tokengate::{
     config::{Config, LogFormat},
     gateway::{Gateway, GatewayOptions},
     healthcheck,
+    observe::log_writer::LogWriter,
     simulator::{self, SimulatorConfig},
 };
 
@@ -139,7 +140,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli.command)) {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        LogWriter::flush_stderr();
+        default_hook(info);
+    }));
+    let outcome = runtime.block_on(run(cli.command));
+    drop(runtime);
+    LogWriter::flush_stderr();
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tokengate: {e:#}");
@@ -206,6 +215,7 @@ async fn serve(path: PathBuf) -> anyhow::Result<()> {
         "http"
     };
     let gateway = Gateway::start(config, listener, GatewayOptions::default()).await?;
+    tokio::spawn(timer_heartbeat());
     // One machine-readable line on stdout, for scripts that start the proxy on port 0.
     println!("tokengate listening on {scheme}://{}", gateway.addr);
     if let Some(admin) = gateway.admin_addr {
@@ -267,12 +277,29 @@ fn init_logging(format: LogFormat, level: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_writer(LogWriter::stderr());
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
     };
 }
+
+/// Keeps a timer due within [`HEARTBEAT`] at all times, so that the runtime's timer driver
+/// always parks with a deadline that near. Without one, an idle proxy's driver parks with no
+/// deadline, and every timer registered before it parks again (each request registers several:
+/// its body read, response and idle timeouts) wakes it through its eventfd: a write and a
+/// thread wake-up per timer (tokio's `reregister` unparks for a timer due before the driver's
+/// next wake, or when it has none). Timers due later than the heartbeat register silently.
+async fn timer_heartbeat() {
+    let mut ticks = tokio::time::interval(HEARTBEAT);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+    }
+}
+
+/// See [`timer_heartbeat`].
+const HEARTBEAT: Duration = Duration::from_millis(100);
 
 /// Waits for SIGTERM or Ctrl-C; each SIGHUP meanwhile reloads the config file at `path`
 /// (refused, logged and counted if invalid; the running config stays).
