@@ -54,7 +54,7 @@ pub type DuplexBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Connector = HttpsConnector<HttpConnector>;
 
-use crate::bedrock::Operation;
+use crate::{bedrock::Operation, config::UpstreamHttp};
 
 /// Why a request got no response from upstream.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +99,7 @@ pub struct Upstream {
     api_key: Option<HeaderValue>,
     response_timeout: Duration,
     pub idle_timeout: Duration,
+    connect_timeout: Duration,
     /// Cancelled when the shutdown drain deadline passes: requests and responses in flight end.
     deadline: CancellationToken,
 }
@@ -163,35 +164,15 @@ impl Upstream {
         idle_timeout: Duration,
     ) -> Result<Upstream, UpstreamError> {
         let endpoint = Endpoint::new(&base)?;
-        let shown = endpoint.shown.clone();
-        let connector = |h2_only: bool| {
-            let mut http = HttpConnector::new();
-            http.enforce_http(false);
-            http.set_nodelay(true);
-            http.set_connect_timeout(Some(connect_timeout));
-            http.set_keepalive(Some(Duration::from_secs(60)));
-            let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-            let https = hyper_rustls::HttpsConnectorBuilder::new()
-                .with_provider_and_webpki_roots(provider)
-                .map_err(|e| UpstreamError::Connect(shown.clone(), e.to_string()))?
-                .https_or_http();
-            Ok::<_, UpstreamError>(if h2_only {
-                https.enable_http2().wrap_connector(http)
-            } else {
-                https.enable_http1().enable_http2().wrap_connector(http)
-            })
-        };
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1024)
-            .build(connector(false)?);
+        let shown = &endpoint.shown;
+        let client = legacy_client(connector(Alpn::Both, connect_timeout, shown)?, false);
         // Pings find a dead connection under a session that is quiet both ways.
         let duplex = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .timer(TokioTimer::new())
             .http2_keep_alive_interval(Duration::from_secs(30))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector(true)?);
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .build(connector(Alpn::H2, connect_timeout, shown)?);
         Ok(Upstream {
             client,
             duplex,
@@ -200,8 +181,39 @@ impl Upstream {
             api_key: None,
             response_timeout,
             idle_timeout,
+            connect_timeout,
             deadline: CancellationToken::new(),
         })
+    }
+
+    /// Speaks `http` upstream (`upstream.http`), with at most `h2_streams_per_connection`
+    /// streams on one HTTP/2 connection.
+    pub fn with_http(
+        mut self,
+        http: UpstreamHttp,
+        _h2_streams_per_connection: u32,
+    ) -> Result<Upstream, UpstreamError> {
+        let shown = self.shown();
+        self.client = match http {
+            UpstreamHttp::Auto => {
+                legacy_client(connector(Alpn::Both, self.connect_timeout, &shown)?, false)
+            }
+            UpstreamHttp::Http1 => {
+                legacy_client(connector(Alpn::H1, self.connect_timeout, &shown)?, false)
+            }
+            UpstreamHttp::Http2 => {
+                legacy_client(connector(Alpn::H2, self.connect_timeout, &shown)?, true)
+            }
+        };
+        Ok(self)
+    }
+
+    /// The fixed endpoint's URL for messages, or what the AWS endpoints are.
+    fn shown(&self) -> String {
+        match &self.endpoints {
+            Endpoints::Fixed(endpoint) => endpoint.shown.clone(),
+            Endpoints::Aws(_) => "https://bedrock-runtime.{region}.amazonaws.com".into(),
+        }
     }
 
     /// Sends `key` (a Bedrock API key) as `Authorization: Bearer` on every operation that accepts
@@ -353,6 +365,51 @@ impl Upstream {
             Err(_) => Err(UpstreamError::Timeout(self.response_timeout)),
         }
     }
+}
+
+/// How long an upstream connection with nothing in flight stays open.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The protocols a connector offers over TLS (ALPN), and speaks over plain http.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Alpn {
+    /// `h2` then `http/1.1` over TLS; HTTP/1.1 over plain http.
+    Both,
+    H1,
+    /// `h2` only; prior knowledge over plain http.
+    H2,
+}
+
+/// The TCP (and TLS) connector: `connect_timeout`, no Nagle, TCP keep-alive, webpki roots.
+fn connector(
+    alpn: Alpn,
+    connect_timeout: Duration,
+    shown: &str,
+) -> Result<Connector, UpstreamError> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_keepalive(Some(Duration::from_secs(60)));
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_webpki_roots(provider)
+        .map_err(|e| UpstreamError::Connect(shown.to_string(), e.to_string()))?
+        .https_or_http();
+    Ok(match alpn {
+        Alpn::Both => https.enable_http1().enable_http2().wrap_connector(http),
+        Alpn::H1 => https.enable_http1().wrap_connector(http),
+        Alpn::H2 => https.enable_http2().wrap_connector(http),
+    })
+}
+
+/// hyper's pooled client over `connector` (HTTP/2 only with `h2_only`).
+fn legacy_client(connector: Connector, h2_only: bool) -> Client<Connector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_max_idle_per_host(1024)
+        .http2_only(h2_only)
+        .build(connector)
 }
 
 /// The request to `path_and_query` at `endpoint`, with `headers` and `host`, unsigned.

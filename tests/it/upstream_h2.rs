@@ -1,0 +1,108 @@
+//! HTTP/2 upstream (issue #19): the proxy speaking h2 to the simulator (`upstream.http =
+//! "http2"`, prior knowledge over plain http, as it speaks h2 to Bedrock over TLS), with more
+//! streams open at once than one connection carries. A server caps each connection's streams
+//! (`SETTINGS_MAX_CONCURRENT_STREAMS`); hyper's pooled client never opens a second HTTP/2
+//! connection to a host, so calls past that cap waited inside it, invisibly, holding their
+//! reservations. Each test ends with the ledger at zero.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::*;
+
+/// An instant simulator whose streams stall (for ten minutes) half-way, so they stay open, and
+/// that allows `streams` concurrent streams per HTTP/2 connection.
+fn stalling_sim(streams: u32) -> String {
+    format!(
+        "time_to_first_token_ms = 0\ntokens_per_second = 0\nstall_ms = 600000\n\
+         default_tokens_per_minute = 100000000\nh2_max_concurrent_streams = {streams}\n"
+    )
+}
+
+/// Streams the simulator has open (its buckets' in-flight calls).
+fn sim_in_flight(stack: &Stack) -> u64 {
+    let stats = stack.sim.simulator.stats();
+    stats.buckets.values().map(|b| b.in_flight).sum()
+}
+
+/// `n` ConverseStream calls through the proxy with the Rust SDK, each holding its stream open
+/// (once its head arrived, counted in the returned counter) until `hang_up` is cancelled, when
+/// it drops the stream: the caller hangs up.
+fn open_streams(
+    stack: &Stack,
+    n: usize,
+    hang_up: &CancellationToken,
+) -> (Arc<AtomicUsize>, JoinSet<()>) {
+    let opened = Arc::new(AtomicUsize::new(0));
+    let mut calls = JoinSet::new();
+    for i in 0..n {
+        let (client, opened, hang_up) = (stack.client(), opened.clone(), hang_up.clone());
+        calls.spawn(async move {
+            let stream = client
+                .converse_stream()
+                .model_id(SONNET_US)
+                .messages(user_message(&format!("[sim:fault=stall] call {i}")))
+                .inference_config(max_tokens(100))
+                .send()
+                .await
+                .expect("the stream opens");
+            opened.fetch_add(1, Ordering::SeqCst);
+            hang_up.cancelled().await;
+            drop(stream);
+        });
+    }
+    (opened, calls)
+}
+
+/// More streams than the simulator allows on one connection all open at once through the proxy
+/// (the bug: on hyper's pooled client only the first `h2_max_concurrent_streams` did), and when
+/// their callers hang up every upstream stream is reset and every reservation settled.
+#[tokio::test]
+async fn more_streams_than_one_connection_allows_all_open_at_once() {
+    const LIMIT: u32 = 4;
+    const STREAMS: usize = 10;
+    let stack = Stack::start(
+        &stalling_sim(LIMIT),
+        &sonnet_pool(100_000_000, 64),
+        "http = \"http2\"\n",
+    )
+    .await;
+    let hang_up = CancellationToken::new();
+    // One first, so that the connection is up and its SETTINGS known; then the rest at once.
+    let (first, mut first_call) = open_streams(&stack, 1, &hang_up);
+    eventually(Duration::from_secs(20), "the first stream", || {
+        first.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let (opened, mut calls) = open_streams(&stack, STREAMS - 1, &hang_up);
+    eventually(
+        Duration::from_secs(20),
+        "every stream's head through the proxy",
+        || opened.load(Ordering::SeqCst) == STREAMS - 1,
+    )
+    .await;
+    assert_eq!(sim_in_flight(&stack), STREAMS as u64, "all open upstream");
+    let pools = stack.proxy.admission().pool_views().await;
+    let in_flight = pools[0].ledger.as_ref().map(|l| l.in_flight_requests);
+    assert_eq!(in_flight, Some(STREAMS as u32), "all admitted and open");
+    hang_up.cancel();
+    for call in [first_call.join_next().await, calls.join_next().await] {
+        call.expect("a call").expect("call task");
+    }
+    while let Some(call) = calls.join_next().await {
+        call.expect("call task");
+    }
+    eventually(
+        Duration::from_secs(10),
+        "the upstream streams to be reset",
+        || sim_in_flight(&stack) == 0,
+    )
+    .await;
+    stack.assert_ledger_zero().await;
+}
