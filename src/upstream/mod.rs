@@ -25,6 +25,7 @@
 //! signed on its way ([`signer::EventSigner`]), while the response streams back. Errors never
 //! show the upstream URL's userinfo (config refuses it; [`redact_userinfo`] guards the messages anyway).
 
+pub mod h2_connections;
 pub mod headers;
 pub mod sagemaker;
 pub mod sign;
@@ -39,7 +40,6 @@ use http::{
     uri::{Authority, Scheme},
 };
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
@@ -47,7 +47,10 @@ use hyper_util::{
 };
 use tokio_util::sync::CancellationToken;
 
+pub use h2_connections::{HostView, PooledBody};
 pub use signer::{EventSigner, SAGEMAKER_SIGNING_NAME, Signer};
+
+use h2_connections::{ConnectionSet, Sent};
 
 /// The request body of a duplex call: frames as they come.
 pub type DuplexBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
@@ -90,7 +93,13 @@ pub use crate::config::upstream::redact_userinfo;
 /// The pooled, signing client for one upstream.
 #[derive(Debug)]
 pub struct Upstream {
+    /// hyper's pooled client: HTTP/1.1 (and, over TLS with `upstream.http = "auto"`, a host
+    /// whose ALPN picks it).
     client: Client<Connector, Full<Bytes>>,
+    /// The HTTP/2 connections (`upstream.http` "http2" for every host, "auto" for https ones).
+    h2: Option<ConnectionSet<Full<Bytes>>>,
+    /// Whether `h2` serves plain-http hosts too (prior knowledge: "http2").
+    h2_plain_http: bool,
     /// HTTP/2 only, for the bidirectional stream.
     duplex: Client<Connector, DuplexBody>,
     endpoints: Endpoints,
@@ -165,7 +174,7 @@ impl Upstream {
     ) -> Result<Upstream, UpstreamError> {
         let endpoint = Endpoint::new(&base)?;
         let shown = &endpoint.shown;
-        let client = legacy_client(connector(Alpn::Both, connect_timeout, shown)?, false);
+        let client = legacy_client(connector(Alpn::Both, connect_timeout, shown)?);
         // Pings find a dead connection under a session that is quiet both ways.
         let duplex = Client::builder(TokioExecutor::new())
             .http2_only(true)
@@ -175,6 +184,8 @@ impl Upstream {
             .build(connector(Alpn::H2, connect_timeout, shown)?);
         Ok(Upstream {
             client,
+            h2: None,
+            h2_plain_http: false,
             duplex,
             endpoints: Endpoints::Fixed(Arc::new(endpoint)),
             signer,
@@ -187,25 +198,40 @@ impl Upstream {
     }
 
     /// Speaks `http` upstream (`upstream.http`), with at most `h2_streams_per_connection`
-    /// streams on one HTTP/2 connection.
+    /// streams on one HTTP/2 connection ([`h2_connections`]).
     pub fn with_http(
         mut self,
         http: UpstreamHttp,
-        _h2_streams_per_connection: u32,
+        h2_streams_per_connection: u32,
     ) -> Result<Upstream, UpstreamError> {
         let shown = self.shown();
-        self.client = match http {
-            UpstreamHttp::Auto => {
-                legacy_client(connector(Alpn::Both, self.connect_timeout, &shown)?, false)
-            }
-            UpstreamHttp::Http1 => {
-                legacy_client(connector(Alpn::H1, self.connect_timeout, &shown)?, false)
-            }
-            UpstreamHttp::Http2 => {
-                legacy_client(connector(Alpn::H2, self.connect_timeout, &shown)?, true)
-            }
+        let timeout = self.connect_timeout;
+        let settings = h2_connections::Settings {
+            streams_per_connection: usize::try_from(h2_streams_per_connection)
+                .unwrap_or(usize::MAX),
+            connect_timeout: timeout,
+            idle_timeout: POOL_IDLE_TIMEOUT,
         };
+        let (h1, h2) = match http {
+            UpstreamHttp::Auto => (Alpn::Both, Some(Alpn::Both)),
+            UpstreamHttp::Http1 => (Alpn::H1, None),
+            UpstreamHttp::Http2 => (Alpn::H2, Some(Alpn::H2)),
+        };
+        self.client = legacy_client(connector(h1, timeout, &shown)?);
+        self.h2 = match h2 {
+            Some(alpn) => Some(ConnectionSet::new(
+                connector(alpn, timeout, &shown)?,
+                settings,
+            )),
+            None => None,
+        };
+        self.h2_plain_http = http == UpstreamHttp::Http2;
         Ok(self)
+    }
+
+    /// Upstream HTTP/2 connections and streams per host, now.
+    pub fn h2_views(&self) -> Vec<HostView> {
+        self.h2.as_ref().map_or_else(Vec::new, ConnectionSet::views)
     }
 
     /// The fixed endpoint's URL for messages, or what the AWS endpoints are.
@@ -306,7 +332,7 @@ impl Upstream {
         path_and_query: &str,
         headers: &HeaderMap,
         body: Bytes,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<PooledBody>, UpstreamError> {
         let endpoint = self.endpoint(region)?;
         let mut request = request(&endpoint, method, path_and_query, headers, body)?;
         match operation.into() {
@@ -315,8 +341,37 @@ impl Upstream {
         }
         // `host` is signed but hyper derives it (or `:authority`) from the URI.
         request.headers_mut().remove(header::HOST);
-        self.answer(&endpoint, self.client.request(request.map(Full::new)))
+        self.answer(self.dispatch(&endpoint, request.map(Full::new)))
             .await
+    }
+
+    /// Sends `request` over the HTTP/2 connections where they serve `endpoint`, else (or if
+    /// the host turned out to speak HTTP/1.1) over hyper's pooled client.
+    async fn dispatch(
+        &self,
+        endpoint: &Endpoint,
+        request: Request<Full<Bytes>>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
+        let failed = |e: String| UpstreamError::Connect(endpoint.shown.clone(), e);
+        let h2 = self
+            .h2
+            .as_ref()
+            .filter(|_| self.h2_plain_http || endpoint.scheme == Scheme::HTTPS);
+        let request = match h2 {
+            None => request,
+            Some(set) => {
+                let copy = replay(&request);
+                match set.send(request, Some(copy)).await {
+                    Ok(Sent::Answered(response)) => return Ok(response),
+                    Ok(Sent::Http1(request)) => request,
+                    Err(e) => return Err(failed(e.to_string())),
+                }
+            }
+        };
+        match self.client.request(request).await {
+            Ok(response) => Ok(response.map(PooledBody::plain)),
+            Err(e) => Err(failed(error_chain(&e))),
+        }
     }
 
     /// Opens an event stream both ways over HTTP/2 (InvokeModelWithBidirectionalStream): signs
@@ -329,7 +384,7 @@ impl Upstream {
         path_and_query: &str,
         headers: &HeaderMap,
         body: impl FnOnce(EventSigner) -> DuplexBody,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<PooledBody>, UpstreamError> {
         let endpoint = self.endpoint(region)?;
         let mut request = request(
             &endpoint,
@@ -341,28 +396,26 @@ impl Upstream {
         let events = self.signer.sign_event_stream(region, &mut request).await?;
         request.headers_mut().remove(header::HOST);
         let request = request.map(|_| body(events));
-        self.answer(&endpoint, self.duplex.request(request)).await
+        let shown = &endpoint.shown;
+        self.answer(async {
+            match self.duplex.request(request).await {
+                Ok(response) => Ok(response.map(PooledBody::plain)),
+                Err(e) => Err(UpstreamError::Connect(shown.clone(), error_chain(&e))),
+            }
+        })
+        .await
     }
 
     /// Waits for the response head of `call`, within the response timeout and the drain
     /// deadline.
     async fn answer(
         &self,
-        endpoint: &Endpoint,
-        call: impl Future<Output = Result<Response<Incoming>, hyper_util::client::legacy::Error>>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+        call: impl Future<Output = Result<Response<PooledBody>, UpstreamError>>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
         let call = tokio::time::timeout(self.response_timeout, call);
-        let answer = tokio::select! {
-            answer = call => answer,
-            () = self.deadline.cancelled() => return Err(UpstreamError::ShuttingDown),
-        };
-        match answer {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) => Err(UpstreamError::Connect(
-                endpoint.shown.clone(),
-                error_chain(&e),
-            )),
-            Err(_) => Err(UpstreamError::Timeout(self.response_timeout)),
+        tokio::select! {
+            answer = call => answer.unwrap_or(Err(UpstreamError::Timeout(self.response_timeout))),
+            () = self.deadline.cancelled() => Err(UpstreamError::ShuttingDown),
         }
     }
 }
@@ -403,13 +456,21 @@ fn connector(
     })
 }
 
-/// hyper's pooled client over `connector` (HTTP/2 only with `h2_only`).
-fn legacy_client(connector: Connector, h2_only: bool) -> Client<Connector, Full<Bytes>> {
+/// hyper's pooled client over `connector`.
+fn legacy_client(connector: Connector) -> Client<Connector, Full<Bytes>> {
     Client::builder(TokioExecutor::new())
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .pool_max_idle_per_host(1024)
-        .http2_only(h2_only)
         .build(connector)
+}
+
+/// A copy of `request` to send again if upstream did not process it.
+fn replay(request: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+    let mut copy = Request::new(request.body().clone());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.headers_mut() = request.headers().clone();
+    copy
 }
 
 /// The request to `path_and_query` at `endpoint`, with `headers` and `host`, unsigned.
@@ -444,7 +505,7 @@ fn request(
     Ok(request)
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
