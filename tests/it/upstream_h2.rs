@@ -106,3 +106,126 @@ async fn more_streams_than_one_connection_allows_all_open_at_once() {
     .await;
     stack.assert_ledger_zero().await;
 }
+
+/// The proxy's upstream HTTP/2 connections and streams to the simulator, from `/metrics`.
+async fn upstream_gauges(stack: &Stack) -> (f64, f64) {
+    let host = format!("http://{}", stack.sim.addr);
+    let m = scrape(stack.proxy.addr).await;
+    (
+        m.get("tokengate_upstream_connections", &[("host", &host)]),
+        m.get("tokengate_upstream_streams", &[("host", &host)]),
+    )
+}
+
+/// Ends every call: cancels `hang_up` and waits for the tasks.
+async fn hang_up_all(hang_up: &CancellationToken, mut calls: JoinSet<()>) {
+    hang_up.cancel();
+    while let Some(call) = calls.join_next().await {
+        call.expect("call task");
+    }
+}
+
+/// With `h2_streams_per_connection = 3` (the server allowing 100), a burst of 10 streams opens
+/// exactly four connections (another only when all are full), and every stream's count comes
+/// back when its caller hangs up.
+#[tokio::test]
+async fn streams_spread_over_connections_at_the_configured_limit() {
+    const STREAMS: usize = 10;
+    let stack = Stack::start(
+        &stalling_sim(100),
+        &sonnet_pool(100_000_000, 64),
+        "http = \"http2\"\nh2_streams_per_connection = 3\n",
+    )
+    .await;
+    let hang_up = CancellationToken::new();
+    let (opened, calls) = open_streams(&stack, STREAMS, &hang_up);
+    eventually(Duration::from_secs(20), "every stream's head", || {
+        opened.load(Ordering::SeqCst) == STREAMS
+    })
+    .await;
+    assert_eq!(upstream_gauges(&stack).await, (4.0, STREAMS as f64));
+    hang_up_all(&hang_up, calls).await;
+    eventually(
+        Duration::from_secs(10),
+        "the upstream streams to end",
+        || sim_in_flight(&stack) == 0,
+    )
+    .await;
+    stack.assert_ledger_zero().await;
+    assert_eq!(
+        upstream_gauges(&stack).await,
+        (4.0, 0.0),
+        "idle, still open"
+    );
+}
+
+/// The simulator stops with streams open on its connection: each stream ends (the SDK sees an
+/// error, the reservation settles), the dead connection leaves the set, and once a simulator
+/// listens there again the next call opens a new connection.
+#[tokio::test]
+async fn a_dead_connection_is_replaced_and_its_streams_settle() {
+    let sim_toml = stalling_sim(100);
+    let stack = Stack::start(
+        &sim_toml,
+        &sonnet_pool(100_000_000, 64),
+        "http = \"http2\"\n",
+    )
+    .await;
+    let (opened, mut calls) = (Arc::new(AtomicUsize::new(0)), JoinSet::new());
+    for i in 0..3 {
+        let (client, opened) = (stack.client(), opened.clone());
+        calls.spawn(async move {
+            let mut stream = client
+                .converse_stream()
+                .model_id(SONNET_US)
+                .messages(user_message(&format!("[sim:fault=stall] call {i}")))
+                .inference_config(max_tokens(100))
+                .send()
+                .await
+                .expect("the stream opens");
+            opened.fetch_add(1, Ordering::SeqCst);
+            // Events until the stream breaks: it must not end cleanly.
+            loop {
+                match stream.stream.recv().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => panic!("the stream ended cleanly"),
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+    eventually(Duration::from_secs(20), "three streams", || {
+        opened.load(Ordering::SeqCst) == 3
+    })
+    .await;
+    assert_eq!(upstream_gauges(&stack).await, (1.0, 3.0));
+    let Stack { sim, proxy } = stack;
+    let addr = sim.addr;
+    sim.shutdown().await;
+    while let Some(call) = calls.join_next().await {
+        call.expect("the stream broke");
+    }
+    assert_ledger_zero(&proxy).await;
+    // The same address again (the proxy's upstream URL).
+    let config: tokengate::simulator::SimulatorConfig = toml::from_str(&sim_toml).expect("toml");
+    let sim = tokengate::simulator::spawn(config, addr)
+        .await
+        .expect("the simulator listens on its address again");
+    let stack = Stack { sim, proxy };
+    let answer = stack
+        .client()
+        .converse()
+        .model_id(SONNET_US)
+        .messages(user_message("after the restart"))
+        .inference_config(max_tokens(100))
+        .send()
+        .await
+        .expect("a call over a new connection");
+    assert!(answer.usage().is_some());
+    assert_eq!(
+        upstream_gauges(&stack).await,
+        (1.0, 0.0),
+        "the dead one dropped"
+    );
+    stack.assert_ledger_zero().await;
+}
