@@ -15,6 +15,8 @@
 //! A stream is counted by a [`StreamGuard`] from the moment it is chosen until its response body
 //! ends, fails or is dropped ([`PooledBody`]), or its request fails.
 //!
+//! [`StreamGuard`]: super::body::StreamGuard
+//!
 //! # Failure semantics
 //! - **Connect**: the connector's TCP connect timeout, and the whole connect, TLS, handshake and
 //!   first SETTINGS within `connect_timeout`; a failure fails the call that opened it (its
@@ -43,7 +45,7 @@ use std::{
 
 use bytes::Bytes;
 use http::{Request, Response, Uri};
-use http_body::{Body, Frame, SizeHint};
+use http_body::Body;
 use hyper::{
     body::Incoming,
     client::conn::http2::{self, SendRequest},
@@ -55,7 +57,10 @@ use hyper_util::{
 use tokio::{sync::watch, time::Instant};
 use tower::ServiceExt;
 
-use super::Connector;
+use super::{
+    Connector,
+    body::{PooledBody, StreamCount, StreamGuard},
+};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -166,74 +171,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Counts one stream on a connection until dropped.
-pub struct StreamGuard {
-    conn: Arc<dyn StreamCount>,
-}
-
-trait StreamCount: Send + Sync {
-    fn release(&self);
-}
-
 impl<B: Send + 'static> StreamCount for Conn<B> {
     fn release(&self) {
         if self.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             *lock(&self.idle_since) = Instant::now();
         }
-    }
-}
-
-impl Drop for StreamGuard {
-    fn drop(&mut self) {
-        self.conn.release();
-    }
-}
-
-impl std::fmt::Debug for StreamGuard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("StreamGuard")
-    }
-}
-
-/// A response body from upstream, holding its stream's count (if it came over the set) until
-/// it ends, fails or is dropped.
-#[derive(Debug)]
-pub struct PooledBody {
-    inner: Incoming,
-    stream: Option<StreamGuard>,
-}
-
-impl PooledBody {
-    /// A body that came over hyper's own client: nothing to count.
-    pub fn plain(inner: Incoming) -> PooledBody {
-        PooledBody {
-            inner,
-            stream: None,
-        }
-    }
-}
-
-impl Body for PooledBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
-            self.stream = None;
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -360,7 +302,7 @@ where
         conn.in_flight.fetch_add(1, Ordering::AcqRel);
         lock(&host.connections).push(conn.clone());
         self.start_sweeping();
-        let guard = StreamGuard { conn: conn.clone() };
+        let guard = StreamGuard::new(conn.clone());
         Ok(Some((conn, guard)))
     }
 
@@ -376,7 +318,7 @@ where
             .min_by_key(|c| c.in_flight())?
             .clone();
         conn.in_flight.fetch_add(1, Ordering::AcqRel);
-        let guard = StreamGuard { conn: conn.clone() };
+        let guard = StreamGuard::new(conn.clone());
         Some((conn, guard))
     }
 
@@ -452,10 +394,7 @@ async fn sweep<B>(inner: Weak<Inner<B>>, every: Duration) {
 }
 
 fn answered<B>(response: Response<Incoming>, guard: StreamGuard) -> Sent<B> {
-    Sent::Answered(response.map(|inner| PooledBody {
-        inner,
-        stream: Some(guard),
-    }))
+    Sent::Answered(response.map(|inner| PooledBody::counted(inner, guard)))
 }
 
 /// Whether the server said it did not process the stream (RFC 9113 8.7): `REFUSED_STREAM`, or

@@ -1,3 +1,4 @@
+//! (Over 500 lines with its tests: the client, its endpoints and request building are one piece.)
 //! The transport to `bedrock-runtime`: header hygiene ([`headers`]), SigV4 re-signing
 //! ([`signer`]) and the pooled client. It knows nothing of quotas: the pipeline meters what comes
 //! back ([`crate::proxy::meter`]).
@@ -25,7 +26,11 @@
 //! signed on its way ([`signer::EventSigner`]), while the response streams back. Errors never
 //! show the upstream URL's userinfo (config refuses it; [`redact_userinfo`] guards the messages anyway).
 
+pub mod body;
+mod connect;
 pub mod h2_connections;
+#[cfg(test)]
+mod h2_connections_tests;
 pub mod headers;
 pub mod sagemaker;
 pub mod sign;
@@ -47,9 +52,11 @@ use hyper_util::{
 };
 use tokio_util::sync::CancellationToken;
 
-pub use h2_connections::{HostView, PooledBody};
+pub use body::PooledBody;
+pub use h2_connections::HostView;
 pub use signer::{EventSigner, SAGEMAKER_SIGNING_NAME, Signer};
 
+use connect::{Alpn, POOL_IDLE_TIMEOUT, connector, legacy_client, replay};
 use h2_connections::{ConnectionSet, Sent};
 
 /// The request body of a duplex call: frames as they come.
@@ -418,59 +425,6 @@ impl Upstream {
             () = self.deadline.cancelled() => Err(UpstreamError::ShuttingDown),
         }
     }
-}
-
-/// How long an upstream connection with nothing in flight stays open.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The protocols a connector offers over TLS (ALPN), and speaks over plain http.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Alpn {
-    /// `h2` then `http/1.1` over TLS; HTTP/1.1 over plain http.
-    Both,
-    H1,
-    /// `h2` only; prior knowledge over plain http.
-    H2,
-}
-
-/// The TCP (and TLS) connector: `connect_timeout`, no Nagle, TCP keep-alive, webpki roots.
-fn connector(
-    alpn: Alpn,
-    connect_timeout: Duration,
-    shown: &str,
-) -> Result<Connector, UpstreamError> {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_keepalive(Some(Duration::from_secs(60)));
-    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_webpki_roots(provider)
-        .map_err(|e| UpstreamError::Connect(shown.to_string(), e.to_string()))?
-        .https_or_http();
-    Ok(match alpn {
-        Alpn::Both => https.enable_http1().enable_http2().wrap_connector(http),
-        Alpn::H1 => https.enable_http1().wrap_connector(http),
-        Alpn::H2 => https.enable_http2().wrap_connector(http),
-    })
-}
-
-/// hyper's pooled client over `connector`.
-fn legacy_client(connector: Connector) -> Client<Connector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_max_idle_per_host(1024)
-        .build(connector)
-}
-
-/// A copy of `request` to send again if upstream did not process it.
-fn replay(request: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
-    let mut copy = Request::new(request.body().clone());
-    *copy.method_mut() = request.method().clone();
-    *copy.uri_mut() = request.uri().clone();
-    *copy.headers_mut() = request.headers().clone();
-    copy
 }
 
 /// The request to `path_and_query` at `endpoint`, with `headers` and `host`, unsigned.
