@@ -1,4 +1,4 @@
-//! (Over 500 lines with its tests: the client, its endpoints and request building are one piece.)
+// Over 500 lines with its tests: the client, its endpoints and request building are one piece.
 //! The transport to `bedrock-runtime`: header hygiene ([`headers`]), SigV4 re-signing
 //! ([`signer`]) and the pooled client. It knows nothing of quotas: the pipeline meters what comes
 //! back ([`crate::proxy::meter`]).
