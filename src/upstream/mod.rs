@@ -1,6 +1,6 @@
 // Over 500 lines with its tests: the client, its endpoints and request building are one piece.
 //! The transport to `bedrock-runtime`: header hygiene ([`headers`]), SigV4 re-signing
-//! ([`signer`]) and the pooled client. It knows nothing of quotas: the pipeline meters what comes
+//! ([`signer`]) and the connections. It knows nothing of quotas: the pipeline meters what comes
 //! back ([`crate::proxy::meter`]).
 //!
 //! Each request is authorized with the proxy's own credential ([`Upstream::authorize`]): SigV4
@@ -16,12 +16,23 @@
 //!
 //! Every request is sent for a Region (its pool's, [`crate::config::PoolConfig::region`]): signed
 //! for it (the SigV4 credential scope) and, with the AWS endpoint, sent to that Region's
-//! `https://bedrock-runtime.{region}.amazonaws.com` over the one pooled client (connections are
-//! pooled per host). With an explicit endpoint URL (a VPC endpoint, the simulator) every Region
-//! goes to that URL, and the signature's scope says which Region is meant.
+//! `https://bedrock-runtime.{region}.amazonaws.com`. With an explicit endpoint URL (a VPC
+//! endpoint, the simulator) every Region goes to that URL, and the signature's scope says which
+//! Region is meant.
+//!
+//! # Connections (`upstream.http`)
+//! HTTP/2 goes over [`h2_connections`]: several connections per host, each carrying at most
+//! `upstream.h2_streams_per_connection` streams (fewer if the server says so), another opened
+//! when all are full, so no call waits inside the client for a stream. `"auto"` (the default)
+//! uses it for https hosts whose TLS picks `h2` (AWS does) and hyper's pooled client for the
+//! rest (HTTP/1.1: plain http, or a server that picks `http/1.1`); `"http2"` uses it for every
+//! host (prior knowledge over plain http); `"http1"` never. A call that gets no response head
+//! within `response_timeout` (connecting included) or by the drain deadline fails with
+//! [`UpstreamError`]; a response body that ends early is the pipeline's to settle.
 //!
 //! InvokeModelWithBidirectionalStream goes over a client of its own that speaks only HTTP/2
-//! (ALPN `h2` over TLS, prior knowledge over plain HTTP), because both directions stream at once
+//! (ALPN `h2` over TLS, prior knowledge over plain HTTP; hyper's, one connection per host, not
+//! the set), because both directions stream at once
 //! ([`Upstream::open_duplex`]): its request body is handed over as a stream of frames, each
 //! signed on its way ([`signer::EventSigner`]), while the response streams back. Errors never
 //! show the upstream URL's userinfo (config refuses it; [`redact_userinfo`] guards the messages anyway).
@@ -64,7 +75,10 @@ pub type DuplexBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Connector = HttpsConnector<HttpConnector>;
 
-use crate::{bedrock::Operation, config::UpstreamHttp};
+use crate::{
+    bedrock::Operation,
+    config::{UpstreamHttp, upstream::DEFAULT_H2_STREAMS_PER_CONNECTION},
+};
 
 /// Why a request got no response from upstream.
 #[derive(Debug, thiserror::Error)]
@@ -172,6 +186,8 @@ impl Endpoint {
 impl Upstream {
     /// `base` is scheme and authority only (`https://bedrock-runtime.us-east-1.amazonaws.com`):
     /// every Region's requests go there ([`Upstream::with_aws_endpoints`] sends each to its own).
+    /// It speaks `upstream.http = "auto"` with the default streams per connection until
+    /// [`Upstream::with_http`] says otherwise (SageMaker's clients keep that).
     pub fn new(
         base: Uri,
         signer: Signer,
@@ -189,7 +205,7 @@ impl Upstream {
             .http2_keep_alive_interval(Duration::from_secs(30))
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .build(connector(Alpn::H2, connect_timeout, shown)?);
-        Ok(Upstream {
+        Upstream {
             client,
             h2: None,
             h2_plain_http: false,
@@ -201,7 +217,8 @@ impl Upstream {
             idle_timeout,
             connect_timeout,
             deadline: CancellationToken::new(),
-        })
+        }
+        .with_http(UpstreamHttp::Auto, DEFAULT_H2_STREAMS_PER_CONNECTION)
     }
 
     /// Speaks `http` upstream (`upstream.http`), with at most `h2_streams_per_connection`

@@ -138,6 +138,7 @@ async fn streams_spread_over_connections_at_the_configured_limit() {
     )
     .await;
     let hang_up = CancellationToken::new();
+    // All at once: the connections are opened while the calls wait, one at a time.
     let (opened, calls) = open_streams(&stack, STREAMS, &hang_up);
     eventually(Duration::from_secs(20), "every stream's head", || {
         opened.load(Ordering::SeqCst) == STREAMS
@@ -206,6 +207,17 @@ async fn a_dead_connection_is_replaced_and_its_streams_settle() {
         call.expect("the stream broke");
     }
     assert_ledger_zero(&proxy).await;
+    assert_eq!(
+        settlements(&proxy, "sonnet4-us", "no_usage"),
+        3,
+        "cut streams"
+    );
+    let cut = metric(
+        &proxy,
+        "tokengate_upstream_errors_total",
+        &[("pool", "sonnet4-us"), ("kind", "stream_cut")],
+    );
+    assert_eq!(cut, 3.0);
     // The same address again (the proxy's upstream URL).
     let config: tokengate::simulator::SimulatorConfig = toml::from_str(&sim_toml).expect("toml");
     let sim = tokengate::simulator::spawn(config, addr)
@@ -227,5 +239,24 @@ async fn a_dead_connection_is_replaced_and_its_streams_settle() {
         (1.0, 0.0),
         "the dead one dropped"
     );
+    stack.assert_ledger_zero().await;
+}
+
+/// `upstream.http = "auto"` (the default) keeps HTTP/1.1 to a plain-http endpoint: no HTTP/2
+/// connection is made, and none is reported.
+#[tokio::test]
+async fn auto_keeps_http1_over_plain_http() {
+    let stack = Stack::start(&stalling_sim(100), &sonnet_pool(100_000_000, 64), "").await;
+    stack
+        .client()
+        .converse()
+        .model_id(SONNET_US)
+        .messages(user_message("over HTTP/1.1"))
+        .inference_config(max_tokens(100))
+        .send()
+        .await
+        .expect("answered");
+    let metrics = scrape(stack.proxy.addr).await;
+    assert!(!metrics.0.contains_key("tokengate_upstream_connections"));
     stack.assert_ledger_zero().await;
 }
