@@ -289,7 +289,9 @@ where
             return Ok(Some(chosen));
         }
         let timeout = self.inner.settings.connect_timeout;
-        let opened = tokio::time::timeout(timeout, self.open(uri)).await;
+        // Boxed: a rare path whose future (connector, TLS, handshake) would otherwise make every
+        // call's future several KiB larger.
+        let opened = tokio::time::timeout(timeout, Box::pin(self.open(uri))).await;
         let conn = match opened {
             Err(_) => return Err(H2Error::ConnectTimeout(timeout)),
             Ok(Err(e)) => return Err(e),

@@ -31,20 +31,24 @@ fn sim_in_flight(stack: &Stack) -> u64 {
     stats.buckets.values().map(|b| b.in_flight).sum()
 }
 
-/// `n` ConverseStream calls through the proxy with the Rust SDK, each holding its stream open
-/// (once its head arrived, counted in the returned counter) until `hang_up` is cancelled, when
-/// it drops the stream: the caller hangs up.
-fn open_streams(
-    stack: &Stack,
-    n: usize,
-    hang_up: &CancellationToken,
-) -> (Arc<AtomicUsize>, JoinSet<()>) {
+/// What a call does once its stream is open.
+#[derive(Clone)]
+enum Then {
+    /// Holds the stream until the token is cancelled, then drops it: the caller hangs up.
+    HangUpAt(CancellationToken),
+    /// Reads events until the stream breaks; a clean end fails the test.
+    ReadUntilBroken,
+}
+
+/// `n` ConverseStream calls through the proxy with the Rust SDK, each counted in the returned
+/// counter once its head arrived, then doing `then`.
+fn open_streams(stack: &Stack, n: usize, then: &Then) -> (Arc<AtomicUsize>, JoinSet<()>) {
     let opened = Arc::new(AtomicUsize::new(0));
     let mut calls = JoinSet::new();
     for i in 0..n {
-        let (client, opened, hang_up) = (stack.client(), opened.clone(), hang_up.clone());
+        let (client, opened, then) = (stack.client(), opened.clone(), then.clone());
         calls.spawn(async move {
-            let stream = client
+            let mut output = client
                 .converse_stream()
                 .model_id(SONNET_US)
                 .messages(user_message(&format!("[sim:fault=stall] call {i}")))
@@ -53,8 +57,19 @@ fn open_streams(
                 .await
                 .expect("the stream opens");
             opened.fetch_add(1, Ordering::SeqCst);
-            hang_up.cancelled().await;
-            drop(stream);
+            match then {
+                Then::HangUpAt(hang_up) => {
+                    hang_up.cancelled().await;
+                    drop(output);
+                }
+                Then::ReadUntilBroken => loop {
+                    match output.stream.recv().await {
+                        Ok(Some(_)) => continue,
+                        Ok(None) => panic!("the stream ended cleanly"),
+                        Err(_) => return,
+                    }
+                },
+            }
         });
     }
     (opened, calls)
@@ -75,12 +90,12 @@ async fn more_streams_than_one_connection_allows_all_open_at_once() {
     .await;
     let hang_up = CancellationToken::new();
     // One first, so that the connection is up and its SETTINGS known; then the rest at once.
-    let (first, mut first_call) = open_streams(&stack, 1, &hang_up);
+    let (first, mut first_call) = open_streams(&stack, 1, &Then::HangUpAt(hang_up.clone()));
     eventually(Duration::from_secs(20), "the first stream", || {
         first.load(Ordering::SeqCst) == 1
     })
     .await;
-    let (opened, mut calls) = open_streams(&stack, STREAMS - 1, &hang_up);
+    let (opened, mut calls) = open_streams(&stack, STREAMS - 1, &Then::HangUpAt(hang_up.clone()));
     eventually(
         Duration::from_secs(20),
         "every stream's head through the proxy",
@@ -139,7 +154,7 @@ async fn streams_spread_over_connections_at_the_configured_limit() {
     .await;
     let hang_up = CancellationToken::new();
     // All at once: the connections are opened while the calls wait, one at a time.
-    let (opened, calls) = open_streams(&stack, STREAMS, &hang_up);
+    let (opened, calls) = open_streams(&stack, STREAMS, &Then::HangUpAt(hang_up.clone()));
     eventually(Duration::from_secs(20), "every stream's head", || {
         opened.load(Ordering::SeqCst) == STREAMS
     })
@@ -172,29 +187,7 @@ async fn a_dead_connection_is_replaced_and_its_streams_settle() {
         "http = \"http2\"\n",
     )
     .await;
-    let (opened, mut calls) = (Arc::new(AtomicUsize::new(0)), JoinSet::new());
-    for i in 0..3 {
-        let (client, opened) = (stack.client(), opened.clone());
-        calls.spawn(async move {
-            let mut stream = client
-                .converse_stream()
-                .model_id(SONNET_US)
-                .messages(user_message(&format!("[sim:fault=stall] call {i}")))
-                .inference_config(max_tokens(100))
-                .send()
-                .await
-                .expect("the stream opens");
-            opened.fetch_add(1, Ordering::SeqCst);
-            // Events until the stream breaks: it must not end cleanly.
-            loop {
-                match stream.stream.recv().await {
-                    Ok(Some(_)) => continue,
-                    Ok(None) => panic!("the stream ended cleanly"),
-                    Err(_) => return,
-                }
-            }
-        });
-    }
+    let (opened, mut calls) = open_streams(&stack, 3, &Then::ReadUntilBroken);
     eventually(Duration::from_secs(20), "three streams", || {
         opened.load(Ordering::SeqCst) == 3
     })
