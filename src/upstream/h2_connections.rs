@@ -19,11 +19,14 @@
 //!
 //! # Failure semantics
 //! - **Connect**: the connector's TCP connect timeout, and the whole connect, TLS, handshake and
-//!   first SETTINGS within `connect_timeout`; a failure fails the call that opened it (its
-//!   caller answers 503), and the next call tries again.
-//! - **A connection that closes** (the server's GOAWAY, a reset, a failed keep-alive ping, 30 s
-//!   apart and 20 s to answer) is dropped from the set at the next choice; its streams in flight
-//!   fail with it (a stream's body ends in an error, which the metered body settles).
+//!   first SETTINGS within `connect_timeout`; a failure fails the call that opened it and the
+//!   calls that were waiting for that attempt (their callers answer 503), and the next call
+//!   tries again.
+//! - **A connection that closes** (a reset, a failed keep-alive ping, 30 s apart and 20 s to
+//!   answer) is dropped from the set at the next choice; its streams in flight fail with it (a
+//!   stream's body ends in an error, which the metered body settles). One whose server sent
+//!   GOAWAY takes no new stream from the first call that learns it; its streams below the
+//!   GOAWAY's last one go on.
 //! - **Retries**: a request the server did not process (RFC 9113 8.7: `REFUSED_STREAM`, or a
 //!   graceful GOAWAY naming a last stream below it), or that never left because its connection
 //!   had closed, goes once more on another connection; any other failure is the caller's.
@@ -65,7 +68,7 @@ use super::{
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why the set could not carry a request.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum H2Error {
     #[error("{0}")]
     Connect(String),
@@ -119,6 +122,9 @@ struct Host<B> {
     opening: tokio::sync::Mutex<()>,
     /// ALPN picked HTTP/1.1 on this host.
     http1: AtomicBool,
+    /// The last failure to open a connection, and when: the calls that waited for that attempt
+    /// fail with it rather than each trying (and timing out) in turn.
+    failed: Mutex<Option<(Instant, H2Error)>>,
 }
 
 /// One HTTP/2 connection.
@@ -131,6 +137,9 @@ struct Conn<B> {
     server_limit: watch::Receiver<usize>,
     /// When `in_flight` last fell to zero.
     idle_since: Mutex<Instant>,
+    /// The server sent GOAWAY: no new stream goes here (hyper reports the connection closed only
+    /// once its last stream ends).
+    going_away: AtomicBool,
 }
 
 impl<B> std::fmt::Debug for ConnectionSet<B> {
@@ -242,6 +251,9 @@ where
         // Sent again only if it never left (its connection had closed) or was not processed.
         let unsent = failed.take_message();
         let error = failed.into_error();
+        if h2_error(&error).is_some_and(::h2::Error::is_go_away) {
+            conn.going_away.store(true, Ordering::Release);
+        }
         let request = match (unsent, replay) {
             (Some(unsent), _) => unsent,
             (None, Some(copy)) if unprocessed(&error) => copy,
@@ -268,6 +280,7 @@ where
             connections: Mutex::new(Vec::new()),
             opening: tokio::sync::Mutex::new(()),
             http1: AtomicBool::new(false),
+            failed: Mutex::new(None),
         });
         hosts.insert(key, host.clone());
         host
@@ -283,18 +296,28 @@ where
         if let Some(chosen) = self.choose(host) {
             return Ok(Some(chosen));
         }
+        let waited_from = Instant::now();
         let _opening = host.opening.lock().await;
-        // Another call may have opened one while this one waited.
+        // Another call may have opened one while this one waited, or failed to.
         if let Some(chosen) = self.choose(host) {
             return Ok(Some(chosen));
+        }
+        if let Some((at, e)) = lock(&host.failed).as_ref()
+            && *at >= waited_from
+        {
+            return Err(e.clone());
         }
         let timeout = self.inner.settings.connect_timeout;
         // Boxed: a rare path whose future (connector, TLS, handshake) would otherwise make every
         // call's future several KiB larger.
         let opened = tokio::time::timeout(timeout, Box::pin(self.open(uri))).await;
+        let failed = |e: H2Error| {
+            *lock(&host.failed) = Some((Instant::now(), e.clone()));
+            Err(e)
+        };
         let conn = match opened {
-            Err(_) => return Err(H2Error::ConnectTimeout(timeout)),
-            Ok(Err(e)) => return Err(e),
+            Err(_) => return failed(H2Error::ConnectTimeout(timeout)),
+            Ok(Err(e)) => return failed(e),
             Ok(Ok(None)) => {
                 host.http1.store(true, Ordering::Release);
                 return Ok(None);
@@ -313,7 +336,7 @@ where
     fn choose(&self, host: &Host<B>) -> Option<(Arc<Conn<B>>, StreamGuard)> {
         let configured = self.inner.settings.streams_per_connection;
         let mut conns = lock(&host.connections);
-        conns.retain(|c| !c.send.is_closed());
+        conns.retain(|c| !c.send.is_closed() && !c.going_away.load(Ordering::Acquire));
         let conn = conns
             .iter()
             .filter(|c| c.in_flight() < c.limit(configured))
@@ -364,6 +387,7 @@ where
             in_flight: AtomicUsize::new(0),
             server_limit,
             idle_since: Mutex::new(Instant::now()),
+            going_away: AtomicBool::new(false),
         })))
     }
 
@@ -402,17 +426,24 @@ fn answered<B>(response: Response<Incoming>, guard: StreamGuard) -> Sent<B> {
 /// Whether the server said it did not process the stream (RFC 9113 8.7): `REFUSED_STREAM`, or
 /// a graceful GOAWAY whose last stream is below it.
 fn unprocessed(e: &hyper::Error) -> bool {
+    h2_error(e).is_some_and(|h2| {
+        let refused = h2.reason() == Some(::h2::Reason::REFUSED_STREAM);
+        let graceful =
+            h2.is_go_away() && h2.is_remote() && h2.reason() == Some(::h2::Reason::NO_ERROR);
+        refused || graceful
+    })
+}
+
+/// The HTTP/2 error under hyper's, if there is one.
+fn h2_error(e: &hyper::Error) -> Option<&::h2::Error> {
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
         if let Some(h2) = s.downcast_ref::<::h2::Error>() {
-            let refused = h2.reason() == Some(::h2::Reason::REFUSED_STREAM);
-            let graceful =
-                h2.is_go_away() && h2.is_remote() && h2.reason() == Some(::h2::Reason::NO_ERROR);
-            return refused || graceful;
+            return Some(h2);
         }
         source = s.source();
     }
-    false
+    None
 }
 
 /// `scheme://authority` of `uri`: the key of its host.

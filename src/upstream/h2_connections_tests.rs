@@ -20,13 +20,16 @@ use super::{
 };
 
 fn set(idle_timeout: Duration) -> ConnectionSet<Full<Bytes>> {
-    let timeout = Duration::from_secs(5);
-    let connector = connector(Alpn::H2, timeout, "test").expect("connector");
+    set_with(idle_timeout, Duration::from_secs(5))
+}
+
+fn set_with(idle_timeout: Duration, connect_timeout: Duration) -> ConnectionSet<Full<Bytes>> {
+    let connector = connector(Alpn::H2, connect_timeout, "test").expect("connector");
     ConnectionSet::new(
         connector,
         Settings {
             streams_per_connection: 100,
-            connect_timeout: timeout,
+            connect_timeout,
             idle_timeout,
         },
     )
@@ -139,4 +142,31 @@ async fn a_refused_stream_without_a_copy_or_a_processed_one_is_not_sent_again() 
         "{:?}",
         set.views()
     );
+}
+
+/// A server that accepts TCP and never speaks HTTP/2: five calls at once wait for one attempt to
+/// open a connection, which times out (no SETTINGS), and all five fail with it; the server saw
+/// one connection, not five tried in turn.
+#[tokio::test]
+async fn calls_waiting_for_a_connection_that_fails_fail_with_it() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            held.push(socket);
+        }
+    });
+    let set = set_with(Duration::from_secs(60), Duration::from_millis(300));
+    let calls = (0..5).map(|_| set.send(get(addr, "/"), None));
+    for result in futures_util::future::join_all(calls).await {
+        let e = result.expect_err("no HTTP/2 there");
+        assert!(e.to_string().contains("connect timeout"), "{e}");
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
 }
