@@ -96,6 +96,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         admission.ledger().as_ref(),
         &state.ledger_publications,
     );
+    crate::observe::publish::upstream(&state.metrics, &state.upstream.h2_views());
     // Refresh the gauges so a scrape sees the pools as they are now.
     let views = admission.pool_views().await;
     policy.observer.publish_pools(admission, &views);

@@ -528,6 +528,7 @@ async fn connect_upstream(
         up.response_timeout,
         up.idle_timeout,
     )
+    .and_then(|u| u.with_http(up.http, up.h2_streams_per_connection))
     .map_err(|e| StartError::Upstream(e.to_string()))?;
     if up.endpoint == Endpoint::Aws {
         // Each pool's Region has its own endpoint.

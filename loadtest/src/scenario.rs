@@ -54,6 +54,10 @@ pub struct Scenario {
     /// `redis-cluster` (a three-master Redis Cluster), started by loadgen.
     #[serde(default)]
     pub ledger: LedgerKind,
+    /// The proxy's `upstream.http` (`auto`, `http1`, `http2`: HTTP/2 by prior knowledge to the
+    /// simulator). Absent: the proxy's default, `auto`, which speaks HTTP/1.1 to the plain-http
+    /// simulator.
+    pub upstream_http: Option<String>,
     /// Present only in the overhead scenario, which runs its own steps instead of `groups`.
     pub overhead: Option<Overhead>,
     /// Present only in a soak: the proxy side alone, faults injected, checked at the end.
@@ -420,12 +424,13 @@ impl Scenario {
         home + &self.pool_entry("spill", &format!("global.{base}"), "")
     }
 
-    /// The proxy's configuration file, in front of `upstream`. A soak sets the idle timeout and
+    /// The proxy's configuration file, in front of `upstream` (over `upstream_http` if set). A
+    /// soak sets the idle timeout and
     /// logs tokengate's own info lines (the last one reports the ledger at shutdown), not the
     /// access log.
     /// With `redis_url`, the ledger is that Redis (or Redis Cluster), shared by the replicas.
     pub fn proxy_config(&self, upstream: std::net::SocketAddr, redis_url: Option<&str>) -> String {
-        let (idle, level) = match &self.soak {
+        let (mut upstream_keys, level) = match &self.soak {
             Some(soak) => (
                 soak.idle_timeout_secs
                     .map_or(String::new(), |s| format!("idle_timeout_secs = {s}\n")),
@@ -433,12 +438,15 @@ impl Scenario {
             ),
             None => (String::new(), "warn"),
         };
+        if let Some(http) = &self.upstream_http {
+            upstream_keys.push_str(&format!("http = \"{http}\"\n"));
+        }
         let ledger = redis_url.map_or("backend = \"memory\"".to_string(), |url| {
             format!("backend = \"redis\"\nurl = \"{url}\"")
         });
         format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
-             endpoint = \"http://{upstream}\"\n{idle}\n[ledger]\n{ledger}\n\n\
+             endpoint = \"http://{upstream}\"\n{upstream_keys}\n[ledger]\n{ledger}\n\n\
              [log]\nlevel = \"{level}\"\n{}{}",
             self.pools(),
             self.routes_config()

@@ -41,7 +41,7 @@ pub use routes::{MaxTokensPolicy, RouteBudgets, RouteConfig, ShareConfig};
 pub use server::{ServerConfig, TlsFiles};
 pub use simulator::SimulatorConfig;
 pub use telemetry::{EmfConfig, EmfTarget, MetricsConfig, OtlpProtocol, TracingConfig};
-pub use upstream::{Endpoint, UpstreamApiKey, UpstreamConfig};
+pub use upstream::{Endpoint, UpstreamApiKey, UpstreamConfig, UpstreamHttp};
 
 /// A configuration error: the key at fault and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -64,6 +64,10 @@ pub struct SimulatorConfig {
     pub verify_sigv4: Option<SigV4Key>,
     /// SageMaker endpoints, `[[simulator.endpoints]]` (`simulator::sagemaker`).
     pub endpoints: Vec<EndpointSimConfig>,
+    /// Concurrent streams per HTTP/2 connection the simulator's listener allows (its
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`; more are refused with `REFUSED_STREAM`). Bedrock's own
+    /// figure is not documented; AWS front ends commonly advertise 128. Default 100.
+    pub h2_max_concurrent_streams: u32,
 }
 
 impl Default for SimulatorConfig {
@@ -92,6 +96,7 @@ impl Default for SimulatorConfig {
             max_output_tokens: None,
             verify_sigv4: None,
             endpoints: Vec::new(),
+            h2_max_concurrent_streams: 100,
         }
     }
 }

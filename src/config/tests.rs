@@ -30,6 +30,8 @@ fn the_documented_minimal_config_parses() {
     let config = Config::parse(MINIMAL).unwrap();
     assert_eq!(config.process.server.listen.port(), 8080);
     assert_eq!(config.process.upstream.endpoint, Endpoint::Simulated);
+    assert_eq!(config.process.upstream.http, UpstreamHttp::Auto);
+    assert_eq!(config.process.upstream.h2_streams_per_connection, 100);
     assert_eq!(config.process.ledger, LedgerConfig::Memory);
     let pool = &config.policy.pools[0];
     assert_eq!(pool.name, "sonnet4-us");
@@ -193,6 +195,33 @@ fn each_invalid_setting_names_its_key() {
         (
             Box::new(|c| c.replace("region = \"us-east-1\"", "region = \"US East\"")),
             "upstream.region:",
+        ),
+        (
+            Box::new(|c| {
+                c.replace(
+                    "endpoint = \"simulated\"",
+                    "endpoint = \"simulated\"\nhttp = \"h2\"",
+                )
+            }),
+            "upstream.http: \"h2\": write \"auto\"",
+        ),
+        (
+            Box::new(|c| {
+                c.replace(
+                    "endpoint = \"simulated\"",
+                    "endpoint = \"simulated\"\nh2_streams_per_connection = 0",
+                )
+            }),
+            "upstream.h2_streams_per_connection: must be greater than zero",
+        ),
+        (
+            Box::new(|c| {
+                c.replace(
+                    "endpoint = \"simulated\"",
+                    "endpoint = \"simulated\"\nh2_streams_per_connection = 2147483648",
+                )
+            }),
+            "upstream.h2_streams_per_connection: must be at most 2147483647",
         ),
         (
             Box::new(|c| c.replace("[ledger]", "[ledger]\ncolour = \"blue\"")),

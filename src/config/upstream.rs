@@ -25,7 +25,26 @@ pub struct RawUpstream {
     pub idle_timeout_secs: Option<u64>,
     /// The name of an environment variable holding a Bedrock API key for upstream requests.
     pub api_key_env: Option<String>,
+    /// `"auto"`, `"http1"` or `"http2"`.
+    pub http: Option<String>,
+    pub h2_streams_per_connection: Option<u64>,
 }
+
+/// Which HTTP version goes upstream (`upstream.http`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamHttp {
+    /// Over TLS, ALPN with `h2` preferred (HTTP/1.1 if the server picks it); over plain http,
+    /// HTTP/1.1.
+    #[default]
+    Auto,
+    /// HTTP/1.1 only.
+    Http1,
+    /// HTTP/2 only: ALPN `h2` over TLS, prior knowledge (h2c) over plain http.
+    Http2,
+}
+
+/// RFC 9113 (6.5.2) recommends that servers allow at least 100 concurrent streams.
+pub const DEFAULT_H2_STREAMS_PER_CONNECTION: u32 = 100;
 
 /// Where requests go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +69,11 @@ pub struct UpstreamConfig {
     /// A Bedrock API key (`upstream.api_key_env`), sent as `Authorization: Bearer` by every
     /// operation that accepts one; `None`: SigV4 everywhere.
     pub api_key: Option<UpstreamApiKey>,
+    /// The HTTP version upstream (`upstream.http`).
+    pub http: UpstreamHttp,
+    /// Streams one upstream HTTP/2 connection carries at most before another is opened
+    /// (`upstream.h2_streams_per_connection`; fewer if the server allows fewer).
+    pub h2_streams_per_connection: u32,
 }
 
 /// The upstream Bedrock API key and the variable it came from (for messages; the key itself is
@@ -64,6 +88,8 @@ pub(super) fn validate(raw: RawUpstream, env: &Env) -> Result<UpstreamConfig, Co
     let region = region("upstream.region", raw.region)?;
     let endpoint = parse_endpoint("upstream.endpoint", raw.endpoint.as_deref())?;
     Ok(UpstreamConfig {
+        http: http_version(raw.http.as_deref())?,
+        h2_streams_per_connection: h2_streams_per_connection(raw.h2_streams_per_connection)?,
         api_key: api_key(raw.api_key_env.as_deref(), env)?,
         region,
         endpoint,
@@ -80,6 +106,35 @@ pub(super) fn validate(raw: RawUpstream, env: &Env) -> Result<UpstreamConfig, Co
             raw.idle_timeout_secs.unwrap_or(300),
         )?),
     })
+}
+
+/// `upstream.http`: absent is `"auto"`.
+fn http_version(value: Option<&str>) -> Result<UpstreamHttp, ConfigError> {
+    match value {
+        None | Some("auto") => Ok(UpstreamHttp::Auto),
+        Some("http1") => Ok(UpstreamHttp::Http1),
+        Some("http2") => Ok(UpstreamHttp::Http2),
+        Some(other) => Err(invalid(
+            "upstream.http",
+            format!(
+                "{other:?}: write \"auto\" (HTTP/2 where TLS negotiates it, else HTTP/1.1), \"http1\" \
+                 or \"http2\" (HTTP/2 only; prior knowledge over plain http)"
+            ),
+        )),
+    }
+}
+
+/// `upstream.h2_streams_per_connection`: positive, and a valid HTTP/2 stream count (31 bits).
+fn h2_streams_per_connection(value: Option<u64>) -> Result<u32, ConfigError> {
+    let key = "upstream.h2_streams_per_connection";
+    let value = positive(
+        key,
+        value.unwrap_or(DEFAULT_H2_STREAMS_PER_CONNECTION.into()),
+    )?;
+    u32::try_from(value)
+        .ok()
+        .filter(|v| *v <= i32::MAX as u32)
+        .ok_or_else(|| invalid(key, "must be at most 2147483647"))
 }
 
 /// `region` if it looks like a Region name.

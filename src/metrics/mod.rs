@@ -116,6 +116,11 @@ pub struct Metrics {
     pub connections_shed: IntCounterVec,
     /// Connections closed by a timeout, by listener and kind: `first_request`, `header`, `idle`.
     pub connection_timeouts: IntCounterVec,
+    // === The upstream HTTP/2 connections (see `upstream::h2_connections`) ===
+    /// Open upstream HTTP/2 connections, by host.
+    pub upstream_connections: IntGaugeVec,
+    /// Streams in flight on them, by host.
+    pub upstream_streams: IntGaugeVec,
     // === Endpoint pools (see `admission::endpoint`, `copies`) ===
     /// Copies serving an endpoint pool now.
     pub endpoint_copies: IntGaugeVec,
@@ -229,6 +234,8 @@ impl Metrics {
             open_connections: r.int_gauge("tokengate_open_connections", "Open client connections, by listener.", &["listener"])?,
             connections_shed: r.counter("tokengate_connections_shed_total", "Connections shed at server.max_connections: closed_idle (an idle one closed to make room), refused (none idle: the newcomer closed).", &["listener", "action"])?,
             connection_timeouts: r.counter("tokengate_connection_timeouts_total", "Connections closed by a timeout: first_request, header (an HTTP/1.1 head), idle.", &["listener", "kind"])?,
+            upstream_connections: r.int_gauge("tokengate_upstream_connections", "Open upstream HTTP/2 connections, by host (upstream.http \"http2\", or \"auto\" over TLS).", &["host"])?,
+            upstream_streams: r.int_gauge("tokengate_upstream_streams", "Streams in flight on the upstream HTTP/2 connections, by host.", &["host"])?,
             endpoint_copies: r.int_gauge("tokengate_endpoint_copies", "Copies serving an endpoint pool now (the concurrency limit is copies x max_concurrency_per_copy).", &["pool"])?,
             endpoint_demand_per_copy: r.gauge("tokengate_endpoint_demand_per_copy", "An endpoint pool's requests in flight plus queued, per copy serving: the signal to scale the endpoint on.", &["pool"])?,
             endpoint_copy_refreshes: r.counter("tokengate_endpoint_copy_refreshes_total", "Reads of an endpoint pool's copies from the SageMaker control plane, by result: ok, error.", &["pool", "result"])?,

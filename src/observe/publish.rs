@@ -7,6 +7,7 @@ use crate::{
     admission::{Admission, PoolView, budgets::BudgetView},
     ledger::{Ledger, LedgerMode},
     metrics::{Metrics, Publication},
+    upstream::HostView,
 };
 
 use super::Observer;
@@ -144,4 +145,19 @@ pub fn ledger(metrics: &Metrics, ledger: &dyn Ledger, published: &LedgerPublicat
     published
         .fallbacks
         .publish(&metrics.ledger_fallbacks, stats.fallbacks());
+}
+
+/// Copies the upstream HTTP/2 connections and their streams, per host.
+pub fn upstream(metrics: &Metrics, hosts: &[HostView]) {
+    for view in hosts {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        metrics
+            .upstream_connections
+            .with_label_values(&[&*view.host])
+            .set(count(view.connections));
+        metrics
+            .upstream_streams
+            .with_label_values(&[&*view.host])
+            .set(count(view.streams));
+    }
 }

@@ -36,11 +36,11 @@
 
 use std::sync::Arc;
 
+use crate::upstream::PooledBody;
 use axum::{body::Body, response::Response};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, request::Parts};
 use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 
 use super::{
     Call,
@@ -118,7 +118,7 @@ pub async fn after_capped(
     policy: &Arc<Policy>,
     first: First<'_>,
     in_flight: InFlight,
-    response: http::Response<Incoming>,
+    response: http::Response<PooledBody>,
     retry: Option<Retry<'_>>,
 ) -> Response {
     let operation = first.operation;

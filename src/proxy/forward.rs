@@ -10,9 +10,9 @@
 
 use std::sync::Arc;
 
+use crate::upstream::PooledBody;
 use axum::{body::Body, response::Response};
 use http::{HeaderValue, StatusCode, header, request::Parts};
-use hyper::body::Incoming;
 
 use super::{
     adaptive_retry,
@@ -143,7 +143,7 @@ async fn throttled(
     state: &AppState,
     policy: &Arc<Policy>,
     mut in_flight: InFlight,
-    response: http::Response<Incoming>,
+    response: http::Response<PooledBody>,
     operation: Operation,
 ) -> Response {
     use http_body_util::{BodyExt, Limited};
@@ -194,7 +194,7 @@ pub fn respond(
     policy: &Arc<Policy>,
     operation: Operation,
     in_flight: Option<InFlight>,
-    response: http::Response<Incoming>,
+    response: http::Response<PooledBody>,
     strip_usage_chunk: bool,
 ) -> Response {
     let status = response.status();

@@ -45,9 +45,9 @@ use std::{
     time::Duration,
 };
 
+use crate::upstream::PooledBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
@@ -248,7 +248,7 @@ pin_project! {
     #[project = MeteredBodyProj]
     pub struct MeteredBody {
         #[pin]
-        inner: Incoming,
+        inner: PooledBody,
         meter: Option<Meter>,
         observer: Arc<Observer>,
         pool: Option<Arc<Pool>>,
@@ -280,7 +280,7 @@ impl MeteredBody {
     /// `meter` is `None` for responses that settle nothing (uncounted calls, error responses
     /// already settled). `event_stream` is how an event stream ends early (`None`: a plain body).
     pub fn new(
-        inner: Incoming,
+        inner: PooledBody,
         meter: Option<Meter>,
         observer: Arc<Observer>,
         pool: Option<Arc<Pool>>,

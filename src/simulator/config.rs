@@ -29,6 +29,10 @@ impl SimulatorConfig {
             ("account_tokens_per_day", self.account_tokens_per_day),
             ("day_secs", Some(self.day_secs)),
             (
+                "h2_max_concurrent_streams",
+                Some(self.h2_max_concurrent_streams.into()),
+            ),
+            (
                 "bidirectional_session_secs",
                 Some(self.bidirectional_session_secs),
             ),

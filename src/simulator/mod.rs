@@ -318,12 +318,14 @@ pub async fn spawn(config: SimulatorConfig, addr: SocketAddr) -> std::io::Result
     let simulator = Simulator::new(config);
     let (tx, rx) = oneshot::channel::<()>();
     let router = simulator.router();
+    let h2_max_concurrent_streams = simulator.config().h2_max_concurrent_streams;
     let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = rx.await;
         };
         let options = crate::server::ServeOptions {
             drain: Duration::from_secs(1),
+            h2_max_concurrent_streams,
             ..Default::default()
         };
         crate::server::serve(listener, reset::Resetting(router), None, shutdown, options).await

@@ -1,5 +1,6 @@
+// Over 500 lines with its tests: the client, its endpoints and request building are one piece.
 //! The transport to `bedrock-runtime`: header hygiene ([`headers`]), SigV4 re-signing
-//! ([`signer`]) and the pooled client. It knows nothing of quotas: the pipeline meters what comes
+//! ([`signer`]) and the connections. It knows nothing of quotas: the pipeline meters what comes
 //! back ([`crate::proxy::meter`]).
 //!
 //! Each request is authorized with the proxy's own credential ([`Upstream::authorize`]): SigV4
@@ -15,16 +16,32 @@
 //!
 //! Every request is sent for a Region (its pool's, [`crate::config::PoolConfig::region`]): signed
 //! for it (the SigV4 credential scope) and, with the AWS endpoint, sent to that Region's
-//! `https://bedrock-runtime.{region}.amazonaws.com` over the one pooled client (connections are
-//! pooled per host). With an explicit endpoint URL (a VPC endpoint, the simulator) every Region
-//! goes to that URL, and the signature's scope says which Region is meant.
+//! `https://bedrock-runtime.{region}.amazonaws.com`. With an explicit endpoint URL (a VPC
+//! endpoint, the simulator) every Region goes to that URL, and the signature's scope says which
+//! Region is meant.
+//!
+//! # Connections (`upstream.http`)
+//! HTTP/2 goes over [`h2_connections`]: several connections per host, each carrying at most
+//! `upstream.h2_streams_per_connection` streams (fewer if the server says so), another opened
+//! when all are full, so no call waits inside the client for a stream. `"auto"` (the default)
+//! uses it for https hosts whose TLS picks `h2` (AWS does) and hyper's pooled client for the
+//! rest (HTTP/1.1: plain http, or a server that picks `http/1.1`); `"http2"` uses it for every
+//! host (prior knowledge over plain http); `"http1"` never. A call that gets no response head
+//! within `response_timeout` (connecting included) or by the drain deadline fails with
+//! [`UpstreamError`]; a response body that ends early is the pipeline's to settle.
 //!
 //! InvokeModelWithBidirectionalStream goes over a client of its own that speaks only HTTP/2
-//! (ALPN `h2` over TLS, prior knowledge over plain HTTP), because both directions stream at once
+//! (ALPN `h2` over TLS, prior knowledge over plain HTTP; hyper's, one connection per host, not
+//! the set), because both directions stream at once
 //! ([`Upstream::open_duplex`]): its request body is handed over as a stream of frames, each
 //! signed on its way ([`signer::EventSigner`]), while the response streams back. Errors never
 //! show the upstream URL's userinfo (config refuses it; [`redact_userinfo`] guards the messages anyway).
 
+pub mod body;
+mod connect;
+pub mod h2_connections;
+#[cfg(test)]
+mod h2_connections_tests;
 pub mod headers;
 pub mod sagemaker;
 pub mod sign;
@@ -39,7 +56,6 @@ use http::{
     uri::{Authority, Scheme},
 };
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
@@ -47,14 +63,22 @@ use hyper_util::{
 };
 use tokio_util::sync::CancellationToken;
 
+pub use body::PooledBody;
+pub use h2_connections::HostView;
 pub use signer::{EventSigner, SAGEMAKER_SIGNING_NAME, Signer};
+
+use connect::{Alpn, POOL_IDLE_TIMEOUT, connector, legacy_client, replay};
+use h2_connections::{ConnectionSet, Sent};
 
 /// The request body of a duplex call: frames as they come.
 pub type DuplexBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Connector = HttpsConnector<HttpConnector>;
 
-use crate::bedrock::Operation;
+use crate::{
+    bedrock::Operation,
+    config::{UpstreamHttp, upstream::DEFAULT_H2_STREAMS_PER_CONNECTION},
+};
 
 /// Why a request got no response from upstream.
 #[derive(Debug, thiserror::Error)]
@@ -90,7 +114,13 @@ pub use crate::config::upstream::redact_userinfo;
 /// The pooled, signing client for one upstream.
 #[derive(Debug)]
 pub struct Upstream {
+    /// hyper's pooled client: HTTP/1.1 (and, over TLS with `upstream.http = "auto"`, a host
+    /// whose ALPN picks it).
     client: Client<Connector, Full<Bytes>>,
+    /// The HTTP/2 connections (`upstream.http` "http2" for every host, "auto" for https ones).
+    h2: Option<ConnectionSet<Full<Bytes>>>,
+    /// Whether `h2` serves plain-http hosts too (prior knowledge: "http2").
+    h2_plain_http: bool,
     /// HTTP/2 only, for the bidirectional stream.
     duplex: Client<Connector, DuplexBody>,
     endpoints: Endpoints,
@@ -99,6 +129,7 @@ pub struct Upstream {
     api_key: Option<HeaderValue>,
     response_timeout: Duration,
     pub idle_timeout: Duration,
+    connect_timeout: Duration,
     /// Cancelled when the shutdown drain deadline passes: requests and responses in flight end.
     deadline: CancellationToken,
 }
@@ -155,6 +186,8 @@ impl Endpoint {
 impl Upstream {
     /// `base` is scheme and authority only (`https://bedrock-runtime.us-east-1.amazonaws.com`):
     /// every Region's requests go there ([`Upstream::with_aws_endpoints`] sends each to its own).
+    /// It speaks `upstream.http = "auto"` with the default streams per connection until
+    /// [`Upstream::with_http`] says otherwise (SageMaker's clients keep that).
     pub fn new(
         base: Uri,
         signer: Signer,
@@ -163,45 +196,74 @@ impl Upstream {
         idle_timeout: Duration,
     ) -> Result<Upstream, UpstreamError> {
         let endpoint = Endpoint::new(&base)?;
-        let shown = endpoint.shown.clone();
-        let connector = |h2_only: bool| {
-            let mut http = HttpConnector::new();
-            http.enforce_http(false);
-            http.set_nodelay(true);
-            http.set_connect_timeout(Some(connect_timeout));
-            http.set_keepalive(Some(Duration::from_secs(60)));
-            let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-            let https = hyper_rustls::HttpsConnectorBuilder::new()
-                .with_provider_and_webpki_roots(provider)
-                .map_err(|e| UpstreamError::Connect(shown.clone(), e.to_string()))?
-                .https_or_http();
-            Ok::<_, UpstreamError>(if h2_only {
-                https.enable_http2().wrap_connector(http)
-            } else {
-                https.enable_http1().enable_http2().wrap_connector(http)
-            })
-        };
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1024)
-            .build(connector(false)?);
+        let shown = &endpoint.shown;
+        let client = legacy_client(connector(Alpn::Both, connect_timeout, shown)?);
         // Pings find a dead connection under a session that is quiet both ways.
         let duplex = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .timer(TokioTimer::new())
             .http2_keep_alive_interval(Duration::from_secs(30))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector(true)?);
-        Ok(Upstream {
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .build(connector(Alpn::H2, connect_timeout, shown)?);
+        Upstream {
             client,
+            h2: None,
+            h2_plain_http: false,
             duplex,
             endpoints: Endpoints::Fixed(Arc::new(endpoint)),
             signer,
             api_key: None,
             response_timeout,
             idle_timeout,
+            connect_timeout,
             deadline: CancellationToken::new(),
-        })
+        }
+        .with_http(UpstreamHttp::Auto, DEFAULT_H2_STREAMS_PER_CONNECTION)
+    }
+
+    /// Speaks `http` upstream (`upstream.http`), with at most `h2_streams_per_connection`
+    /// streams on one HTTP/2 connection ([`h2_connections`]).
+    pub fn with_http(
+        mut self,
+        http: UpstreamHttp,
+        h2_streams_per_connection: u32,
+    ) -> Result<Upstream, UpstreamError> {
+        let shown = self.shown();
+        let timeout = self.connect_timeout;
+        let settings = h2_connections::Settings {
+            streams_per_connection: usize::try_from(h2_streams_per_connection)
+                .unwrap_or(usize::MAX),
+            connect_timeout: timeout,
+            idle_timeout: POOL_IDLE_TIMEOUT,
+        };
+        let (h1, h2) = match http {
+            UpstreamHttp::Auto => (Alpn::Both, Some(Alpn::Both)),
+            UpstreamHttp::Http1 => (Alpn::H1, None),
+            UpstreamHttp::Http2 => (Alpn::H2, Some(Alpn::H2)),
+        };
+        self.client = legacy_client(connector(h1, timeout, &shown)?);
+        self.h2 = match h2 {
+            Some(alpn) => Some(ConnectionSet::new(
+                connector(alpn, timeout, &shown)?,
+                settings,
+            )),
+            None => None,
+        };
+        self.h2_plain_http = http == UpstreamHttp::Http2;
+        Ok(self)
+    }
+
+    /// Upstream HTTP/2 connections and streams per host, now.
+    pub fn h2_views(&self) -> Vec<HostView> {
+        self.h2.as_ref().map_or_else(Vec::new, ConnectionSet::views)
+    }
+
+    /// The fixed endpoint's URL for messages, or what the AWS endpoints are.
+    fn shown(&self) -> String {
+        match &self.endpoints {
+            Endpoints::Fixed(endpoint) => endpoint.shown.clone(),
+            Endpoints::Aws(_) => "https://bedrock-runtime.{region}.amazonaws.com".into(),
+        }
     }
 
     /// Sends `key` (a Bedrock API key) as `Authorization: Bearer` on every operation that accepts
@@ -294,7 +356,7 @@ impl Upstream {
         path_and_query: &str,
         headers: &HeaderMap,
         body: Bytes,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<PooledBody>, UpstreamError> {
         let endpoint = self.endpoint(region)?;
         let mut request = request(&endpoint, method, path_and_query, headers, body)?;
         match operation.into() {
@@ -303,8 +365,37 @@ impl Upstream {
         }
         // `host` is signed but hyper derives it (or `:authority`) from the URI.
         request.headers_mut().remove(header::HOST);
-        self.answer(&endpoint, self.client.request(request.map(Full::new)))
+        self.answer(self.dispatch(&endpoint, request.map(Full::new)))
             .await
+    }
+
+    /// Sends `request` over the HTTP/2 connections where they serve `endpoint`, else (or if
+    /// the host turned out to speak HTTP/1.1) over hyper's pooled client.
+    async fn dispatch(
+        &self,
+        endpoint: &Endpoint,
+        request: Request<Full<Bytes>>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
+        let failed = |e: String| UpstreamError::Connect(endpoint.shown.clone(), e);
+        let h2 = self
+            .h2
+            .as_ref()
+            .filter(|_| self.h2_plain_http || endpoint.scheme == Scheme::HTTPS);
+        let request = match h2 {
+            None => request,
+            Some(set) => {
+                let copy = replay(&request);
+                match set.send(request, Some(copy)).await {
+                    Ok(Sent::Answered(response)) => return Ok(response),
+                    Ok(Sent::Http1(request)) => request,
+                    Err(e) => return Err(failed(e.to_string())),
+                }
+            }
+        };
+        match self.client.request(request).await {
+            Ok(response) => Ok(response.map(PooledBody::plain)),
+            Err(e) => Err(failed(error_chain(&e))),
+        }
     }
 
     /// Opens an event stream both ways over HTTP/2 (InvokeModelWithBidirectionalStream): signs
@@ -317,7 +408,7 @@ impl Upstream {
         path_and_query: &str,
         headers: &HeaderMap,
         body: impl FnOnce(EventSigner) -> DuplexBody,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<PooledBody>, UpstreamError> {
         let endpoint = self.endpoint(region)?;
         let mut request = request(
             &endpoint,
@@ -329,28 +420,26 @@ impl Upstream {
         let events = self.signer.sign_event_stream(region, &mut request).await?;
         request.headers_mut().remove(header::HOST);
         let request = request.map(|_| body(events));
-        self.answer(&endpoint, self.duplex.request(request)).await
+        let shown = &endpoint.shown;
+        self.answer(async {
+            match self.duplex.request(request).await {
+                Ok(response) => Ok(response.map(PooledBody::plain)),
+                Err(e) => Err(UpstreamError::Connect(shown.clone(), error_chain(&e))),
+            }
+        })
+        .await
     }
 
     /// Waits for the response head of `call`, within the response timeout and the drain
     /// deadline.
     async fn answer(
         &self,
-        endpoint: &Endpoint,
-        call: impl Future<Output = Result<Response<Incoming>, hyper_util::client::legacy::Error>>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+        call: impl Future<Output = Result<Response<PooledBody>, UpstreamError>>,
+    ) -> Result<Response<PooledBody>, UpstreamError> {
         let call = tokio::time::timeout(self.response_timeout, call);
-        let answer = tokio::select! {
-            answer = call => answer,
-            () = self.deadline.cancelled() => return Err(UpstreamError::ShuttingDown),
-        };
-        match answer {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) => Err(UpstreamError::Connect(
-                endpoint.shown.clone(),
-                error_chain(&e),
-            )),
-            Err(_) => Err(UpstreamError::Timeout(self.response_timeout)),
+        tokio::select! {
+            answer = call => answer.unwrap_or(Err(UpstreamError::Timeout(self.response_timeout))),
+            () = self.deadline.cancelled() => Err(UpstreamError::ShuttingDown),
         }
     }
 }
@@ -387,7 +476,7 @@ fn request(
     Ok(request)
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

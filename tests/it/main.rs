@@ -20,6 +20,7 @@
 //! | `access_log`, `observability`, `dashboards`, `admin` | what operators see: the log line, metrics, the dashboard and alerts, the admin endpoints |
 //! | `dashboard_prometheus`, `tracing`, `emf`, `quota_report`, `top` | what operators run it with (issue #20): the dashboard and alerts on a real Prometheus, OpenTelemetry spans at OTLP receivers (every API's calls, a speech session's too), CloudWatch EMF lines, the quota report, `tokengate top` in tmux |
 //! | `bad_input`, `client_faults`, `upstream_faults` | bad requests, misbehaving clients, misbehaving upstreams |
+//! | `upstream_h2` | HTTP/2 upstream: more streams than one connection carries, the connection set (spread, replaced, closed when idle), its metrics |
 //! | `security_request`, `security_transport`, `security_bodies` | the attacks of issue #14, one test each |
 //! | `iam_policy` | the README's IAM policy against the forwarded operations |
 //! | `simulator` | the simulator on its own: Bedrock's arithmetic and wire shapes, with real clients |
@@ -76,3 +77,4 @@ mod tiers;
 mod top;
 mod tracing;
 mod upstream_faults;
+mod upstream_h2;

@@ -57,8 +57,9 @@ impl Sums {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
     // The implicit route's settings, declared to add an adaptive maxTokens that never has its
-    // samples: its gauges are in the scrape, and nothing is capped.
-    let extra = "[admission]\naccount_tokens_per_day = 1000000000\n\
+    // samples: its gauges are in the scrape, and nothing is capped. Upstream over HTTP/2 (the
+    // simulator by prior knowledge), so that the connection set's gauges are in the scrape too.
+    let extra = "http = \"http2\"\n[admission]\naccount_tokens_per_day = 1000000000\n\
                  [[routes]]\nname = \"default\"\nspill = true\n\
                  adaptive_max_tokens = { min_samples = 1000000 }\n";
     let stack = Stack::start(SIM, &pools(), extra).await;
@@ -452,6 +453,10 @@ async fn a_scripted_workload_moves_every_metric_by_what_it_did() {
         (1e9 - 1e6..1e9).contains(&account),
         "the account's day {account}"
     );
+    // The upstream HTTP/2 connections: open, nothing in flight once every call is done.
+    let host = format!("http://{}", stack.sim.addr);
+    assert!(m.get("tokengate_upstream_connections", &[("host", &host)]) >= 1.0);
+    m.expect("tokengate_upstream_streams", &[("host", &host)], 0.0);
     // An endpoint pool nobody called: its copies, and no demand on them.
     m.expect("tokengate_endpoint_copies", &[("pool", "llm")], 2.0);
     m.expect(

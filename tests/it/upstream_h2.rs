@@ -1,0 +1,255 @@
+//! HTTP/2 upstream (issue #19): the proxy speaking h2 to the simulator (`upstream.http =
+//! "http2"`, prior knowledge over plain http, as it speaks h2 to Bedrock over TLS), with more
+//! streams open at once than one connection carries. A server caps each connection's streams
+//! (`SETTINGS_MAX_CONCURRENT_STREAMS`); hyper's pooled client never opens a second HTTP/2
+//! connection to a host, so calls past that cap waited inside it, invisibly, holding their
+//! reservations. Each test ends with the ledger at zero.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::*;
+
+/// An instant simulator whose streams stall (for ten minutes) half-way, so they stay open, and
+/// that allows `streams` concurrent streams per HTTP/2 connection.
+fn stalling_sim(streams: u32) -> String {
+    format!(
+        "time_to_first_token_ms = 0\ntokens_per_second = 0\nstall_ms = 600000\n\
+         default_tokens_per_minute = 100000000\nh2_max_concurrent_streams = {streams}\n"
+    )
+}
+
+/// Streams the simulator has open (its buckets' in-flight calls).
+fn sim_in_flight(stack: &Stack) -> u64 {
+    let stats = stack.sim.simulator.stats();
+    stats.buckets.values().map(|b| b.in_flight).sum()
+}
+
+/// What a call does once its stream is open.
+#[derive(Clone)]
+enum Then {
+    /// Holds the stream until the token is cancelled, then drops it: the caller hangs up.
+    HangUpAt(CancellationToken),
+    /// Reads events until the stream breaks; a clean end fails the test.
+    ReadUntilBroken,
+}
+
+/// `n` ConverseStream calls through the proxy with the Rust SDK, each counted in the returned
+/// counter once its head arrived, then doing `then`.
+fn open_streams(stack: &Stack, n: usize, then: &Then) -> (Arc<AtomicUsize>, JoinSet<()>) {
+    let opened = Arc::new(AtomicUsize::new(0));
+    let mut calls = JoinSet::new();
+    for i in 0..n {
+        let (client, opened, then) = (stack.client(), opened.clone(), then.clone());
+        calls.spawn(async move {
+            let mut output = client
+                .converse_stream()
+                .model_id(SONNET_US)
+                .messages(user_message(&format!("[sim:fault=stall] call {i}")))
+                .inference_config(max_tokens(100))
+                .send()
+                .await
+                .expect("the stream opens");
+            opened.fetch_add(1, Ordering::SeqCst);
+            match then {
+                Then::HangUpAt(hang_up) => {
+                    hang_up.cancelled().await;
+                    drop(output);
+                }
+                Then::ReadUntilBroken => loop {
+                    match output.stream.recv().await {
+                        Ok(Some(_)) => continue,
+                        Ok(None) => panic!("the stream ended cleanly"),
+                        Err(_) => return,
+                    }
+                },
+            }
+        });
+    }
+    (opened, calls)
+}
+
+/// More streams than the simulator allows on one connection all open at once through the proxy
+/// (the bug: on hyper's pooled client only the first `h2_max_concurrent_streams` did), and when
+/// their callers hang up every upstream stream is reset and every reservation settled.
+#[tokio::test]
+async fn more_streams_than_one_connection_allows_all_open_at_once() {
+    const LIMIT: u32 = 4;
+    const STREAMS: usize = 10;
+    let stack = Stack::start(
+        &stalling_sim(LIMIT),
+        &sonnet_pool(100_000_000, 64),
+        "http = \"http2\"\n",
+    )
+    .await;
+    let hang_up = CancellationToken::new();
+    // One first, so that the connection is up and its SETTINGS known; then the rest at once.
+    let (first, mut first_call) = open_streams(&stack, 1, &Then::HangUpAt(hang_up.clone()));
+    eventually(Duration::from_secs(20), "the first stream", || {
+        first.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let (opened, mut calls) = open_streams(&stack, STREAMS - 1, &Then::HangUpAt(hang_up.clone()));
+    eventually(
+        Duration::from_secs(20),
+        "every stream's head through the proxy",
+        || opened.load(Ordering::SeqCst) == STREAMS - 1,
+    )
+    .await;
+    assert_eq!(sim_in_flight(&stack), STREAMS as u64, "all open upstream");
+    let pools = stack.proxy.admission().pool_views().await;
+    let in_flight = pools[0].ledger.as_ref().map(|l| l.in_flight_requests);
+    assert_eq!(in_flight, Some(STREAMS as u32), "all admitted and open");
+    hang_up.cancel();
+    for call in [first_call.join_next().await, calls.join_next().await] {
+        call.expect("a call").expect("call task");
+    }
+    while let Some(call) = calls.join_next().await {
+        call.expect("call task");
+    }
+    eventually(
+        Duration::from_secs(10),
+        "the upstream streams to be reset",
+        || sim_in_flight(&stack) == 0,
+    )
+    .await;
+    stack.assert_ledger_zero().await;
+}
+
+/// The proxy's upstream HTTP/2 connections and streams to the simulator, from `/metrics`.
+async fn upstream_gauges(stack: &Stack) -> (f64, f64) {
+    let host = format!("http://{}", stack.sim.addr);
+    let m = scrape(stack.proxy.addr).await;
+    (
+        m.get("tokengate_upstream_connections", &[("host", &host)]),
+        m.get("tokengate_upstream_streams", &[("host", &host)]),
+    )
+}
+
+/// Ends every call: cancels `hang_up` and waits for the tasks.
+async fn hang_up_all(hang_up: &CancellationToken, mut calls: JoinSet<()>) {
+    hang_up.cancel();
+    while let Some(call) = calls.join_next().await {
+        call.expect("call task");
+    }
+}
+
+/// With `h2_streams_per_connection = 3` (the server allowing 100), a burst of 10 streams opens
+/// exactly four connections (another only when all are full), and every stream's count comes
+/// back when its caller hangs up.
+#[tokio::test]
+async fn streams_spread_over_connections_at_the_configured_limit() {
+    const STREAMS: usize = 10;
+    let stack = Stack::start(
+        &stalling_sim(100),
+        &sonnet_pool(100_000_000, 64),
+        "http = \"http2\"\nh2_streams_per_connection = 3\n",
+    )
+    .await;
+    let hang_up = CancellationToken::new();
+    // All at once: the connections are opened while the calls wait, one at a time.
+    let (opened, calls) = open_streams(&stack, STREAMS, &Then::HangUpAt(hang_up.clone()));
+    eventually(Duration::from_secs(20), "every stream's head", || {
+        opened.load(Ordering::SeqCst) == STREAMS
+    })
+    .await;
+    assert_eq!(upstream_gauges(&stack).await, (4.0, STREAMS as f64));
+    hang_up_all(&hang_up, calls).await;
+    eventually(
+        Duration::from_secs(10),
+        "the upstream streams to end",
+        || sim_in_flight(&stack) == 0,
+    )
+    .await;
+    stack.assert_ledger_zero().await;
+    assert_eq!(
+        upstream_gauges(&stack).await,
+        (4.0, 0.0),
+        "idle, still open"
+    );
+}
+
+/// The simulator stops with streams open on its connection: each stream ends (the SDK sees an
+/// error, the reservation settles), the dead connection leaves the set, and once a simulator
+/// listens there again the next call opens a new connection.
+#[tokio::test]
+async fn a_dead_connection_is_replaced_and_its_streams_settle() {
+    let sim_toml = stalling_sim(100);
+    let stack = Stack::start(
+        &sim_toml,
+        &sonnet_pool(100_000_000, 64),
+        "http = \"http2\"\n",
+    )
+    .await;
+    let (opened, mut calls) = open_streams(&stack, 3, &Then::ReadUntilBroken);
+    eventually(Duration::from_secs(20), "three streams", || {
+        opened.load(Ordering::SeqCst) == 3
+    })
+    .await;
+    assert_eq!(upstream_gauges(&stack).await, (1.0, 3.0));
+    let Stack { sim, proxy } = stack;
+    let addr = sim.addr;
+    sim.shutdown().await;
+    while let Some(call) = calls.join_next().await {
+        call.expect("the stream broke");
+    }
+    assert_ledger_zero(&proxy).await;
+    assert_eq!(
+        settlements(&proxy, "sonnet4-us", "no_usage"),
+        3,
+        "cut streams"
+    );
+    let cut = metric(
+        &proxy,
+        "tokengate_upstream_errors_total",
+        &[("pool", "sonnet4-us"), ("kind", "stream_cut")],
+    );
+    assert_eq!(cut, 3.0);
+    // The same address again (the proxy's upstream URL).
+    let config: tokengate::simulator::SimulatorConfig = toml::from_str(&sim_toml).expect("toml");
+    let sim = tokengate::simulator::spawn(config, addr)
+        .await
+        .expect("the simulator listens on its address again");
+    let stack = Stack { sim, proxy };
+    let answer = stack
+        .client()
+        .converse()
+        .model_id(SONNET_US)
+        .messages(user_message("after the restart"))
+        .inference_config(max_tokens(100))
+        .send()
+        .await
+        .expect("a call over a new connection");
+    assert!(answer.usage().is_some());
+    assert_eq!(
+        upstream_gauges(&stack).await,
+        (1.0, 0.0),
+        "the dead one dropped"
+    );
+    stack.assert_ledger_zero().await;
+}
+
+/// `upstream.http = "auto"` (the default) keeps HTTP/1.1 to a plain-http endpoint: no HTTP/2
+/// connection is made, and none is reported.
+#[tokio::test]
+async fn auto_keeps_http1_over_plain_http() {
+    let stack = Stack::start(&stalling_sim(100), &sonnet_pool(100_000_000, 64), "").await;
+    stack
+        .client()
+        .converse()
+        .model_id(SONNET_US)
+        .messages(user_message("over HTTP/1.1"))
+        .inference_config(max_tokens(100))
+        .send()
+        .await
+        .expect("answered");
+    let metrics = scrape(stack.proxy.addr).await;
+    assert!(!metrics.0.contains_key("tokengate_upstream_connections"));
+    stack.assert_ledger_zero().await;
+}
