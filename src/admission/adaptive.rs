@@ -375,20 +375,26 @@ pub fn views(routes: &[Arc<Route>], models: &[String]) -> Vec<LearnerView> {
 /// `estimate`: with [`Capping::Write`], lowers `estimate.max_tokens` to the learned cap when
 /// there is one below it (a call that named none counts as [`MissingMaxTokens::AdaptiveCap`]),
 /// and returns the request's ticket (its [`Ticket::written_cap`] is what to write into the
-/// forwarded body). `named`: the body names its `maxTokens`. `None` when the route does not
+/// forwarded body). `requested`: the `maxTokens` the body names. `None` when the route does not
 /// learn this model, or the cap could not be written: a bidirectional stream (its `maxTokens`
-/// arrives after admission), or a body that names none in a family whose field is unknown.
+/// arrives after admission), or a body that names none in a family whose field is unknown; and a
+/// body that names more than `model_max` (the pool's `max_output_tokens`), which Bedrock refuses:
+/// lowering it would make a call succeed through the proxy that fails without it.
 pub(super) fn apply(
     route: &Route,
     operation: Operation,
-    model: (&ModelRef<'_>, &str),
-    (named, capping): (bool, Capping),
+    model: (&ModelRef<'_>, &str, u64),
+    (requested, capping): (Option<u64>, Capping),
     estimate: &mut Estimate,
 ) -> Option<Ticket> {
     let learners = route.adaptive.as_ref()?;
-    let (model, configured) = model;
+    let (model, configured, model_max) = model;
+    let named = requested.is_some();
     let writable = named || field_to_set(operation, model.provider(), None).is_some();
-    if operation == Operation::InvokeModelWithBidirectionalStream || !writable {
+    if operation == Operation::InvokeModelWithBidirectionalStream
+        || !writable
+        || requested.is_some_and(|asked| asked > model_max)
+    {
         return None;
     }
     let ticket = learners.ticket(configured, estimate.max_tokens, capping)?;

@@ -526,12 +526,12 @@ fn prepare<'p>(
         max_tokens: requested,
     };
     let cap = output_cap::apply(route, pool, &asked, &mut estimate)?;
-    let learned = (model, configured_model);
+    let learned = (model, configured_model, pool.max_output_tokens);
     let adaptive = adaptive::apply(
         route,
         facts.operation,
         learned,
-        (requested.is_some(), capping),
+        (requested, capping),
         &mut estimate,
     );
     let ask_usage = facts.operation == Operation::OpenAIChatCompletions

@@ -1,7 +1,8 @@
 //! Adaptive maxTokens where it meets the rest of the policy (issue #22's open decisions): a
 //! shadow route observes its learned cap without writing it; a call that names no maxTokens and
 //! gets the learned cap counts as `adaptive_cap` in `tokengate_max_tokens_missing_total`; a
-//! spilled call keeps the cap of the model it asked for, and that model's learner learns from it.
+//! spilled call keeps the cap of the model it asked for, and that model's learner learns from it;
+//! a call asking for more than the model's maximum is not capped (Bedrock refuses it).
 //! Through the Rust SDK or raw HTTP and the simulator, which stops at the maxTokens it receives.
 
 use bytes::Bytes;
@@ -126,6 +127,47 @@ async fn adaptive_a_call_without_max_tokens_that_gets_the_cap_counts_as_adaptive
         &missing("adaptive_cap"),
         1.0,
     );
+    stack.assert_ledger_zero().await;
+}
+
+#[tokio::test]
+async fn adaptive_a_call_asking_above_the_models_maximum_is_not_capped() {
+    let pool = format!("{}max_output_tokens = 4096\n", haiku_pool());
+    let stack = Stack::start(INSTANT_SIM, &pool, &route("")).await;
+    learn(&stack.proxy, HAIKU).await;
+    let admission = stack.proxy.admission();
+    let caller = admission.first_route_caller();
+    let decide = |max: u64| {
+        let body = Bytes::from(converse_body("[sim:output=10] c", Some(max)));
+        let caller = &caller;
+        let admission = &admission;
+        async move {
+            let facts = Facts {
+                operation: Operation::Converse,
+                model_id: Some(HAIKU),
+                body: &body,
+                read: None,
+                caller,
+                service_tier: None,
+                endpoint: None,
+            };
+            match admission.decide(&facts).await {
+                Decision::Admit(admitted) => admitted,
+                _ => panic!("admitted"),
+            }
+        }
+    };
+    // At the model's maximum the learned cap is written ...
+    let at_max = decide(4096).await;
+    assert_eq!(at_max.hold.adaptive_cap(), Some(128));
+    assert!(at_max.body.is_some(), "rewritten with the cap");
+    drop(at_max);
+    // ... above it the body goes as sent, for Bedrock to refuse as it would without the proxy.
+    let above = decide(4097).await;
+    assert_eq!(above.hold.adaptive_cap(), None);
+    assert!(above.body.is_none(), "forwarded as sent");
+    assert_eq!(above.hold.estimate().max_tokens, 4097);
+    drop(above);
     stack.assert_ledger_zero().await;
 }
 
