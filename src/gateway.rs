@@ -280,12 +280,13 @@ impl Gateway {
             .map_err(ReloadError::from)
             .and_then(|config| self.reload(config));
         if let Err(e) = &result {
+            // Logged before it is counted: whoever sees the count finds the line.
+            tracing::error!(path = %path.display(), error = %e, "config reload refused; the running config stays");
             self.state
                 .metrics
                 .config_reloads
                 .with_label_values(&["error"])
                 .inc();
-            tracing::error!(path = %path.display(), error = %e, "config reload refused; the running config stays");
         }
         result
     }

@@ -5,7 +5,9 @@
 //! A line is appended to a shared buffer under a mutex (formatting stays on the caller's thread);
 //! the writer thread takes the buffer and writes it whole every [`FLUSH_EVERY`], or at once when
 //! it holds [`FLUSH_AT`] bytes (it is woken then). So a line reaches stderr within
-//! [`FLUSH_EVERY`], lines keep their order, and a line is never split or dropped.
+//! [`FLUSH_EVERY`], lines keep their order, and a line is never split or dropped. Warnings and
+//! errors, rare and wanted at once, are written by the caller straight away, after what is
+//! buffered before them: when `tracing::error!` returns, its line is on stderr.
 //!
 //! Bounds and failure semantics:
 //! - **Memory**: a caller that finds [`MAX_BUFFERED`] bytes waiting (stderr slower than the
@@ -23,6 +25,7 @@ use std::{
     time::Duration,
 };
 
+use tracing::{Level, Metadata};
 use tracing_subscriber::fmt::MakeWriter;
 
 /// How long a line may wait in the buffer.
@@ -74,15 +77,18 @@ impl LogWriter {
         }
     }
 
-    /// Appends one formatted log line (or any bytes) to the buffer; `overflow` is where a
-    /// buffer at its bound is written first.
-    fn append(&self, bytes: &[u8], overflow: &mut impl Write) {
+    /// Appends one formatted log line (or any bytes) to the buffer; `out` is where a buffer at
+    /// its bound is written first, and where an `urgent` line is written at once with the
+    /// buffer before it.
+    fn append(&self, bytes: &[u8], urgent: bool, out: &mut impl Write) {
         let mut buffer = self.shared.lock();
         if buffer.len() >= MAX_BUFFERED {
-            write_all(overflow, &mut buffer);
+            write_all(out, &mut buffer);
         }
         buffer.extend_from_slice(bytes);
-        if buffer.len() >= FLUSH_AT {
+        if urgent {
+            write_all(out, &mut buffer);
+        } else if buffer.len() >= FLUSH_AT {
             self.shared.full.notify_one();
         }
     }
@@ -130,13 +136,22 @@ fn write_all(out: &mut impl Write, bytes: &mut Vec<u8>) {
     }
 }
 
+/// Whether a line of `level` is written at once: warnings and errors.
+fn urgent(level: Level) -> bool {
+    level <= Level::WARN
+}
+
 /// One event's writer: `tracing_subscriber` formats a line, then writes it with one call.
+/// `urgent` for warnings and errors.
 #[derive(Debug)]
-pub struct LineWriter<'a>(&'a LogWriter);
+pub struct LineWriter<'a> {
+    log: &'a LogWriter,
+    urgent: bool,
+}
 
 impl Write for LineWriter<'_> {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        self.0.append(bytes, &mut io::stderr());
+        self.log.append(bytes, self.urgent, &mut io::stderr());
         Ok(bytes.len())
     }
 
@@ -149,7 +164,17 @@ impl<'a> MakeWriter<'a> for LogWriter {
     type Writer = LineWriter<'a>;
 
     fn make_writer(&'a self) -> Self::Writer {
-        LineWriter(self)
+        LineWriter {
+            log: self,
+            urgent: false,
+        }
+    }
+
+    fn make_writer_for(&'a self, meta: &Metadata<'_>) -> Self::Writer {
+        LineWriter {
+            log: self,
+            urgent: urgent(*meta.level()),
+        }
     }
 }
 
@@ -223,11 +248,25 @@ mod tests {
         let mut written = Vec::new();
         let rounds = 3 * MAX_BUFFERED / chunk.len();
         for _ in 0..rounds {
-            log.append(&chunk, &mut written);
+            log.append(&chunk, false, &mut written);
             assert!(log.shared.lock().len() <= MAX_BUFFERED + chunk.len());
         }
         log.shared.write_out(&mut written);
         assert_eq!(written.len(), rounds * chunk.len(), "nothing dropped");
+    }
+
+    #[test]
+    fn a_warning_goes_out_at_once_after_the_lines_before_it() {
+        let log = writer();
+        let mut out = Vec::new();
+        log.append(b"info 1\n", false, &mut out);
+        log.append(b"info 2\n", false, &mut out);
+        assert!(out.is_empty(), "info lines wait for the writer thread");
+        log.append(b"warn 3\n", true, &mut out);
+        assert_eq!(out, b"info 1\ninfo 2\nwarn 3\n");
+        assert!(log.shared.lock().is_empty());
+        assert!(urgent(Level::ERROR) && urgent(Level::WARN));
+        assert!(!urgent(Level::INFO) && !urgent(Level::DEBUG));
     }
 
     struct SharedSink(Arc<Mutex<Vec<u8>>>);
