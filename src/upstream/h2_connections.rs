@@ -63,6 +63,7 @@ use tower::ServiceExt;
 use super::{
     Connector,
     body::{PooledBody, StreamCount, StreamGuard},
+    error_chain,
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -257,16 +258,16 @@ where
         let request = match (unsent, replay) {
             (Some(unsent), _) => unsent,
             (None, Some(copy)) if unprocessed(&error) => copy,
-            _ => return Err(H2Error::Send(chain(&error))),
+            _ => return Err(H2Error::Send(error_chain(&error))),
         };
-        tracing::debug!(error = %chain(&error), "upstream did not process the request; sending it again");
+        tracing::debug!(error = %error_chain(&error), "upstream did not process the request; sending it again");
         let (conn, guard) = match self.stream(&host, &uri).await? {
             Some(chosen) => chosen,
             None => return Ok(Sent::Http1(request)),
         };
         match conn.send.clone().send_request(request).await {
             Ok(response) => Ok(answered(response, guard)),
-            Err(e) => Err(H2Error::Send(chain(&e))),
+            Err(e) => Err(H2Error::Send(error_chain(&e))),
         }
     }
 
@@ -350,7 +351,7 @@ where
     /// Connects to `uri`'s host and shakes hands; `None` if ALPN chose HTTP/1.1. Returns once the
     /// server's first SETTINGS is in.
     async fn open(&self, uri: &Uri) -> Result<Option<Arc<Conn<B>>>, H2Error> {
-        let connect = |e: BoxError| H2Error::Connect(chain(&*e));
+        let connect = |e: BoxError| H2Error::Connect(error_chain(&*e));
         let io = self
             .inner
             .connector
@@ -370,7 +371,7 @@ where
             .keep_alive_timeout(Duration::from_secs(20))
             .handshake(io)
             .await
-            .map_err(|e| H2Error::Connect(chain(&e)))?;
+            .map_err(|e| H2Error::Connect(error_chain(&e)))?;
         let (limit_tx, mut server_limit) = watch::channel(0);
         tokio::spawn(Drive {
             connection: Box::pin(connection),
@@ -453,10 +454,6 @@ fn host_key(uri: &Uri) -> String {
     format!("{scheme}://{authority}")
 }
 
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    super::error_chain(e)
-}
-
 /// Drives one connection, and after each poll publishes the server's stream limit.
 ///
 /// hyper runs the connection's I/O in a task of its own and this future (its dispatch) is woken
@@ -515,7 +512,7 @@ where
             Poll::Pending => Poll::Pending,
             Poll::Ready(result) => {
                 if let Err(e) = result {
-                    tracing::debug!(error = %chain(&e), "upstream HTTP/2 connection closed with an error");
+                    tracing::debug!(error = %error_chain(&e), "upstream HTTP/2 connection closed with an error");
                 }
                 Poll::Ready(())
             }
