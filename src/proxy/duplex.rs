@@ -46,7 +46,7 @@ use pin_project_lite::pin_project;
 use tokio_util::sync::{DropGuard, WaitForCancellationFutureOwned};
 
 use super::{
-    caller, forward,
+    Retryable, caller, forward,
     meter::InFlight,
     relay::{Ceiling, Input, InputRelay, Link},
 };
@@ -63,15 +63,15 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const OPERATION: Operation = Operation::InvokeModelWithBidirectionalStream;
 
-/// Steps 2 to 5 for one session; `obs` and `route` as in [`super::proxy`].
-pub async fn proxy(
+/// Steps 2 to 5 for one session; `obs` and `retryable` as in [`super::proxy`].
+pub(super) async fn proxy(
     state: &AppState,
     policy: &Arc<Policy>,
     parts: Parts,
     client: Body,
     model_id: Option<&str>,
     obs: &mut Option<Observation>,
-    route: &mut Option<Arc<str>>,
+    retryable: &mut Option<Retryable>,
 ) -> Response {
     if parts.version != Version::HTTP_2 {
         return answer::needs_http2(OPERATION);
@@ -80,12 +80,17 @@ pub async fn proxy(
         Ok(identified) => identified,
         Err(refusal) => return refusal.into_response(),
     };
-    let caller = match caller::caller_of(policy, &identity, &parts, &state.rejections) {
-        Ok(caller) => caller,
-        Err(refusal) => return refusal.into_response(),
-    };
+    let call = caller::call_id(&parts.headers, None);
+    let caller =
+        match caller::caller_of(policy, &identity, &parts, call.as_ref(), &state.rejections) {
+            Ok(caller) => caller,
+            Err(refusal) => return refusal.into_response(),
+        };
     let record = obs.get_or_insert_with(Observation::start);
-    *route = Some(caller.route.name.clone());
+    *retryable = call.map(|call| Retryable {
+        route: caller.route.name.clone(),
+        call,
+    });
     record.caller(&caller);
     let no_body = Bytes::new();
     let decision = policy

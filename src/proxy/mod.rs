@@ -14,8 +14,9 @@
 //!
 //! Every step records what happened through the policy's [`crate::observe::Observer`]: an
 //! admitted request's access-log line is written at its settlement, any other request's when
-//! its answer is ready. A 429 or 5xx answered to an identified caller is remembered
-//! ([`crate::admission::retries`]), so that the SDK's retry of that call may use the retry reserve.
+//! its answer is ready. A 429 or 5xx answered to an identified caller whose SDK names the call
+//! is remembered ([`crate::admission::retries`]), so that the SDK's retry of that call may use the
+//! retry reserve.
 //! Only the headers the API defines (and a SigV4 caller signed) go upstream
 //! ([`crate::upstream::headers`]). tokengate's own answers to endpoint calls carry
 //! sagemaker-runtime's error names ([`crate::sagemaker::error::own_answer`]).
@@ -48,7 +49,7 @@ use bytes::Bytes;
 use http::{StatusCode, request::Parts};
 
 use crate::{
-    admission::{self, Caller, Decision, Facts},
+    admission::{self, Caller, Decision, Facts, retries::CallId},
     answer,
     bedrock::{Dialect, Operation, Target, TargetError},
     observe::{Observation, Verdict},
@@ -107,13 +108,12 @@ pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Res
     // One policy generation for the whole request, whatever a reload does meanwhile.
     let policy = state.policy();
     let mut obs = Some(Observation::start());
-    let invocation = caller::invocation_id(request.headers()).map(str::to_owned);
     let endpoint_call = request
         .uri()
         .path()
         .starts_with(sagemaker::operation::PATH_PREFIX);
-    let mut route = None;
-    let mut response = proxy(&state, &policy, request, &mut obs, &mut route).await;
+    let mut turned_away = None;
+    let mut response = proxy(&state, &policy, request, &mut obs, &mut turned_away).await;
     if endpoint_call {
         response = sagemaker::error::own_answer(response);
     }
@@ -122,26 +122,31 @@ pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Res
         policy.observer.finished(obs);
     }
     let status = response.status();
-    if let (Some(route), Some(id), true) = (
-        route,
-        invocation,
+    if let (Some(Retryable { route, call }), true) = (
+        turned_away,
         status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error(),
     ) {
         state
             .rejections
-            .record(&route, &id, std::time::Instant::now());
+            .record(&route, &call, std::time::Instant::now());
     }
     response
 }
 
+/// A call its SDK may retry, and its route: a rejection answered to it vouches for the retry.
+pub(super) struct Retryable {
+    pub route: Arc<str>,
+    pub call: CallId,
+}
+
 /// Steps 1 to 4; `obs` is taken by an admitted request, whose line is written when it settles;
-/// `route` is the caller's, once identified.
+/// `retryable` is set once the caller is identified, if its SDK names the call.
 async fn proxy(
     state: &AppState,
     policy: &Arc<Policy>,
     request: Request,
     obs: &mut Option<Observation>,
-    route: &mut Option<Arc<str>>,
+    retryable: &mut Option<Retryable>,
 ) -> Response {
     let (parts, body) = request.into_parts();
     let record = obs.get_or_insert_with(Observation::start);
@@ -161,7 +166,7 @@ async fn proxy(
         && operation == Operation::InvokeModelWithBidirectionalStream
     {
         let model_id = target.model_id.as_deref();
-        return duplex::proxy(state, policy, parts, body, model_id, obs, route).await;
+        return duplex::proxy(state, policy, parts, body, model_id, obs, retryable).await;
     }
     // Who is calling, from the head alone: an unknown caller never gets a body buffered.
     let identity = match caller::identify_head(policy, &parts, operation) {
@@ -175,11 +180,16 @@ async fn proxy(
         Ok(body) => body,
         Err(refusal) => return refusal,
     };
-    let caller = match caller::identify(policy, &identity, &parts, &body, &state.rejections) {
+    let call_id = caller::call_id(&parts.headers, Some(&body));
+    let (id, rejections) = (call_id.as_ref(), &state.rejections);
+    let caller = match caller::identify(policy, &identity, &parts, &body, id, rejections) {
         Ok(caller) => caller,
         Err(refusal) => return refusal.into_response_in(dialect),
     };
-    *route = Some(caller.route.name.clone());
+    *retryable = call_id.map(|call| Retryable {
+        route: caller.route.name.clone(),
+        call,
+    });
     record.caller(&caller);
     let tier = service_tier(&parts.headers);
     let decision = decide(policy, &call, (&body, tier), &caller, record).await;

@@ -588,6 +588,62 @@ async fn a_forged_retry_gets_no_reserve() {
     stack.assert_ledger_zero().await;
 }
 
+/// Point 9 for the OpenAI and Anthropic SDKs, which send no call id: they count their retries in
+/// `x-stainless-retry-count` and resend the same body, so a retry of a body turned away gets the
+/// reserve, a "retry" of a body never turned away does not, and one rejection vouches for one
+/// retry.
+#[tokio::test]
+async fn an_anthropic_sdk_retry_of_a_body_turned_away_gets_the_reserve() {
+    // As above: calls of about 240 tokens against a bucket of 1,200 (20 a second), 540 of it
+    // kept for retries.
+    let pool = format!(
+        "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1200\n\
+         max_concurrency = 64\noutput_burndown = 1\ndefault_max_tokens = 500\nmax_wait_ms = 0\n\
+         retry_reserve = 0.45\n"
+    );
+    let stack = Stack::start(FAST_SIM, &pool, "").await;
+    let addr = stack.proxy.addr;
+    let body = |n: u32| {
+        serde_json::json!({"model": HAIKU, "max_tokens": 200,
+            "messages": [{"role": "user", "content": format!("[sim:output=200] go {n:02}")}]})
+        .to_string()
+    };
+    let call = |body: String, retries: &'static str| async move {
+        let headers = [
+            ("anthropic-version", "2023-06-01"),
+            ("x-stainless-retry-count", retries),
+        ];
+        raw_request_with(addr, "POST", apis::MESSAGES, body, false, &headers)
+            .await
+            .status
+    };
+    let mut n = 0;
+    let rejected = loop {
+        if call(body(n), "0").await == 429 {
+            break body(n);
+        }
+        n += 1;
+        assert!(n < 20, "the pool never filled");
+    };
+    assert_eq!(
+        call(body(99), "1").await,
+        429,
+        "a retry of a body never turned away waits like a first attempt"
+    );
+    assert_eq!(call(rejected.clone(), "1").await, 200);
+    assert_eq!(
+        call(rejected, "2").await,
+        429,
+        "one rejection vouches for one retry"
+    );
+    scrape(addr).await.expect(
+        "tokengate_recovery_admissions_total",
+        &[("pool", "haiku"), ("route", "default")],
+        1.0,
+    );
+    stack.assert_ledger_zero().await;
+}
+
 /// Point 8: plaintext bearer keys are for a loopback listener only.
 #[test]
 fn plaintext_bearer_keys_are_refused_off_loopback() {

@@ -226,6 +226,43 @@ def test_the_sdks_retry_a_throttle_after_the_hinted_delay(start_proxy):
         proxy.assert_ledger_zero()
 
 
+def test_the_sdks_retry_of_a_call_turned_away_may_use_the_retry_reserve(start_proxy):
+    # These SDKs send no call id: the proxy knows a retry by `x-stainless-retry-count` and the body,
+    # which must come back byte for byte. 6,000 tokens a minute (100 a second), 2,400 kept for
+    # retries: after a call charged about 3,510, a first attempt of about 430 lacks about 340 (3.4 s
+    # of refill), and its retry fits the reserve. The hint is taken off the refusal so that the SDK
+    # comes back after its own backoff (under a second), before the refill would admit it anyway.
+    reserve = "retry_reserve = 0.4"
+    for sdk in ("openai", "anthropic"):
+        proxy = start_proxy(pool("gpt", GPT, tokens_per_minute=6000, burndown=1, default_max_tokens=100,
+                                 extra=f"{GPT_MAX}\n{reserve}"))
+        sent: list[tuple[str | None, bytes]] = []
+
+        def unhinted(response) -> None:
+            for header in ("retry-after-ms", "retry-after"):
+                response.headers.pop(header, None)
+
+        hooks = {"request": [lambda r: sent.append((r.headers.get("x-stainless-retry-count"), r.content))],
+                 "response": [unhinted]}
+        if sdk == "openai":
+            client = openai.OpenAI(base_url=f"{proxy.url}/openai/v1", api_key="unused", max_retries=1,
+                                   http_client=openai.DefaultHttpxClient(event_hooks=hooks))
+            call = lambda n, text: client.chat.completions.create(  # noqa: E731
+                model=GPT, max_completion_tokens=n, messages=[{"role": "user", "content": text}])
+        else:
+            client = anthropic.Anthropic(base_url=f"{proxy.url}/anthropic", api_key="unused", max_retries=1,
+                                         http_client=anthropic.DefaultHttpxClient(event_hooks=hooks))
+            call = lambda n, text: client.messages.create(  # noqa: E731
+                model=GPT, max_tokens=n, messages=[{"role": "user", "content": text}])
+        call(3550, "drain [sim:output=3500]")
+        sent.clear()
+        call(400, "then this [sim:output=10]")
+        assert [count for count, _ in sent] == ["0", "1"], f"{sdk}: refused once, then admitted"
+        assert sent[0][1] == sent[1][1], f"{sdk}: the retry resends the body byte for byte"
+        assert metric_sum(proxy, "tokengate_recovery_admissions_total", pool="gpt") == 1, sdk
+        proxy.assert_ledger_zero()
+
+
 def test_check_config_says_a_sonic_pool_still_needs_sigv4_with_an_api_key(tmp_path):
     """`tokengate check-config` accepts `upstream.api_key_env` naming a set variable, notes on
     stderr that a pool's Nova Sonic model (bidirectional streams: SigV4 only) still needs AWS
