@@ -4,7 +4,8 @@ simulator whose quota equals the pool's. Upstream never throttles, the quota sta
 refusal the proxy answers is retried by its SDK no sooner than the hint it carried.
 
 The pool queues a call for at most 300 ms, so that many are turned away (429 with a hint) and
-retried by their SDK, each allowed 8 retries.
+retried by their SDK, each allowed 8 retries. A call its SDK gives up on is one refused on all nine
+attempts, about as often as chance makes it (see the assertion).
 
 Load: 12 closed-loop workers (4 per SDK, half of the OpenAI and Anthropic ones streaming), each
 call about 200 output tokens generated at 200 tokens a second, so unthrottled they would draw
@@ -210,11 +211,15 @@ def test_three_apis_share_one_quota_at_twice_its_capacity(start_proxy, tmp_path)
         assert sum(r for _, r, _ in report.values()) > 0, "the load must saturate the pool"
         assert all(c > 0 for c, _, _ in report.values()), report
         # A call refused every time its SDK tried gives up with that refusal (the budget above is
-        # checked to be spent); at twice the quota a few do, and nothing else fails.
+        # checked to be spent), and nothing else fails. At twice the quota some do: a call meets the
+        # pool as full on every attempt, so one refused a fraction p of its attempts gives up with
+        # about p ** (RETRIES + 1). More than a few times that means calls were starved.
         failures = [f for _, log, _ in workers for f in log.failures]
-        calls = sum(c for c, _, _ in report.values())
         assert all("429" in f or "Throttling" in f for f in failures), failures[:5]
-        assert len(failures) <= 0.02 * calls, f"{len(failures)} of {calls} calls gave up"
+        by_chance = sum(calls * (refused / (calls - failed + refused)) ** (RETRIES + 1)
+                        for calls, refused, failed in report.values())
+        assert len(failures) <= 3 * by_chance + 3, \
+            f"{len(failures)} calls gave up, against {by_chance:.1f} by chance alone: {report}"
         assert utilisation >= 0.85, f"the quota must stay busy: {utilisation:.3f}"
         proxy.assert_ledger_zero()
     finally:
