@@ -57,10 +57,7 @@ use http::{
 };
 use http_body_util::Full;
 use hyper_rustls::HttpsConnector;
-use hyper_util::{
-    client::legacy::{Client, connect::HttpConnector},
-    rt::{TokioExecutor, TokioTimer},
-};
+use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use tokio_util::sync::CancellationToken;
 
 pub use body::PooledBody;
@@ -121,8 +118,9 @@ pub struct Upstream {
     h2: Option<ConnectionSet<Full<Bytes>>>,
     /// Whether `h2` serves plain-http hosts too (prior knowledge: "http2").
     h2_plain_http: bool,
-    /// HTTP/2 only, for the bidirectional stream.
-    duplex: Client<Connector, DuplexBody>,
+    /// HTTP/2 only (prior knowledge over plain http), for the bidirectional stream: its own
+    /// connections, as many as the sessions in flight need.
+    duplex: ConnectionSet<DuplexBody>,
     endpoints: Endpoints,
     signer: Signer,
     /// `Authorization: Bearer <key>`, with `upstream.api_key_env`.
@@ -198,13 +196,11 @@ impl Upstream {
         let endpoint = Endpoint::new(&base)?;
         let shown = &endpoint.shown;
         let client = legacy_client(connector(Alpn::Both, connect_timeout, shown)?);
-        // Pings find a dead connection under a session that is quiet both ways.
-        let duplex = Client::builder(TokioExecutor::new())
-            .http2_only(true)
-            .timer(TokioTimer::new())
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector(Alpn::H2, connect_timeout, shown)?);
+        let streams = DEFAULT_H2_STREAMS_PER_CONNECTION;
+        let duplex = ConnectionSet::new(
+            connector(Alpn::H2, connect_timeout, shown)?,
+            h2_settings(streams, connect_timeout),
+        );
         Upstream {
             client,
             h2: None,
@@ -218,7 +214,7 @@ impl Upstream {
             connect_timeout,
             deadline: CancellationToken::new(),
         }
-        .with_http(UpstreamHttp::Auto, DEFAULT_H2_STREAMS_PER_CONNECTION)
+        .with_http(UpstreamHttp::Auto, streams)
     }
 
     /// Speaks `http` upstream (`upstream.http`), with at most `h2_streams_per_connection`
@@ -230,12 +226,7 @@ impl Upstream {
     ) -> Result<Upstream, UpstreamError> {
         let shown = self.shown();
         let timeout = self.connect_timeout;
-        let settings = h2_connections::Settings {
-            streams_per_connection: usize::try_from(h2_streams_per_connection)
-                .unwrap_or(usize::MAX),
-            connect_timeout: timeout,
-            idle_timeout: POOL_IDLE_TIMEOUT,
-        };
+        let settings = h2_settings(h2_streams_per_connection, timeout);
         let (h1, h2) = match http {
             UpstreamHttp::Auto => (Alpn::Both, Some(Alpn::Both)),
             UpstreamHttp::Http1 => (Alpn::H1, None),
@@ -250,12 +241,25 @@ impl Upstream {
             None => None,
         };
         self.h2_plain_http = http == UpstreamHttp::Http2;
+        self.duplex = ConnectionSet::new(connector(Alpn::H2, timeout, &shown)?, settings);
         Ok(self)
     }
 
-    /// Upstream HTTP/2 connections and streams per host, now.
+    /// Upstream HTTP/2 connections and streams per host, now (the bidirectional sessions'
+    /// included).
     pub fn h2_views(&self) -> Vec<HostView> {
-        self.h2.as_ref().map_or_else(Vec::new, ConnectionSet::views)
+        let mut views = self.h2.as_ref().map_or_else(Vec::new, ConnectionSet::views);
+        for duplex in self.duplex.views() {
+            match views.iter_mut().find(|v| v.host == duplex.host) {
+                Some(view) => {
+                    view.connections += duplex.connections;
+                    view.streams += duplex.streams;
+                }
+                None => views.push(duplex),
+            }
+        }
+        views.sort_by(|a, b| a.host.cmp(&b.host));
+        views
     }
 
     /// The fixed endpoint's URL for messages, or what the AWS endpoints are.
@@ -420,11 +424,15 @@ impl Upstream {
         let events = self.signer.sign_event_stream(region, &mut request).await?;
         request.headers_mut().remove(header::HOST);
         let request = request.map(|_| body(events));
-        let shown = &endpoint.shown;
+        let failed = |e: String| UpstreamError::Connect(endpoint.shown.clone(), e);
         self.answer(async {
-            match self.duplex.request(request).await {
-                Ok(response) => Ok(response.map(PooledBody::plain)),
-                Err(e) => Err(UpstreamError::Connect(shown.clone(), error_chain(&e))),
+            match self.duplex.send(request, None).await {
+                Ok(Sent::Answered(response)) => Ok(response),
+                Ok(Sent::Http1(_)) => Err(failed(
+                    "the host chose HTTP/1.1; InvokeModelWithBidirectionalStream needs HTTP/2"
+                        .into(),
+                )),
+                Err(e) => Err(failed(e.to_string())),
             }
         })
         .await
@@ -474,6 +482,15 @@ fn request(
         .headers_mut()
         .insert(header::HOST, endpoint.host.clone());
     Ok(request)
+}
+
+/// How a connection set behaves with `streams` per connection.
+fn h2_settings(streams: u32, connect_timeout: Duration) -> h2_connections::Settings {
+    h2_connections::Settings {
+        streams_per_connection: usize::try_from(streams).unwrap_or(usize::MAX),
+        connect_timeout,
+        idle_timeout: POOL_IDLE_TIMEOUT,
+    }
 }
 
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {

@@ -313,3 +313,52 @@ async fn with_an_upstream_api_key_a_session_is_still_signed() {
     assert!(stats.sigv4.events_verified > 0 && stats.sigv4.events_rejected == 0);
     assert_eq!(settlements(&stack, "usage").await.0, 1.0);
 }
+
+/// More sessions than upstream allows streams on one HTTP/2 connection: all of them open and
+/// are answered at once, over a second connection (hyper's pooled client never opens one, so
+/// the sessions past the server's `SETTINGS_MAX_CONCURRENT_STREAMS` waited, holding their
+/// reservations, until the response timeout).
+#[tokio::test]
+async fn more_sessions_than_one_upstream_connection_allows_are_all_answered() {
+    const LIMIT: u32 = 2;
+    const SESSIONS: usize = 5;
+    let sim = format!("{SIM}h2_max_concurrent_streams = {LIMIT}\n");
+    let stack = Stack::start(&sim, &sonic_pool(100_000, 8, ""), "").await;
+    let client = client(&stack);
+    let turn = |n: usize| {
+        let client = client.clone();
+        async move {
+            let (caller, mut session) = open(&client, 100).await;
+            caller
+                .send("promptStart", json!({"promptName": "p1"}))
+                .await;
+            caller
+                .user_text("t1", &format!("session {n} [sim:output=5]"))
+                .await;
+            assert_eq!(until_usage(&mut session).await.len(), 5, "session {n}");
+            (caller, session)
+        }
+    };
+    let opened = tokio::time::timeout(
+        HANG_GUARD,
+        futures_util::future::join_all((0..SESSIONS).map(turn)),
+    )
+    .await
+    .expect("every session answered its first turn");
+    assert_eq!(
+        bucket(&stack).in_flight,
+        SESSIONS as u64,
+        "all open upstream"
+    );
+    assert_eq!(in_flight(&stack.proxy, POOL), SESSIONS as u64);
+    let s = scrape(stack.proxy.addr).await;
+    let host = format!("http://{}", stack.sim.addr);
+    let connections = s.get("tokengate_upstream_connections", &[("host", &host)]);
+    assert!(connections >= 3.0, "{connections} connections");
+    for (caller, session) in opened {
+        caller.send("sessionEnd", json!({})).await;
+        drop((caller, session));
+    }
+    upstream_idle(&stack).await;
+    stack.assert_ledger_zero().await;
+}
