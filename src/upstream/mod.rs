@@ -30,9 +30,9 @@
 //! within `response_timeout` (connecting included) or by the drain deadline fails with
 //! [`UpstreamError`]; a response body that ends early is the pipeline's to settle.
 //!
-//! InvokeModelWithBidirectionalStream goes over a client of its own that speaks only HTTP/2
-//! (ALPN `h2` over TLS, prior knowledge over plain HTTP; hyper's, one connection per host, not
-//! the set), because both directions stream at once
+//! InvokeModelWithBidirectionalStream goes over a connection set of its own that speaks only
+//! HTTP/2 (ALPN `h2` over TLS, prior knowledge over plain HTTP), because both directions stream
+//! at once
 //! ([`Upstream::open_duplex`]): its request body is handed over as a stream of frames, each
 //! signed on its way ([`signer::EventSigner`]), while the response streams back. Errors never
 //! show the upstream URL's userinfo (config refuses it; [`redact_userinfo`] guards the messages anyway).
