@@ -26,7 +26,10 @@ Both proxies write one access-log line per request to a file in the run's tempor
 both. `--ledger redis` starts a private `redis-server` (unix socket) for tokengate's ledger.
 `--keep DIR` copies the configurations and logs there (tokengate's access log is `LABEL.log`).
 It prints a JSON line per measurement and a summary: median calls/s per target and tokengate's
-ratio to nginx (per round and the median), with the load average beside each. CI does not run it.
+ratio to nginx (per round and the median), with the load average beside each. Each measurement
+also gives the CPU time (user + system, from /proc) its target's process spent per call, and the
+simulator's, so that the cost of a call at a fixed rate can be set beside its cost at saturation.
+CI does not run it.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sizing import start  # noqa: E402
+from sizing import cpu_seconds, start  # noqa: E402
 
 MODEL = "us.anthropic.claude-sonnet-4-20250514-v1:0"
 PATH = f"/model/{MODEL.replace(':', '%3A')}/converse"
@@ -156,14 +159,30 @@ def pace(loadgen: str, addr: str, seconds: int, rate: int) -> dict:
             "p999_ms": lat.get("p999"), "send_lag_p99_ms": (r["send_lag_ms"] or {}).get("p99")}
 
 
-def pace_rounds(targets: dict, proxies: list, opts) -> None:
+class CpuPerCall:
+    """CPU time (user + system) per call of the target's own process and of the simulator, over
+    one measurement."""
+
+    def __init__(self, pids: dict[str, int], target: str):
+        self.target, self.sim = pids[target], pids["simulator"]
+        self.before = (cpu_seconds(self.target), cpu_seconds(self.sim))
+
+    def per_call(self, calls: int) -> dict:
+        spent = (cpu_seconds(self.target) - self.before[0], cpu_seconds(self.sim) - self.before[1])
+        us = lambda s: round(s * 1e6 / calls) if calls else None  # noqa: E731
+        return {"cpu_us_per_call": us(spent[0]), "simulator_cpu_us_per_call": us(spent[1])}
+
+
+def pace_rounds(targets: dict, pids: dict[str, int], proxies: list, opts) -> None:
     """Fixed-rate latency of each target, rounds alternating; the proxies' added p50 and p99."""
     results: dict[str, list[dict]] = {name: [] for name in targets}
     added: list[dict] = []
     for round_no in range(1, opts.rounds + 1):
         for name, addr in targets.items():
             load = os.getloadavg()[0]
+            cpu = CpuPerCall(pids, name)
             r = pace(opts.loadgen, addr, opts.seconds, opts.rate)
+            r.update(cpu.per_call(r["calls"]))
             r.update(round=round_no, target=name, load_average=round(load, 2))
             print(json.dumps(r), flush=True)
             if r["failed"]:
@@ -180,6 +199,8 @@ def pace_rounds(targets: dict, proxies: list, opts) -> None:
         "added_per_round": added,
         "added_median": {label: {q: median([a[label][q] for a in added]) for q in ("p50_ms", "p99_ms")}
                          for label in added[0]},
+        "median_cpu_us_per_call": {name: median([r["cpu_us_per_call"] for r in rs])
+                                   for name, rs in results.items()},
         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
     }))
 
@@ -230,28 +251,34 @@ def main() -> None:
             nginx, nginx_addr = start_nginx(tmp, sim_addr, access_log)
             procs.append(nginx)
             targets = {"simulator": sim_addr, "nginx": nginx_addr}
+            pids = {"simulator": sim.pid, "nginx": nginx.pid}
             for label, binary in proxies:
                 with open(tmp / f"{label}.log", "w") as log:
                     proxy, proxy_addr = start([binary, "serve", "--config", str(tmp / "proxy.toml")],
                                               "tokengate", env, log)
                 procs.append(proxy)
                 targets[label] = proxy_addr
+                pids[label] = proxy.pid
             if opts.rate:
-                pace_rounds(targets, proxies, opts)
+                pace_rounds(targets, pids, proxies, opts)
                 return
             for addr in targets.values():  # warm each path up (connections, allocator pools)
                 wrk(addr, 2, opts.connections, script)
             results: dict[str, list[int]] = {name: [] for name in targets}
+            cpu_per_call: dict[str, list[int]] = {name: [] for name in targets}
             ratios = []
             for round_no in range(1, opts.rounds + 1):
                 for name, addr in targets.items():
                     load = os.getloadavg()[0]
+                    cpu = CpuPerCall(pids, name)
                     r = wrk(addr, opts.seconds, opts.connections, script)
+                    r.update(cpu.per_call(r["calls_per_s"] * opts.seconds))
                     r.update(round=round_no, target=name, load_average=round(load, 2))
                     print(json.dumps(r), flush=True)
                     if r["non_2xx"] or r["socket_errors"]:
                         sys.exit(f"{name}: errors in the run: {r}")
                     results[name].append(r["calls_per_s"])
+                    cpu_per_call[name].append(r["cpu_us_per_call"])
                 ratios.append({label: round(results[label][-1] / results["nginx"][-1], 3)
                                for label, _ in proxies})
             summary = {name: statistics.median(v) for name, v in results.items()}
@@ -259,6 +286,7 @@ def main() -> None:
                 "connections": opts.connections, "seconds": opts.seconds, "rounds": opts.rounds,
                 "ledger": opts.ledger, "access_log": access_log,
                 "median_calls_per_s": summary,
+                "median_cpu_us_per_call": {name: statistics.median(c) for name, c in cpu_per_call.items()},
                 "over_nginx_per_round": ratios,
                 "over_nginx_median": {label: round(statistics.median(r[label] for r in ratios), 3)
                                       for label, _ in proxies},
