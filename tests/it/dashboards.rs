@@ -172,6 +172,46 @@ fn every_dashboard_query_uses_exported_metrics() {
     }
 }
 
+/// Grafana moves overlapping panels out of each other's way when it loads a dashboard, so an
+/// overlap shows panels in another order than the file's and under the wrong row: every panel has
+/// a place of its own on the 24-column grid.
+#[test]
+fn dashboard_panels_never_overlap() {
+    let dashboard: Value = serde_json::from_str(&read("config/grafana/tokengate.json"))
+        .expect("the dashboard is JSON");
+    let place = |panel: &Value| {
+        let g = &panel["gridPos"];
+        let n = |k: &str| {
+            g[k].as_u64()
+                .unwrap_or_else(|| panic!("{}: gridPos.{k}", panel["title"]))
+        };
+        (n("x"), n("y"), n("w"), n("h"))
+    };
+    let panels = dashboard["panels"].as_array().expect("panels");
+    for (i, a) in panels.iter().enumerate() {
+        let (x, y, w, h) = place(a);
+        assert!(
+            w > 0 && h > 0 && x + w <= 24,
+            "{} is off the grid",
+            a["title"]
+        );
+        for b in &panels[i + 1..] {
+            let (bx, by, bw, bh) = place(b);
+            let apart = x + w <= bx || bx + bw <= x || y + h <= by || by + bh <= y;
+            assert!(apart, "{} and {} overlap", a["title"], b["title"]);
+        }
+    }
+    // What an operator of `adaptive_retry` asks: how many truncated calls went again, and how.
+    let mut exprs = Vec::new();
+    strings_under(&dashboard["panels"], "expr", &mut exprs);
+    assert!(
+        exprs
+            .iter()
+            .any(|e| e.contains("tokengate_adaptive_retries_total")),
+        "no panel shows tokengate_adaptive_retries_total"
+    );
+}
+
 #[test]
 fn alert_rules_are_complete_and_use_exported_metrics() {
     let rules: serde_norway::Value =
