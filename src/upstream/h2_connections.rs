@@ -240,7 +240,7 @@ where
         if host.http1.load(Ordering::Acquire) {
             return Ok(Sent::Http1(request));
         }
-        let (conn, guard) = match self.stream(&host, &uri).await? {
+        let (conn, guard) = match self.stream(&host, &uri, None).await? {
             Some(chosen) => chosen,
             None => return Ok(Sent::Http1(request)),
         };
@@ -261,7 +261,7 @@ where
             _ => return Err(H2Error::Send(error_chain(&error))),
         };
         tracing::debug!(error = %error_chain(&error), "upstream did not process the request; sending it again");
-        let (conn, guard) = match self.stream(&host, &uri).await? {
+        let (conn, guard) = match self.stream(&host, &uri, Some(&conn)).await? {
             Some(chosen) => chosen,
             None => return Ok(Sent::Http1(request)),
         };
@@ -287,20 +287,22 @@ where
         host
     }
 
-    /// A stream on the least loaded connection with room, opening one if none has; `None` if
-    /// the host turned out to speak HTTP/1.1.
+    /// A stream on the least loaded connection with room (other than `avoid`, the one that did
+    /// not process the request), opening one if none has; `None` if the host turned out to speak
+    /// HTTP/1.1.
     async fn stream(
         &self,
         host: &Host<B>,
         uri: &Uri,
+        avoid: Option<&Arc<Conn<B>>>,
     ) -> Result<Option<(Arc<Conn<B>>, StreamGuard)>, H2Error> {
-        if let Some(chosen) = self.choose(host) {
+        if let Some(chosen) = self.choose(host, avoid) {
             return Ok(Some(chosen));
         }
         let waited_from = Instant::now();
         let _opening = host.opening.lock().await;
         // Another call may have opened one while this one waited, or failed to.
-        if let Some(chosen) = self.choose(host) {
+        if let Some(chosen) = self.choose(host, avoid) {
             return Ok(Some(chosen));
         }
         if let Some((at, e)) = lock(&host.failed).as_ref()
@@ -332,14 +334,19 @@ where
         Ok(Some((conn, guard)))
     }
 
-    /// Counts a stream on the open connection with the fewest in flight below its limit, and
-    /// drops closed connections from the host.
-    fn choose(&self, host: &Host<B>) -> Option<(Arc<Conn<B>>, StreamGuard)> {
+    /// Counts a stream on the open connection with the fewest in flight below its limit (other
+    /// than `avoid`), and drops closed connections from the host.
+    fn choose(
+        &self,
+        host: &Host<B>,
+        avoid: Option<&Arc<Conn<B>>>,
+    ) -> Option<(Arc<Conn<B>>, StreamGuard)> {
         let configured = self.inner.settings.streams_per_connection;
         let mut conns = lock(&host.connections);
         conns.retain(|c| !c.send.is_closed() && !c.going_away.load(Ordering::Acquire));
         let conn = conns
             .iter()
+            .filter(|c| avoid.is_none_or(|avoid| !Arc::ptr_eq(c, avoid)))
             .filter(|c| c.in_flight() < c.limit(configured))
             .min_by_key(|c| c.in_flight())?
             .clone();

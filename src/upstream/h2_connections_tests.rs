@@ -87,7 +87,7 @@ async fn an_idle_connection_closes_after_the_idle_timeout() {
 }
 
 /// A bare HTTP/2 server that resets its first `refuse` streams with `reason` and answers the
-/// rest 200; counts the streams it sees.
+/// rest 200, over every connection it accepts; counts the streams it sees.
 async fn refusing_server(refuse: usize, reason: h2::Reason) -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -96,14 +96,20 @@ async fn refusing_server(refuse: usize, reason: h2::Reason) -> (SocketAddr, Arc<
     let seen = Arc::new(AtomicUsize::new(0));
     let counted = seen.clone();
     tokio::spawn(async move {
-        let (socket, _) = listener.accept().await.expect("accept");
-        let mut conn = h2::server::handshake(socket).await.expect("handshake");
-        while let Some(Ok((_, mut respond))) = conn.accept().await {
-            if counted.fetch_add(1, Ordering::SeqCst) < refuse {
-                respond.send_reset(reason);
-            } else {
-                let _ = respond.send_response(Response::new(()), true);
-            }
+        while let Ok((socket, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                while let Some(Ok((_, mut respond))) = conn.accept().await {
+                    if counted.fetch_add(1, Ordering::SeqCst) < refuse {
+                        respond.send_reset(reason);
+                    } else {
+                        let _ = respond.send_response(Response::new(()), true);
+                    }
+                }
+            });
         }
     });
     (addr, seen)
@@ -117,7 +123,9 @@ async fn a_refused_stream_is_sent_again_once() {
     let sent = set.send(get(addr, "/"), Some(copy)).await.expect("sent");
     assert_eq!(answered(sent).await.0, 200);
     assert_eq!(seen.load(Ordering::SeqCst), 2, "refused, then answered");
-    assert_eq!(set.views()[0].streams, 0, "both streams' counts came back");
+    let view = &set.views()[0];
+    assert_eq!(view.streams, 0, "both streams' counts came back");
+    assert_eq!(view.connections, 2, "sent again on another connection");
 }
 
 #[tokio::test]

@@ -15,6 +15,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::*;
+use tokengate::gateway::Gateway;
 
 /// An instant simulator whose streams stall (for ten minutes) half-way, so they stay open, and
 /// that allows `streams` concurrent streams per HTTP/2 connection.
@@ -252,4 +253,120 @@ async fn auto_keeps_http1_over_plain_http() {
     let metrics = scrape(stack.proxy.addr).await;
     assert!(!metrics.0.contains_key("tokengate_upstream_connections"));
     stack.assert_ledger_zero().await;
+}
+
+/// A Converse answer as Bedrock gives it, with its usage.
+const CONVERSE_ANSWER: &str = r#"{"output":{"message":{"role":"assistant","content":[{"text":"ok"}]}},"stopReason":"end_turn","usage":{"inputTokens":5,"outputTokens":1,"totalTokens":6},"metrics":{"latencyMs":1}}"#;
+
+/// How [`serve_one_call_per_connection`] ends each connection after its first answer.
+#[derive(Clone, Copy)]
+enum AfterOne {
+    /// A graceful GOAWAY (as AWS front ends send when they rotate connections); the connection
+    /// closes once its stream is done.
+    SendAway,
+    /// The connection stays, and refuses every further stream with `REFUSED_STREAM` (RFC 9113
+    /// 8.7: not processed, safe to send again).
+    RefuseMore,
+}
+
+/// An HTTP/2 server (prior knowledge) that answers the first call of each connection with
+/// [`CONVERSE_ANSWER`], then does `after`; counts the connections it accepted.
+async fn serve_one_call_per_connection(
+    listener: tokio::net::TcpListener,
+    accepted: Arc<AtomicUsize>,
+    after: AfterOne,
+) {
+    while let Ok((socket, _)) = listener.accept().await {
+        accepted.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            let Ok(mut connection) = h2::server::handshake(socket).await else {
+                return;
+            };
+            let mut answered = false;
+            while let Some(Ok((request, mut respond))) = connection.accept().await {
+                if answered {
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    continue;
+                }
+                let mut body = request.into_body();
+                while let Some(Ok(chunk)) = body.data().await {
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                }
+                let head = http::Response::builder()
+                    .status(200)
+                    .header("content-type", "application/json")
+                    .body(())
+                    .expect("response head");
+                if let Ok(mut send) = respond.send_response(head, false) {
+                    let answer = bytes::Bytes::from_static(CONVERSE_ANSWER.as_bytes());
+                    let _ = send.send_data(answer, true);
+                }
+                answered = true;
+                if let AfterOne::SendAway = after {
+                    connection.graceful_shutdown();
+                }
+            }
+        });
+    }
+}
+
+/// A proxy speaking HTTP/2 to a [`serve_one_call_per_connection`] server; the count of its
+/// connections.
+async fn one_call_per_connection(after: AfterOne) -> (Gateway, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let upstream = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(serve_one_call_per_connection(
+        listener,
+        accepted.clone(),
+        after,
+    ));
+    let config = proxy_config(upstream, &sonnet_pool(100_000_000, 8), "http = \"http2\"\n");
+    (start_proxy(config).await, accepted)
+}
+
+async fn converse_call(proxy: &Gateway, i: usize) {
+    let body = converse_body(&format!("call {i}"), Some(100));
+    let r = raw_request(
+        proxy.addr,
+        "POST",
+        &model_path(SONNET_US, "converse"),
+        body,
+        false,
+    )
+    .await;
+    assert_eq!(r.status, 200, "call {i}: {}", r.message());
+}
+
+/// A server that sends each connection away after one answer (and closes it once its stream is
+/// done) never fails a call: a closed connection leaves the set and the next call opens another.
+/// Every reservation settles on the usage of the answer.
+#[tokio::test]
+async fn connections_the_server_sends_away_fail_no_call() {
+    let (proxy, accepted) = one_call_per_connection(AfterOne::SendAway).await;
+    const CALLS: usize = 5;
+    for i in 0..CALLS {
+        converse_call(&proxy, i).await;
+    }
+    assert!(
+        accepted.load(Ordering::SeqCst) >= 2,
+        "the first connection was sent away: the calls after it went over another"
+    );
+    assert_ledger_zero(&proxy).await;
+    assert_eq!(settlements(&proxy, "sonnet4-us", "usage"), CALLS as u64);
+}
+
+/// A stream the server refused (`REFUSED_STREAM`: not processed) is sent once more on another
+/// connection, never on the one that refused it.
+#[tokio::test]
+async fn a_refused_stream_goes_again_on_another_connection() {
+    let (proxy, accepted) = one_call_per_connection(AfterOne::RefuseMore).await;
+    converse_call(&proxy, 0).await;
+    // The first connection refuses this one: it goes again, on a second connection.
+    converse_call(&proxy, 1).await;
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    assert_ledger_zero(&proxy).await;
+    assert_eq!(settlements(&proxy, "sonnet4-us", "usage"), 2);
 }
