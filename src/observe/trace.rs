@@ -7,7 +7,8 @@
 //! `aws.sagemaker` for an endpoint call,
 //! `gen_ai.operation.name`, `gen_ai.request.model`, `gen_ai.request.max_tokens`,
 //! `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`) and tokengate's own
-//! (`tokengate.pool`, `.route`, `.decision`, `.reservation`, `.charge`, `.settlement_rule`,
+//! (`tokengate.pool`, `.spilled_from` (the home pool of a request that ran in another pool of its
+//! chain), `.route`, `.decision`, `.reservation`, `.charge`, `.settlement_rule`,
 //! `.queue_wait_ms`, `.rejection_reason`, `.retry_after_ms`), plus `http.response.status_code`
 //! and `aws.request_id`. Its children: `queue wait` (`INTERNAL`) for a request that waited in
 //! the admission queue, and `BedrockRuntime/{Operation}` (`CLIENT`, `rpc.*` attributes) for
@@ -331,6 +332,11 @@ fn request_attributes(
 ) -> Vec<KeyValue> {
     let mut a = gen_ai_attributes(obs, settled);
     a.extend(obs.pool_name().map(|p| string("tokengate.pool", p)));
+    a.extend(
+        obs.spilled_from
+            .as_deref()
+            .map(|p| string("tokengate.spilled_from", p)),
+    );
     a.extend(obs.route.as_deref().map(|r| string("tokengate.route", r)));
     a.extend(obs.verdict.map(|v| string("tokengate.decision", v.label())));
     a.extend(

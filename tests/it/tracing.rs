@@ -240,10 +240,14 @@ async fn spans_carry_the_genai_attributes_and_the_trace_continues_upstream() {
 }
 
 async fn converse_raw(addr: SocketAddr, text: &str) -> u16 {
+    converse_raw_model(addr, SONNET_US, text).await
+}
+
+async fn converse_raw_model(addr: SocketAddr, model: &str, text: &str) -> u16 {
     raw_request(
         addr,
         "POST",
-        &model_path(SONNET_US, "converse"),
+        &model_path(model, "converse"),
         converse_body(text, Some(10)),
         false,
     )
@@ -404,5 +408,56 @@ async fn without_tracing_a_signed_caller_context_passes_through_and_an_unsigned_
     assert_eq!(header(0, "traceparent").as_deref(), Some(caller));
     assert_eq!(header(0, "tracestate").as_deref(), Some("vendor=xyz"));
     assert_eq!(header(1, "traceparent"), None, "added after signing");
+    stack.assert_ledger_zero().await;
+}
+
+/// A request that spilled: its span names the pool it ran in and its home pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spilled_request_s_span_names_its_home_pool() {
+    const HAIKU_WEST: &str =
+        "arn:aws:bedrock:us-west-2::foundation-model/anthropic.claude-3-haiku-20240307-v1:0";
+    let (otlp, received) = http_receiver().await;
+    let pools = format!(
+        "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 100000\n\
+         max_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n\
+         spill_to = [\"haiku-west\"]\n\n[[pools]]\nname = \"haiku-west\"\nmodels = [\"{HAIKU_WEST}\"]\n\
+         region = \"us-west-2\"\ntokens_per_minute = 100000\nmax_concurrency = 1\noutput_burndown = 1\n\
+         default_max_tokens = 100\nmax_wait_ms = 0\n"
+    );
+    let config = format!(
+        "{}\n[[routes]]\nname = \"default\"\nspill = true\n",
+        tracing_config(&format!("http://{otlp}"), "http/protobuf")
+    );
+    let stack = Stack::start(SIM, &pools, &config).await;
+    let addr = stack.proxy.addr;
+    // The home pool's only permit, held by a call that stalls.
+    let first = tokio::spawn(converse_raw_model(addr, HAIKU, "[sim:fault=stall] first"));
+    wait_in_flight(&stack, "haiku").await;
+    let traceparent = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
+    let r = raw_request_with(
+        addr,
+        "POST",
+        &model_path(HAIKU, "converse"),
+        converse_body("[sim:output=3] spilled", Some(100)),
+        false,
+        &[("traceparent", traceparent.as_str())],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.message());
+    let spans = received
+        .trace(&hex::decode(CALLER_TRACE).expect("hex"), 2)
+        .await;
+    let a = attributes(&one_of_kind(&spans, SpanKind::Server));
+    assert_eq!(
+        a.get("tokengate.pool").map(String::as_str),
+        Some("haiku-west"),
+        "{a:?}"
+    );
+    assert_eq!(
+        a.get("tokengate.spilled_from").map(String::as_str),
+        Some("haiku"),
+        "{a:?}"
+    );
+    assert_eq!(first.await.expect("task"), 200);
     stack.assert_ledger_zero().await;
 }
