@@ -510,14 +510,21 @@ async fn connect_upstream(
              (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity, container or instance role)"
         );
         match &up.api_key {
-            None => return Err(StartError::Credentials(e)),
+            None if up.region_api_keys.is_empty() => return Err(StartError::Credentials(e)),
             // Only InvokeModelWithBidirectionalStream and endpoint pools need them then.
             Some(key) => tracing::warn!(
                 error = %e,
-                "no AWS credentials: every operation goes upstream with the API key of {} but \
-                 InvokeModelWithBidirectionalStream (SigV4 only) and SageMaker endpoint calls, \
-                 which will fail",
+                "no AWS credentials: every operation goes upstream with the API key of {} (or its \
+                 Region's own) but InvokeModelWithBidirectionalStream (SigV4 only) and SageMaker \
+                 endpoint calls, which will fail",
                 key.env
+            ),
+            None => tracing::warn!(
+                error = %e,
+                "no AWS credentials: calls to {} go upstream with their Region's API key; calls to \
+                 any other Region, InvokeModelWithBidirectionalStream (SigV4 only) and SageMaker \
+                 endpoint calls will fail",
+                up.region_api_keys.keys().cloned().collect::<Vec<_>>().join(", ")
             ),
         }
     }
@@ -538,6 +545,11 @@ async fn connect_upstream(
     if let Some(key) = &up.api_key {
         upstream = upstream
             .with_api_key(&key.key.0)
+            .map_err(|e| StartError::Upstream(e.to_string()))?;
+    }
+    for (region, key) in &up.region_api_keys {
+        upstream = upstream
+            .with_region_api_key(region, &key.key.0)
             .map_err(|e| StartError::Upstream(e.to_string()))?;
     }
     Ok(Connected {

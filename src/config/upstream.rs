@@ -6,9 +6,11 @@
 //! variable as `Authorization: Bearer` instead, on every operation that accepts one: all but
 //! InvokeModelWithBidirectionalStream, which takes SigV4 only (V, BEDROCK-APIS.md), and stays
 //! signed with the default chain's credentials ([`notes`] says so when a pool serves such a
-//! model).
+//! model). A short-term key is valid in one Region only: `api_key_env_by_region` names each
+//! Region's own key, which that Region's calls carry in place of `api_key_env`'s ([`notes`]
+//! names the Regions that would get `api_key_env`'s key).
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use http::Uri;
 use serde::Deserialize;
@@ -25,6 +27,9 @@ pub struct RawUpstream {
     pub idle_timeout_secs: Option<u64>,
     /// The name of an environment variable holding a Bedrock API key for upstream requests.
     pub api_key_env: Option<String>,
+    /// Per Region, the name of an environment variable holding that Region's Bedrock API key (a
+    /// short-term key is valid in the one Region it was made for).
+    pub api_key_env_by_region: Option<BTreeMap<String, String>>,
     /// `"auto"`, `"http1"` or `"http2"`.
     pub http: Option<String>,
     pub h2_streams_per_connection: Option<u64>,
@@ -67,8 +72,10 @@ pub struct UpstreamConfig {
     /// Longest silence between two body chunks of a response.
     pub idle_timeout: Duration,
     /// A Bedrock API key (`upstream.api_key_env`), sent as `Authorization: Bearer` by every
-    /// operation that accepts one; `None`: SigV4 everywhere.
+    /// operation that accepts one, in every Region without a key of its own; `None`: SigV4 there.
     pub api_key: Option<UpstreamApiKey>,
+    /// The Regions' own keys (`upstream.api_key_env_by_region`), in place of `api_key` there.
+    pub region_api_keys: BTreeMap<String, UpstreamApiKey>,
     /// The HTTP version upstream (`upstream.http`).
     pub http: UpstreamHttp,
     /// Streams one upstream HTTP/2 connection carries at most before another is opened
@@ -90,7 +97,8 @@ pub(super) fn validate(raw: RawUpstream, env: &Env) -> Result<UpstreamConfig, Co
     Ok(UpstreamConfig {
         http: http_version(raw.http.as_deref())?,
         h2_streams_per_connection: h2_streams_per_connection(raw.h2_streams_per_connection)?,
-        api_key: api_key(raw.api_key_env.as_deref(), env)?,
+        api_key: api_key("upstream.api_key_env", raw.api_key_env.as_deref(), env)?,
+        region_api_keys: region_api_keys(raw.api_key_env_by_region.unwrap_or_default(), env)?,
         region,
         endpoint,
         connect_timeout: Duration::from_secs(positive(
@@ -186,59 +194,113 @@ pub(super) fn parse_endpoint(key: &str, value: Option<&str>) -> Result<Endpoint,
     }
 }
 
-/// The API key in the environment variable `name`, if one is named.
-fn api_key(name: Option<&str>, env: &Env) -> Result<Option<UpstreamApiKey>, ConfigError> {
+/// The API key in the environment variable `name`, if one is named (at config key `key`).
+fn api_key(
+    key: &str,
+    name: Option<&str>,
+    env: &Env,
+) -> Result<Option<UpstreamApiKey>, ConfigError> {
     let Some(name) = name else { return Ok(None) };
     if name.is_empty() {
         return Err(invalid(
-            "upstream.api_key_env",
+            key,
             "name the environment variable that holds the Bedrock API key (e.g. \"AWS_BEARER_TOKEN_BEDROCK\")",
         ));
     }
-    let key = env(name)
+    let value = env(name)
         .map(|v| v.trim().to_string())
         .filter(|v| !v.is_empty());
-    let key = key.ok_or_else(|| {
+    let value = value.ok_or_else(|| {
         invalid(
-            "upstream.api_key_env",
+            key,
             format!(
                 "the environment variable {name} is not set (or is empty); set it to a Bedrock API key, \
-                 or remove upstream.api_key_env to sign with SigV4"
+                 or remove {key} to sign with SigV4"
             ),
         )
     })?;
-    if key.chars().any(|c| c.is_ascii_control()) {
+    if value.chars().any(|c| c.is_ascii_control()) {
         return Err(invalid(
-            "upstream.api_key_env",
+            key,
             format!("the value of {name} holds control characters; it cannot be sent as a header"),
         ));
     }
+    let key = value;
     Ok(Some(UpstreamApiKey {
         env: name.to_string(),
         key: Secret(key),
     }))
 }
 
+/// `upstream.api_key_env_by_region`: each Region's key, from the variable it names.
+fn region_api_keys(
+    raw: BTreeMap<String, String>,
+    env: &Env,
+) -> Result<BTreeMap<String, UpstreamApiKey>, ConfigError> {
+    raw.into_iter()
+        .map(|(region_name, name)| {
+            let at = format!("upstream.api_key_env_by_region.{region_name}");
+            let region_name = region(&at, region_name)?;
+            let key = api_key(&at, Some(&name), env)?.ok_or_else(|| invalid(&at, "no key"))?;
+            Ok((region_name, key))
+        })
+        .collect()
+}
+
+impl UpstreamConfig {
+    /// The API key calls to `region` carry, if any.
+    pub fn api_key_for(&self, region: &str) -> Option<&UpstreamApiKey> {
+        self.region_api_keys.get(region).or(self.api_key.as_ref())
+    }
+}
+
 /// What `check-config` says about a valid config's upstream credentials: with an API key,
 /// InvokeModelWithBidirectionalStream (SigV4 only) still needs the default chain's credentials
-/// for every pool whose models serve it (Nova Sonic: an id naming `sonic`).
+/// for every pool whose models serve it (Nova Sonic: an id naming `sonic`); and the default key
+/// goes to every Region without a key of its own, where a short-term key is refused.
 pub fn notes(upstream: &UpstreamConfig, pools: &[PoolConfig]) -> Vec<String> {
-    let Some(key) = &upstream.api_key else {
-        return Vec::new();
-    };
-    pools
+    let sonic = pools
         .iter()
         .flat_map(|pool| pool.models.iter().map(move |m| (pool, m)))
         .filter(|(_, model)| model.contains("sonic"))
-        .map(|(pool, model)| {
-            format!(
-                "upstream.api_key_env ({}): pool {:?} lists {model:?}, whose InvokeModelWithBidirectionalStream \
+        .filter_map(|(pool, model)| {
+            let key = upstream.api_key_for(&pool.region)?;
+            Some(format!(
+                "{} ({}): pool {:?} lists {model:?}, whose InvokeModelWithBidirectionalStream \
                  accepts only SigV4: those calls are signed with the AWS credentials of the default chain, and \
                  fail without them",
-                key.env, pool.name
+                key_setting(upstream, &pool.region),
+                key.env,
+                pool.name
+            ))
+        });
+    let elsewhere = upstream.api_key.iter().flat_map(|key| {
+        let mut regions: Vec<&str> = pools
+            .iter()
+            .map(|p| p.region.as_str())
+            .filter(|r| *r != upstream.region && !upstream.region_api_keys.contains_key(*r))
+            .collect();
+        regions.sort_unstable();
+        regions.dedup();
+        regions.into_iter().map(move |region| {
+            format!(
+                "upstream.api_key_env ({}): pools in {region} send this key too; a short-term Bedrock API key \
+                 is valid only in the Region it was made for, so if it is one, name a key for {region} in \
+                 upstream.api_key_env_by_region",
+                key.env
             )
         })
-        .collect()
+    });
+    sonic.chain(elsewhere).collect()
+}
+
+/// The setting a Region's key came from, for messages.
+fn key_setting(upstream: &UpstreamConfig, region: &str) -> String {
+    if upstream.region_api_keys.contains_key(region) {
+        format!("upstream.api_key_env_by_region.{region}")
+    } else {
+        "upstream.api_key_env".into()
+    }
 }
 
 /// `url` with any userinfo (`user:password@`) replaced by `***@`, for messages and logs. Errs on

@@ -47,7 +47,7 @@ pub mod sagemaker;
 pub mod sign;
 pub mod signer;
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use dashmap::DashMap;
@@ -123,8 +123,11 @@ pub struct Upstream {
     duplex: ConnectionSet<DuplexBody>,
     endpoints: Endpoints,
     signer: Signer,
-    /// `Authorization: Bearer <key>`, with `upstream.api_key_env`.
+    /// `Authorization: Bearer <key>`, with `upstream.api_key_env`: for every Region without a
+    /// key of its own.
     api_key: Option<HeaderValue>,
+    /// The Regions' own keys (`upstream.api_key_env_by_region`).
+    region_api_keys: HashMap<String, HeaderValue>,
     response_timeout: Duration,
     pub idle_timeout: Duration,
     connect_timeout: Duration,
@@ -209,6 +212,7 @@ impl Upstream {
             endpoints: Endpoints::Fixed(Arc::new(endpoint)),
             signer,
             api_key: None,
+            region_api_keys: HashMap::new(),
             response_timeout,
             idle_timeout,
             connect_timeout,
@@ -271,19 +275,32 @@ impl Upstream {
     }
 
     /// Sends `key` (a Bedrock API key) as `Authorization: Bearer` on every operation that accepts
-    /// one, instead of signing.
+    /// one, instead of signing, in every Region without a key of its own.
     pub fn with_api_key(mut self, key: &str) -> Result<Upstream, UpstreamError> {
-        let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
-            UpstreamError::Signing("the upstream API key is not valid header text".into())
-        })?;
-        value.set_sensitive(true);
-        self.api_key = Some(value);
+        self.api_key = Some(bearer(key)?);
         Ok(self)
     }
 
-    /// Whether `operation` goes upstream with the API key rather than a SigV4 signature.
-    pub fn uses_api_key(&self, operation: Operation) -> bool {
-        self.api_key.is_some() && operation.accepts_api_key()
+    /// Sends `key` in place of the one of [`Upstream::with_api_key`] (or of a signature) to
+    /// `region`.
+    pub fn with_region_api_key(
+        mut self,
+        region: &str,
+        key: &str,
+    ) -> Result<Upstream, UpstreamError> {
+        self.region_api_keys
+            .insert(region.to_string(), bearer(key)?);
+        Ok(self)
+    }
+
+    /// Whether `operation` goes upstream to `region` with an API key rather than a SigV4
+    /// signature.
+    pub fn uses_api_key(&self, operation: Operation, region: &str) -> bool {
+        self.api_key_for(region).is_some() && operation.accepts_api_key()
+    }
+
+    fn api_key_for(&self, region: &str) -> Option<&HeaderValue> {
+        self.region_api_keys.get(region).or(self.api_key.as_ref())
     }
 
     /// Adds the proxy's credential to `request` (which must carry its final `host`): the API
@@ -294,7 +311,7 @@ impl Upstream {
         operation: Operation,
         region: &str,
     ) -> Result<(), UpstreamError> {
-        match &self.api_key {
+        match self.api_key_for(region) {
             Some(key) if operation.accepts_api_key() => {
                 request
                     .headers_mut()
@@ -482,6 +499,15 @@ fn request(
         .headers_mut()
         .insert(header::HOST, endpoint.host.clone());
     Ok(request)
+}
+
+/// `Authorization: Bearer <key>`, marked sensitive (never logged by hyper or `Debug`).
+fn bearer(key: &str) -> Result<HeaderValue, UpstreamError> {
+    let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+        UpstreamError::Signing("the upstream API key is not valid header text".into())
+    })?;
+    value.set_sensitive(true);
+    Ok(value)
 }
 
 /// How a connection set behaves with `streams` per connection.

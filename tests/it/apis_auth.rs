@@ -316,3 +316,103 @@ async fn an_upstream_api_key_goes_as_bearer_on_every_operation_that_takes_one() 
         "{missing}"
     );
 }
+
+/// A short-term Bedrock API key is valid in one Region: `upstream.api_key_env_by_region` gives a
+/// Region its own key, which its pools' calls carry in place of `api_key_env`'s; `check-config`
+/// says which Regions would get the default key.
+#[tokio::test]
+async fn each_region_s_calls_carry_that_region_s_api_key() {
+    let sim = start_simulator(&format!(
+        "{FAST_SIM}api_keys = [\"east-key\", \"west-key\"]\n"
+    ))
+    .await;
+    let tap = tap::Tap::start(sim.addr, &[]).await;
+    let config = |by_region: &str| {
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
+             endpoint = \"http://{}\"\napi_key_env = \"TG_EAST_KEY\"\n{by_region}\n{}\n\
+             [[pools]]\nname = \"haiku-west\"\nmodels = [\"{HAIKU}\"]\nregion = \"us-west-2\"\n\
+             tokens_per_minute = 100000\nmax_concurrency = 4\noutput_burndown = 1\ndefault_max_tokens = 100\n",
+            tap.addr,
+            sonnet_pool(100_000, 4)
+        );
+        Config::parse_with_env(&text, &|name| match name {
+            "TG_EAST_KEY" => Some("east-key".into()),
+            "TG_WEST_KEY" => Some("west-key".into()),
+            _ => None,
+        })
+        .map_err(|e| e.to_string())
+    };
+    let one_key = config("").expect("config");
+    assert_eq!(
+        one_key.notes(),
+        [
+            "upstream.api_key_env (TG_EAST_KEY): pools in us-west-2 send this key too; a short-term \
+          Bedrock API key is valid only in the Region it was made for, so if it is one, name a key \
+          for us-west-2 in upstream.api_key_env_by_region"
+        ]
+    );
+    let by_region = "api_key_env_by_region = { \"us-west-2\" = \"TG_WEST_KEY\" }";
+    let config = config(by_region).expect("config");
+    assert_eq!(config.notes(), Vec::<String>::new());
+    let proxy = start_proxy(config).await;
+    let client = sdk_client(proxy.addr, 1);
+    // Sonnet's pool is in us-east-1, Haiku's in us-west-2.
+    for model in [SONNET_US, HAIKU, SONNET_US] {
+        client
+            .converse()
+            .model_id(model)
+            .messages(user_message("hi [sim:output=3]"))
+            .inference_config(max_tokens(20))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{model}: {e:?}"));
+    }
+    let sent: Vec<(bool, String)> = tap
+        .seen()
+        .iter()
+        .map(|r| {
+            let west = r.path.contains("claude-3-haiku");
+            (
+                west,
+                r.headers["authorization"]
+                    .to_str()
+                    .expect("text")
+                    .to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            (false, "Bearer east-key".to_string()),
+            (true, "Bearer west-key".to_string()),
+            (false, "Bearer east-key".to_string()),
+        ]
+    );
+    let stats = sim.simulator.stats();
+    assert_eq!((stats.api_keys.accepted, stats.api_keys.rejected), (3, 0));
+    assert_ledger_zero(&proxy).await;
+
+    let wrong = [
+        (
+            "api_key_env_by_region = { \"US-West\" = \"TG_WEST_KEY\" }",
+            "upstream.api_key_env_by_region.US-West: \"US-West\" is not a Region name",
+        ),
+        (
+            "api_key_env_by_region = { \"us-west-2\" = \"TG_NOT_SET\" }",
+            "upstream.api_key_env_by_region.us-west-2: the environment variable TG_NOT_SET is not set",
+        ),
+    ];
+    for (setting, says) in wrong {
+        let text = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\n[upstream]\nregion = \"us-east-1\"\n\
+             endpoint = \"http://{}\"\n{setting}\n",
+            tap.addr
+        );
+        let err = Config::parse_with_env(&text, &|_| None)
+            .expect_err(setting)
+            .to_string();
+        assert!(err.starts_with(says), "{err}");
+    }
+}

@@ -25,6 +25,8 @@ use hyper_util::{
 /// One request as the tap received it.
 #[derive(Debug, Clone)]
 pub struct Seen {
+    /// The request's path and query, as sent.
+    pub path: String,
     pub headers: HeaderMap,
     pub body: Bytes,
 }
@@ -85,6 +87,7 @@ async fn relay(State(tap): State<Arc<Inner>>, request: Request) -> Response {
         .map_or("/", |p| p.as_str())
         .to_string();
     tap.seen.lock().expect("lock").push(Seen {
+        path: path_and_query.clone(),
         headers: parts.headers.clone(),
         body: body.clone(),
     });
