@@ -51,7 +51,7 @@ use super::{
     relay::{Ceiling, Input, InputRelay, Link},
 };
 use crate::{
-    admission::{Decision, Facts},
+    admission::{Caller, Decision, Facts},
     answer,
     bedrock::{Operation, eventstream::exception_frame, operation::raw_path_and_query},
     observe::Observation,
@@ -87,10 +87,7 @@ pub(super) async fn proxy(
             Err(refusal) => return refusal.into_response(),
         };
     let record = obs.get_or_insert_with(Observation::start);
-    *retryable = call.map(|call| Retryable {
-        route: caller.route.name.clone(),
-        call,
-    });
+    *retryable = Retryable::of(call, &caller);
     record.caller(&caller);
     let no_body = Bytes::new();
     let decision = policy
@@ -124,15 +121,7 @@ pub(super) async fn proxy(
     let input = Input {
         client,
         verifier,
-        ceiling: caller
-            .route
-            .config
-            .max_tokens_ceiling
-            .map(|max_tokens| Ceiling {
-                max_tokens,
-                policy: caller.route.config.max_tokens_policy,
-                route: caller.route.name.clone(),
-            }),
+        ceiling: ceiling(&caller),
         link: link.clone(),
         auth: policy.auth.clone(),
     };
@@ -148,6 +137,16 @@ pub(super) async fn proxy(
             .map(|body| Body::new(DuplexResponse::new(body, link))),
         Err(e) => forward::unreachable(policy, in_flight, &e, OPERATION),
     }
+}
+
+/// The route's `max_tokens_ceiling`, which the session's `sessionStart` is held to.
+fn ceiling(caller: &Caller) -> Option<Ceiling> {
+    let config = &caller.route.config;
+    config.max_tokens_ceiling.map(|max_tokens| Ceiling {
+        max_tokens,
+        policy: config.max_tokens_policy,
+        route: caller.route.name.clone(),
+    })
 }
 
 pin_project! {

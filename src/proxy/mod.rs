@@ -139,6 +139,16 @@ pub(super) struct Retryable {
     pub call: CallId,
 }
 
+impl Retryable {
+    /// `caller`'s call, if its SDK names it.
+    fn of(call: Option<CallId>, caller: &Caller) -> Option<Retryable> {
+        call.map(|call| Retryable {
+            route: caller.route.name.clone(),
+            call,
+        })
+    }
+}
+
 /// Steps 1 to 4; `obs` is taken by an admitted request, whose line is written when it settles;
 /// `retryable` is set once the caller is identified, if its SDK names the call.
 async fn proxy(
@@ -186,10 +196,7 @@ async fn proxy(
         Ok(caller) => caller,
         Err(refusal) => return refusal.into_response_in(dialect),
     };
-    *retryable = call_id.map(|call| Retryable {
-        route: caller.route.name.clone(),
-        call,
-    });
+    *retryable = Retryable::of(call_id, &caller);
     record.caller(&caller);
     let tier = service_tier(&parts.headers);
     let decision = decide(policy, &call, (&body, tier), &caller, record).await;
