@@ -370,14 +370,18 @@ impl Admission {
     }
 
     /// The Region a decided request goes to: its pool's (the pool it was admitted in, for an
-    /// admitted request), else the pool of `model_id`; `None` for a model in no pool (it goes to
-    /// `upstream.region`).
+    /// admitted request), else the pool of `model_id`, else the Region an ARN `model_id` names;
+    /// `None` for any other model in no pool (it goes to `upstream.region`).
     pub fn region_of(&self, decision: &Decision, model_id: Option<&str>) -> Option<String> {
-        let pool = match decision.pool() {
-            Some(pool) => pool,
-            None => self.table.resolve(&ModelRef::parse(model_id?))?.0,
-        };
-        Some(pool.config.region.clone())
+        if let Some(pool) = decision.pool() {
+            return Some(pool.config.region.clone());
+        }
+        let model = ModelRef::parse(model_id?);
+        match self.table.resolve(&model) {
+            Some((pool, _)) => Some(pool.config.region.clone()),
+            // A model no pool meters, named by an ARN: the ARN's Region.
+            None => model.arn_region.map(str::to_string),
+        }
     }
 
     /// Live state of every pool, for `GET /v1/pools`.

@@ -476,9 +476,20 @@ impl PoolTable {
         self.pools.get(index)
     }
 
+    ///
+    /// A pool that lists the id exactly as sent (an ARN, say) comes first. An ARN names its
+    /// Region: it draws on the pool of its resource id only if that pool is in the same Region
+    /// (Bedrock keeps each Region's buckets apart, and the call goes to the ARN's Region).
     pub fn resolve<'a>(&'a self, model: &ModelRef<'a>) -> Option<(&'a Arc<Pool>, &'a str)> {
+        if model.raw != model.resource_id
+            && let Some(&index) = self.by_model.get(model.raw)
+        {
+            return Some((self.pools.get(index)?, model.raw));
+        }
         if let Some(&index) = self.by_model.get(model.resource_id) {
-            return Some((self.pools.get(index)?, model.resource_id));
+            let pool = self.pools.get(index)?;
+            let elsewhere = model.arn_region.is_some_and(|r| r != pool.config.region);
+            return (!elsewhere).then_some((pool, model.resource_id));
         }
         let mapped = self
             .profiles

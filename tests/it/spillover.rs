@@ -405,3 +405,60 @@ async fn a_reload_changes_chains_atomically() {
     release(&proxy, held).await;
     assert_ledger_zero(&proxy).await;
 }
+
+/// An ARN names its Region: a call by a model's us-west-2 ARN draws on the pool that lists that
+/// ARN (in us-west-2) and goes there, never on the pool of the plain id in us-east-1; an ARN of
+/// a Region no pool covers is a model no pool meters.
+#[tokio::test]
+async fn an_arn_draws_on_the_pool_of_its_own_region() {
+    const HAIKU_WEST: &str =
+        "arn:aws:bedrock:us-west-2::foundation-model/anthropic.claude-3-haiku-20240307-v1:0";
+    const HAIKU_EU: &str =
+        "arn:aws:bedrock:eu-west-1::foundation-model/anthropic.claude-3-haiku-20240307-v1:0";
+    let pool = |name: &str, model: &str, region: &str| {
+        format!(
+            "[[pools]]\nname = \"{name}\"\nmodels = [\"{model}\"]\nregion = \"{region}\"\n\
+             tokens_per_minute = 100000\nmax_concurrency = 4\noutput_burndown = 1\ndefault_max_tokens = 500\n"
+        )
+    };
+    let pools = [
+        pool("haiku", HAIKU, "us-east-1"),
+        pool("haiku-west", HAIKU_WEST, "us-west-2"),
+    ]
+    .join("\n");
+    let stack = Stack::start(SIM, &pools, "").await;
+    converse(&stack.client(), HAIKU_WEST).await;
+    converse(&stack.client(), HAIKU).await;
+    converse(&stack.client(), HAIKU_WEST).await;
+    let regions = stack.sim.simulator.stats().regions;
+    let calls = |r: &str| regions.get(r).map_or(0, |s| s.calls.requests);
+    assert_eq!(
+        (calls("us-west-2"), calls("us-east-1")),
+        (2, 1),
+        "{regions:?}"
+    );
+    let admitted = |pool: &str| {
+        metric(
+            &stack.proxy,
+            "tokengate_requests_total",
+            &[
+                ("pool", pool),
+                ("api", "bedrock"),
+                ("operation", "Converse"),
+                ("outcome", "admitted"),
+            ],
+        )
+    };
+    assert_eq!((admitted("haiku-west"), admitted("haiku")), (2.0, 1.0));
+    let r = raw_request(
+        stack.proxy.addr,
+        "POST",
+        &model_path(HAIKU_EU, "converse"),
+        converse_body("hi", Some(10)),
+        false,
+    )
+    .await;
+    assert_eq!((r.status, r.error_type()), (400, "ValidationException"));
+    assert!(r.message().contains("no quota pool"), "{}", r.message());
+    stack.assert_ledger_zero().await;
+}
