@@ -331,6 +331,7 @@ fn quota_report(c: &mut Criterion) {
         reserved: 1_300,
         in_flight: 1,
         queued_for: None,
+        spilled: false,
     };
     let settled = Event::Settled {
         charge: 14,

@@ -32,7 +32,7 @@ use crate::{
 };
 
 /// The interval's counts, name and unit, first in every line (pool and route).
-const COUNTS: [(&str, &str); 7] = [
+const COUNTS: [(&str, &str); 8] = [
     ("Requests", "Count"),
     ("Admitted", "Count"),
     ("Throttles", "Count"),
@@ -40,6 +40,7 @@ const COUNTS: [(&str, &str); 7] = [
     ("TokensReserved", "Count"),
     ("TokensCharged", "Count"),
     ("TokensDemanded", "Count"),
+    ("SpilledIn", "Count"),
 ];
 
 /// The rest of a pool's line: the interval's peaks, then the gauges read from live state.
@@ -242,7 +243,7 @@ impl Emf {
 }
 
 /// The interval counts common to pool and route lines, in the order of the metric tables.
-fn counts(t: &Tally) -> [u64; 7] {
+fn counts(t: &Tally) -> [u64; 8] {
     [
         t.requests,
         t.admitted,
@@ -251,6 +252,7 @@ fn counts(t: &Tally) -> [u64; 7] {
         t.reserved_tokens,
         t.charged_tokens,
         t.demand_tokens,
+        t.spilled_in,
     ]
 }
 

@@ -239,6 +239,7 @@ impl Observer {
                 reserved: hold.reserved(),
                 in_flight: pool.load.in_flight(),
                 queued_for: admitted.queued_for,
+                spilled: admitted.spilled_from.is_some(),
             },
         );
         if let Some(e) = &admitted.count_tokens_failed {

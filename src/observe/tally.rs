@@ -12,11 +12,13 @@ use crate::bedrock::Usage;
 /// One thing that happened to a request, as the tallies count it.
 #[derive(Debug, Clone, Copy)]
 pub enum Event {
-    /// Admitted, reserving `reserved`; `in_flight` is the pool's count with it.
+    /// Admitted, reserving `reserved`; `in_flight` is the pool's count with it; `spilled`: it
+    /// came down another pool's spill chain (its home pool could not admit it now).
     Admitted {
         reserved: u64,
         in_flight: u64,
         queued_for: Option<Duration>,
+        spilled: bool,
     },
     /// Turned away by a limit or the queue (a 429). `demand` is its reservation when it was a
     /// first attempt (an SDK's retries of one call count once), else `None`.
@@ -49,6 +51,8 @@ pub struct Tally {
     /// Tokens asked for: the reservations of admitted requests and of first attempts turned
     /// away. What the pool would have had to hold to refuse nobody.
     pub demand_tokens: u64,
+    /// Requests admitted here that came down another pool's spill chain.
+    pub spilled_in: u64,
     /// The most requests in flight in the pool at once, seen at admissions.
     pub peak_in_flight: u64,
     /// Queue waits, summed and the longest, in milliseconds.
@@ -63,9 +67,11 @@ impl Tally {
                 reserved,
                 in_flight,
                 queued_for,
+                spilled,
             } => {
                 self.requests += 1;
                 self.admitted += 1;
+                self.spilled_in += u64::from(spilled);
                 self.reserved_tokens += reserved;
                 self.demand_tokens += reserved;
                 self.peak_in_flight = self.peak_in_flight.max(in_flight);
@@ -104,14 +110,16 @@ mod tests {
     #[test]
     fn a_tally_counts_demand_once_per_call_and_keeps_peaks() {
         let mut t = Tally::default();
-        let admitted = |reserved, in_flight, queued_for| Event::Admitted {
+        let admitted = |reserved, in_flight, queued_for, spilled| Event::Admitted {
             reserved,
             in_flight,
             queued_for,
+            spilled,
         };
-        t.record(&admitted(100, 1, None));
-        t.record(&admitted(300, 3, Some(Duration::from_millis(250))));
-        t.record(&admitted(50, 2, None));
+        t.record(&admitted(100, 1, None, false));
+        t.record(&admitted(300, 3, Some(Duration::from_millis(250)), false));
+        // Down another pool's spill chain.
+        t.record(&admitted(50, 2, None, true));
         t.record(&Event::Throttled {
             demand: Some(700),
             queued_for: Some(Duration::from_micros(1_000_001)),
@@ -137,6 +145,7 @@ mod tests {
                 reserved_tokens: 450,
                 charged_tokens: 80,
                 demand_tokens: 1150,
+                spilled_in: 1,
                 peak_in_flight: 3,
                 queue_wait_ms: 250 + 1001,
                 queue_wait_max_ms: 1001,

@@ -312,3 +312,60 @@ async fn next_line(
         .expect("stdout")
         .expect("a line")
 }
+
+/// A request that spilled counts in `SpilledIn` of the pool it ran in (and of its route there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spilled_request_counts_in_the_pool_it_ran_in() {
+    const HAIKU_WEST: &str =
+        "arn:aws:bedrock:us-west-2::foundation-model/anthropic.claude-3-haiku-20240307-v1:0";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("emf.log");
+    let pools = format!(
+        "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 100000\n\
+         max_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n\
+         spill_to = [\"haiku-west\"]\n\n[[pools]]\nname = \"haiku-west\"\nmodels = [\"{HAIKU_WEST}\"]\n\
+         region = \"us-west-2\"\ntokens_per_minute = 100000\nmax_concurrency = 1\noutput_burndown = 1\n\
+         default_max_tokens = 100\nmax_wait_ms = 0\n"
+    );
+    let extra = format!(
+        "[[routes]]\nname = \"default\"\nspill = true\n\n[metrics]\ncloudwatch_emf = \"{}\"\n\
+         cloudwatch_emf_interval_secs = 1\n",
+        path.display()
+    );
+    let sim = "time_to_first_token_ms = 0\ntokens_per_second = 0\nstall_ms = 1500\n";
+    let stack = Stack::start(sim, &pools, &extra).await;
+    let addr = stack.proxy.addr;
+    let call = |text: &'static str| async move {
+        raw_request(
+            addr,
+            "POST",
+            &model_path(HAIKU, "converse"),
+            converse_body(text, Some(10)),
+            false,
+        )
+        .await
+        .status
+    };
+    // The home pool's only permit, held; the next call spills.
+    let held = tokio::spawn(call("[sim:fault=stall] held"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while in_flight(&stack.proxy, "haiku") == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the held call was not admitted"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(call("[sim:output=3] spills").await, 200);
+    assert_eq!(held.await.expect("task"), 200);
+    stack.assert_ledger_zero().await;
+    let (sim, proxy) = (stack.sim, stack.proxy);
+    proxy.shutdown().await.expect("shutdown");
+    sim.shutdown().await;
+
+    let t = totals(&std::fs::read_to_string(&path).expect("the EMF file"));
+    let counts = |key: &str| (t[key]["Admitted"], t[key]["SpilledIn"]);
+    assert_eq!(counts("haiku"), (1.0, 0.0));
+    assert_eq!(counts("haiku-west"), (1.0, 1.0));
+    assert_eq!(counts("haiku-west/default"), (1.0, 1.0));
+}

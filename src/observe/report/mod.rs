@@ -165,6 +165,7 @@ fn add(to: &mut Tally, t: &Tally) {
     to.reserved_tokens += t.reserved_tokens;
     to.charged_tokens += t.charged_tokens;
     to.demand_tokens += t.demand_tokens;
+    to.spilled_in += t.spilled_in;
     to.peak_in_flight = to.peak_in_flight.max(t.peak_in_flight);
     to.queue_wait_ms += t.queue_wait_ms;
     to.queue_wait_max_ms = to.queue_wait_max_ms.max(t.queue_wait_max_ms);

@@ -133,6 +133,7 @@ mod tests {
             reserved,
             in_flight: 1,
             queued_for: None,
+            spilled: false,
         }
     }
 
