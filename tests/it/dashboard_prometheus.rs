@@ -19,9 +19,6 @@ use serde_json::Value;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const NOVA: &str = "us.amazon.nova-lite-v1:0";
-/// Claude 3 Haiku on demand in us-west-2: where the haiku pool spills.
-const HAIKU_WEST: &str =
-    "arn:aws:bedrock:us-west-2::foundation-model/anthropic.claude-3-haiku-20240307-v1:0";
 
 /// Grafana's `$__rate_interval` for a 1 s scrape on a short range, and the range itself.
 const RATE_INTERVAL: &str = "20s";

@@ -316,17 +316,9 @@ async fn next_line(
 /// A request that spilled counts in `SpilledIn` of the pool it ran in (and of its route there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spilled_request_counts_in_the_pool_it_ran_in() {
-    const HAIKU_WEST: &str =
-        "arn:aws:bedrock:us-west-2::foundation-model/anthropic.claude-3-haiku-20240307-v1:0";
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("emf.log");
-    let pools = format!(
-        "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 100000\n\
-         max_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n\
-         spill_to = [\"haiku-west\"]\n\n[[pools]]\nname = \"haiku-west\"\nmodels = [\"{HAIKU_WEST}\"]\n\
-         region = \"us-west-2\"\ntokens_per_minute = 100000\nmax_concurrency = 1\noutput_burndown = 1\n\
-         default_max_tokens = 100\nmax_wait_ms = 0\n"
-    );
+    let pools = haiku_spilling_west();
     let extra = format!(
         "[[routes]]\nname = \"default\"\nspill = true\n\n[metrics]\ncloudwatch_emf = \"{}\"\n\
          cloudwatch_emf_interval_secs = 1\n",

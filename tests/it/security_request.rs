@@ -530,62 +530,76 @@ async fn the_max_tokens_ceiling_cannot_be_dodged() {
     stack.assert_ledger_zero().await;
 }
 
-/// Point 9: the retry reserve is for SDK retries of calls this proxy turned away. Saying
-/// `attempt=2` is not enough: a "retry" of a call never rejected waits like a first attempt,
-/// and the retry of a call that was rejected gets the reserve.
-#[tokio::test]
-async fn a_forged_retry_gets_no_reserve() {
-    // Calls of 208 tokens (8 in, 200 out) against a bucket of 1,200 that refills 20 a second, 540
-    // of it kept for retries: three first attempts fit, then one lacks about 170 tokens (some 8 s
-    // of refill, so a slow machine does not turn the refusals below into admissions), and the
-    // retry reserve holds two more calls.
-    let pool = format!(
+/// A pool for the retry reserve's tests: calls of 208-240 tokens (8-40 in, 200 out) against a
+/// bucket of 1,200 that refills 20 a second, 540 of it kept for retries: three first attempts
+/// fit, then one lacks about 170 tokens (some 8 s of refill, so a slow machine does not turn the
+/// refusals below into admissions), and the retry reserve holds two more calls.
+fn reserve_pool() -> String {
+    format!(
         "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1200\n\
          max_concurrency = 64\noutput_burndown = 1\ndefault_max_tokens = 500\nmax_wait_ms = 0\n\
          retry_reserve = 0.45\n"
-    );
-    let stack = Stack::start(FAST_SIM, &pool, "").await;
-    let addr = stack.proxy.addr;
-    let path = model_path(HAIKU, "converse");
-    let body = converse_body("[sim:output=200] go", Some(200));
-    let call = |id: String, attempt: &'static str| {
-        let (path, body) = (path.clone(), body.clone());
-        async move {
-            let headers = [
-                ("amz-sdk-invocation-id", id.as_str()),
-                ("amz-sdk-request", attempt),
-            ];
-            raw_request_with(addr, "POST", &path, body, false, &headers)
-                .await
-                .status
-        }
-    };
+    )
+}
+
+/// Through `call(n, attempt)` (call `n`'s attempt `attempt`, from 1), against [`reserve_pool`]:
+/// first attempts fill the pool until one is turned away; a "retry" of a call never turned away
+/// waits like a first attempt; the retry of the call turned away gets the reserve, once.
+async fn a_rejection_vouches_for_one_retry<F, Fut>(stack: &Stack, call: F)
+where
+    F: Fn(u32, u32) -> Fut,
+    Fut: std::future::Future<Output = u16>,
+{
     let mut n = 0;
     let rejected = loop {
-        let id = format!("first-{n}");
-        if call(id.clone(), "attempt=1; max=3").await == 429 {
-            break id;
+        if call(n, 1).await == 429 {
+            break n;
         }
         n += 1;
         assert!(n < 20, "the pool never filled");
     };
     assert_eq!(
-        call("never-rejected".into(), "attempt=2; max=3").await,
+        call(99, 2).await,
         429,
-        "a forged retry waits like a first attempt"
+        "a retry of a call never turned away waits like a first attempt"
     );
-    assert_eq!(call(rejected.clone(), "attempt=2; max=3").await, 200);
+    assert_eq!(call(rejected, 2).await, 200);
     assert_eq!(
-        call(rejected, "attempt=3; max=3").await,
+        call(rejected, 3).await,
         429,
         "one rejection vouches for one retry"
     );
-    scrape(addr).await.expect(
+    scrape(stack.proxy.addr).await.expect(
         "tokengate_recovery_admissions_total",
         &[("pool", "haiku"), ("route", "default")],
         1.0,
     );
     stack.assert_ledger_zero().await;
+}
+
+/// Point 9: the retry reserve is for SDK retries of calls this proxy turned away. Saying
+/// `attempt=2` is not enough: a "retry" of a call never rejected waits like a first attempt,
+/// and the retry of a call that was rejected gets the reserve.
+#[tokio::test]
+async fn a_forged_retry_gets_no_reserve() {
+    let stack = Stack::start(FAST_SIM, &reserve_pool(), "").await;
+    let addr = stack.proxy.addr;
+    let path = model_path(HAIKU, "converse");
+    let body = converse_body("[sim:output=200] go", Some(200));
+    a_rejection_vouches_for_one_retry(&stack, |n, attempt| {
+        let (path, body) = (path.clone(), body.clone());
+        async move {
+            let (id, attempt) = (format!("call-{n}"), format!("attempt={attempt}; max=3"));
+            let headers = [
+                ("amz-sdk-invocation-id", id.as_str()),
+                ("amz-sdk-request", attempt.as_str()),
+            ];
+            raw_request_with(addr, "POST", &path, body, false, &headers)
+                .await
+                .status
+        }
+    })
+    .await;
 }
 
 /// Point 9 for the OpenAI and Anthropic SDKs, which send no call id: they count their retries in
@@ -594,54 +608,28 @@ async fn a_forged_retry_gets_no_reserve() {
 /// retry.
 #[tokio::test]
 async fn an_anthropic_sdk_retry_of_a_body_turned_away_gets_the_reserve() {
-    // As above: calls of about 240 tokens against a bucket of 1,200 (20 a second), 540 of it
-    // kept for retries.
-    let pool = format!(
-        "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 1200\n\
-         max_concurrency = 64\noutput_burndown = 1\ndefault_max_tokens = 500\nmax_wait_ms = 0\n\
-         retry_reserve = 0.45\n"
-    );
-    let stack = Stack::start(FAST_SIM, &pool, "").await;
+    let stack = Stack::start(FAST_SIM, &reserve_pool(), "").await;
     let addr = stack.proxy.addr;
-    let body = |n: u32| {
-        serde_json::json!({"model": HAIKU, "max_tokens": 200,
-            "messages": [{"role": "user", "content": format!("[sim:output=200] go {n:02}")}]})
-        .to_string()
-    };
-    let call = |body: String, retries: &'static str| async move {
+    a_rejection_vouches_for_one_retry(&stack, |n, attempt| async move {
+        let body = serde_json::json!({"model": HAIKU, "max_tokens": 200,
+            "messages": [{"role": "user", "content": format!("[sim:output=200] go {n:02}")}]});
+        let retries = (attempt - 1).to_string();
         let headers = [
             ("anthropic-version", "2023-06-01"),
-            ("x-stainless-retry-count", retries),
+            ("x-stainless-retry-count", retries.as_str()),
         ];
-        raw_request_with(addr, "POST", apis::MESSAGES, body, false, &headers)
-            .await
-            .status
-    };
-    let mut n = 0;
-    let rejected = loop {
-        if call(body(n), "0").await == 429 {
-            break body(n);
-        }
-        n += 1;
-        assert!(n < 20, "the pool never filled");
-    };
-    assert_eq!(
-        call(body(99), "1").await,
-        429,
-        "a retry of a body never turned away waits like a first attempt"
-    );
-    assert_eq!(call(rejected.clone(), "1").await, 200);
-    assert_eq!(
-        call(rejected, "2").await,
-        429,
-        "one rejection vouches for one retry"
-    );
-    scrape(addr).await.expect(
-        "tokengate_recovery_admissions_total",
-        &[("pool", "haiku"), ("route", "default")],
-        1.0,
-    );
-    stack.assert_ledger_zero().await;
+        raw_request_with(
+            addr,
+            "POST",
+            apis::MESSAGES,
+            body.to_string(),
+            false,
+            &headers,
+        )
+        .await
+        .status
+    })
+    .await;
 }
 
 /// Point 8: plaintext bearer keys are for a loopback listener only.

@@ -411,8 +411,6 @@ async fn a_reload_changes_chains_atomically() {
 /// a Region no pool covers is a model no pool meters.
 #[tokio::test]
 async fn an_arn_draws_on_the_pool_of_its_own_region() {
-    const HAIKU_WEST: &str =
-        "arn:aws:bedrock:us-west-2::foundation-model/anthropic.claude-3-haiku-20240307-v1:0";
     const HAIKU_EU: &str =
         "arn:aws:bedrock:eu-west-1::foundation-model/anthropic.claude-3-haiku-20240307-v1:0";
     let pool = |name: &str, model: &str, region: &str| {

@@ -414,16 +414,8 @@ async fn without_tracing_a_signed_caller_context_passes_through_and_an_unsigned_
 /// A request that spilled: its span names the pool it ran in and its home pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spilled_request_s_span_names_its_home_pool() {
-    const HAIKU_WEST: &str =
-        "arn:aws:bedrock:us-west-2::foundation-model/anthropic.claude-3-haiku-20240307-v1:0";
     let (otlp, received) = http_receiver().await;
-    let pools = format!(
-        "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 100000\n\
-         max_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n\
-         spill_to = [\"haiku-west\"]\n\n[[pools]]\nname = \"haiku-west\"\nmodels = [\"{HAIKU_WEST}\"]\n\
-         region = \"us-west-2\"\ntokens_per_minute = 100000\nmax_concurrency = 1\noutput_burndown = 1\n\
-         default_max_tokens = 100\nmax_wait_ms = 0\n"
-    );
+    let pools = haiku_spilling_west();
     let config = format!(
         "{}\n[[routes]]\nname = \"default\"\nspill = true\n",
         tracing_config(&format!("http://{otlp}"), "http/protobuf")

@@ -36,6 +36,22 @@ pub const SONNET_US: &str = "us.anthropic.claude-sonnet-4-20250514-v1:0";
 pub const SONNET_GLOBAL: &str = "global.anthropic.claude-sonnet-4-20250514-v1:0";
 pub const SONNET_US_ARN: &str = "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude-sonnet-4-20250514-v1:0";
 pub const HAIKU: &str = "anthropic.claude-3-haiku-20240307-v1:0";
+/// Claude 3 Haiku on demand in us-west-2, named by its ARN there (a spill target).
+pub const HAIKU_WEST: &str =
+    "arn:aws:bedrock:us-west-2::foundation-model/anthropic.claude-3-haiku-20240307-v1:0";
+
+/// Two pools of one permit each, queueing nothing: `haiku` (on demand in the upstream Region)
+/// spilling to `haiku-west` ([`HAIKU_WEST`]). Spilling needs a route that allows it (`spill =
+/// true`).
+pub fn haiku_spilling_west() -> String {
+    format!(
+        "[[pools]]\nname = \"haiku\"\nmodels = [\"{HAIKU}\"]\ntokens_per_minute = 100000\n\
+         max_concurrency = 1\noutput_burndown = 1\ndefault_max_tokens = 100\nmax_wait_ms = 0\n\
+         spill_to = [\"haiku-west\"]\n\n[[pools]]\nname = \"haiku-west\"\nmodels = [\"{HAIKU_WEST}\"]\n\
+         region = \"us-west-2\"\ntokens_per_minute = 100000\nmax_concurrency = 1\noutput_burndown = 1\n\
+         default_max_tokens = 100\nmax_wait_ms = 0\n"
+    )
+}
 
 /// The proxy's own credentials (what the simulator should see).
 pub const PROXY_KEY_ID: &str = "AKIATOKENGATEPROXY01";
