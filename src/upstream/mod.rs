@@ -197,17 +197,21 @@ impl Upstream {
         idle_timeout: Duration,
     ) -> Result<Upstream, UpstreamError> {
         let endpoint = Endpoint::new(&base)?;
-        let shown = &endpoint.shown;
-        let client = legacy_client(connector(Alpn::Both, connect_timeout, shown)?);
-        let streams = DEFAULT_H2_STREAMS_PER_CONNECTION;
-        let duplex = ConnectionSet::new(
-            connector(Alpn::H2, connect_timeout, shown)?,
-            h2_settings(streams, connect_timeout),
-        );
-        Upstream {
+        let Clients {
             client,
-            h2: None,
-            h2_plain_http: false,
+            h2,
+            h2_plain_http,
+            duplex,
+        } = Clients::new(
+            UpstreamHttp::Auto,
+            DEFAULT_H2_STREAMS_PER_CONNECTION,
+            connect_timeout,
+            &endpoint.shown,
+        )?;
+        Ok(Upstream {
+            client,
+            h2,
+            h2_plain_http,
             duplex,
             endpoints: Endpoints::Fixed(Arc::new(endpoint)),
             signer,
@@ -217,8 +221,7 @@ impl Upstream {
             idle_timeout,
             connect_timeout,
             deadline: CancellationToken::new(),
-        }
-        .with_http(UpstreamHttp::Auto, streams)
+        })
     }
 
     /// Speaks `http` upstream (`upstream.http`), with at most `h2_streams_per_connection`
@@ -229,23 +232,16 @@ impl Upstream {
         h2_streams_per_connection: u32,
     ) -> Result<Upstream, UpstreamError> {
         let shown = self.shown();
-        let timeout = self.connect_timeout;
-        let settings = h2_settings(h2_streams_per_connection, timeout);
-        let (h1, h2) = match http {
-            UpstreamHttp::Auto => (Alpn::Both, Some(Alpn::Both)),
-            UpstreamHttp::Http1 => (Alpn::H1, None),
-            UpstreamHttp::Http2 => (Alpn::H2, Some(Alpn::H2)),
-        };
-        self.client = legacy_client(connector(h1, timeout, &shown)?);
-        self.h2 = match h2 {
-            Some(alpn) => Some(ConnectionSet::new(
-                connector(alpn, timeout, &shown)?,
-                settings,
-            )),
-            None => None,
-        };
-        self.h2_plain_http = http == UpstreamHttp::Http2;
-        self.duplex = ConnectionSet::new(connector(Alpn::H2, timeout, &shown)?, settings);
+        let clients = Clients::new(
+            http,
+            h2_streams_per_connection,
+            self.connect_timeout,
+            &shown,
+        )?;
+        self.client = clients.client;
+        self.h2 = clients.h2;
+        self.h2_plain_http = clients.h2_plain_http;
+        self.duplex = clients.duplex;
         Ok(self)
     }
 
@@ -291,12 +287,6 @@ impl Upstream {
         self.region_api_keys
             .insert(region.to_string(), bearer(key)?);
         Ok(self)
-    }
-
-    /// Whether `operation` goes upstream to `region` with an API key rather than a SigV4
-    /// signature.
-    pub fn uses_api_key(&self, operation: Operation, region: &str) -> bool {
-        self.api_key_for(region).is_some() && operation.accepts_api_key()
     }
 
     fn api_key_for(&self, region: &str) -> Option<&HeaderValue> {
@@ -508,6 +498,43 @@ fn bearer(key: &str) -> Result<HeaderValue, UpstreamError> {
     })?;
     value.set_sensitive(true);
     Ok(value)
+}
+
+/// The clients that carry requests upstream, for one `upstream.http`.
+struct Clients {
+    client: Client<Connector, Full<Bytes>>,
+    h2: Option<ConnectionSet<Full<Bytes>>>,
+    h2_plain_http: bool,
+    duplex: ConnectionSet<DuplexBody>,
+}
+
+impl Clients {
+    fn new(
+        http: UpstreamHttp,
+        streams: u32,
+        timeout: Duration,
+        shown: &str,
+    ) -> Result<Clients, UpstreamError> {
+        let settings = h2_settings(streams, timeout);
+        let (h1, h2) = match http {
+            UpstreamHttp::Auto => (Alpn::Both, Some(Alpn::Both)),
+            UpstreamHttp::Http1 => (Alpn::H1, None),
+            UpstreamHttp::Http2 => (Alpn::H2, Some(Alpn::H2)),
+        };
+        let h2 = match h2 {
+            Some(alpn) => Some(ConnectionSet::new(
+                connector(alpn, timeout, shown)?,
+                settings,
+            )),
+            None => None,
+        };
+        Ok(Clients {
+            client: legacy_client(connector(h1, timeout, shown)?),
+            h2,
+            h2_plain_http: http == UpstreamHttp::Http2,
+            duplex: ConnectionSet::new(connector(Alpn::H2, timeout, shown)?, settings),
+        })
+    }
 }
 
 /// How a connection set behaves with `streams` per connection.
