@@ -1,6 +1,6 @@
 //! The listener: HTTP/1.1 and HTTP/2 (h2c prior knowledge, or ALPN `h2` over TLS) on one port,
-//! served by hyper-util's auto builder, with what a client may hold bounded, and graceful
-//! shutdown.
+//! told apart by their first bytes ([`protocol`]) and served by hyper, with what a client may
+//! hold bounded, and graceful shutdown.
 //!
 //! Tests own the socket: they bind `127.0.0.1:0`, read the address, and pass the listener in.
 //!
@@ -27,6 +27,7 @@
 
 mod connection;
 pub mod fd_limit;
+mod protocol;
 mod registry;
 mod service;
 mod tls;
@@ -35,10 +36,6 @@ use std::{future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
 
 use bytes::Bytes;
 use hyper::body::Incoming;
-use hyper_util::{
-    rt::{TokioExecutor, TokioIo, TokioTimer},
-    server::conn::auto,
-};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::TcpListener,
@@ -48,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::ListenerMetrics;
 use connection::{Expiry, Timeouts, TrackedIo};
+use protocol::Protocols;
 use registry::{Connections, Slot};
 use service::ConnService;
 pub use service::{MAX_HEADER_BYTES, MAX_HEADER_FIELDS};
@@ -143,28 +141,6 @@ const LISTEN_BACKLOG: i32 = 4096;
 /// After the drain deadline, how long responses that were told to end may take to flush theirs.
 const FLUSH_AFTER_DEADLINE: Duration = Duration::from_secs(2);
 
-/// hyper's connection settings for `options`.
-fn builder(options: &ServeOptions) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .max_buf_size(service::HYPER_MAX_HEAD_BYTES)
-        .max_headers(service::HYPER_MAX_HEADER_FIELDS)
-        .keep_alive(true)
-        .timer(TokioTimer::new())
-        // Head and idle timeouts are the connection task's (hyper's would close an idle
-        // keep-alive connection at the header timeout).
-        .header_read_timeout(None);
-    builder
-        .http2()
-        .max_header_list_size(service::HYPER_MAX_HEAD_BYTES as u32)
-        .max_concurrent_streams(options.h2_max_concurrent_streams)
-        .keep_alive_interval(options.h2_keep_alive_interval)
-        .keep_alive_timeout(options.h2_keep_alive_timeout)
-        .timer(TokioTimer::new());
-    builder
-}
-
 /// Serves `service` on `listener` until `shutdown` resolves, then drains (see [`ServeOptions`]).
 ///
 /// A service error closes its connection without an answer (the simulator uses this to play a
@@ -180,7 +156,7 @@ pub async fn serve<S: HttpService<B>, B: ResponseBody>(
     if let Err(e) = rustix::net::listen(&listener, LISTEN_BACKLOG) {
         tracing::debug!(error = %e, "could not widen the accept queue");
     }
-    let builder = Arc::new(builder(&options));
+    let protocols = Arc::new(Protocols::new(&options));
     let connections = Connections::new(options.max_connections, options.metrics.clone());
     let timeouts = Timeouts {
         header: options.header_read_timeout,
@@ -211,18 +187,15 @@ pub async fn serve<S: HttpService<B>, B: ResponseBody>(
             peer,
             timeouts,
             drain: drain.clone(),
-            builder: builder.clone(),
+            protocols: protocols.clone(),
         };
         let service = service.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
             match tls {
                 None => task.serve(stream, service).await,
-                Some(acceptor) => {
-                    if let Some(tls_stream) = task.handshake(&acceptor, stream).await {
-                        task.serve(tls_stream, service).await;
-                    }
-                }
+                // On the heap, so that a plain connection's task is not as large as a TLS one's.
+                Some(acceptor) => Box::pin(task.serve_tls(&acceptor, stream, service)).await,
             }
         });
     }
@@ -248,7 +221,7 @@ struct Task {
     peer: SocketAddr,
     timeouts: Timeouts,
     drain: CancellationToken,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    protocols: Arc<Protocols>,
 }
 
 impl Task {
@@ -292,16 +265,28 @@ impl Task {
         }
     }
 
+    /// The TLS handshake, then [`Task::serve`].
+    async fn serve_tls<S: HttpService<B>, B: ResponseBody>(
+        self,
+        acceptor: &TlsAcceptor,
+        stream: tokio::net::TcpStream,
+        service: S,
+    ) {
+        if let Some(tls_stream) = self.handshake(acceptor, stream).await {
+            self.serve(tls_stream, service).await;
+        }
+    }
+
     /// Serves the connection until it ends, a timeout passes, or it is told to close.
     async fn serve<I, S: HttpService<B>, B: ResponseBody>(self, io: I, service: S)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let activity = self.slot.activity.clone();
-        let io = TokioIo::new(TrackedIo::new(io, activity.clone()));
+        let io = TrackedIo::new(io, activity.clone());
         let conn = self
-            .builder
-            .serve_connection_with_upgrades(io, ConnService::new(service, activity.clone()));
+            .protocols
+            .serve(io, ConnService::new(service, activity.clone()));
         tokio::pin!(conn);
         let peer = self.peer;
         let mut closing = None;
