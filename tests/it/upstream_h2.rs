@@ -269,6 +269,26 @@ enum AfterOne {
     RefuseMore,
 }
 
+/// Reads a call's body and answers it with [`CONVERSE_ANSWER`].
+async fn answer_converse(
+    request: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<bytes::Bytes>,
+) {
+    let mut body = request.into_body();
+    while let Some(Ok(chunk)) = body.data().await {
+        let _ = body.flow_control().release_capacity(chunk.len());
+    }
+    let head = http::Response::builder()
+        .status(200)
+        .header("content-type", "application/json")
+        .body(())
+        .expect("response head");
+    if let Ok(mut send) = respond.send_response(head, false) {
+        let answer = bytes::Bytes::from_static(CONVERSE_ANSWER.as_bytes());
+        let _ = send.send_data(answer, true);
+    }
+}
+
 /// An HTTP/2 server (prior knowledge) that answers the first call of each connection with
 /// [`CONVERSE_ANSWER`], then does `after`; counts the connections it accepted.
 async fn serve_one_call_per_connection(
@@ -288,19 +308,7 @@ async fn serve_one_call_per_connection(
                     respond.send_reset(h2::Reason::REFUSED_STREAM);
                     continue;
                 }
-                let mut body = request.into_body();
-                while let Some(Ok(chunk)) = body.data().await {
-                    let _ = body.flow_control().release_capacity(chunk.len());
-                }
-                let head = http::Response::builder()
-                    .status(200)
-                    .header("content-type", "application/json")
-                    .body(())
-                    .expect("response head");
-                if let Ok(mut send) = respond.send_response(head, false) {
-                    let answer = bytes::Bytes::from_static(CONVERSE_ANSWER.as_bytes());
-                    let _ = send.send_data(answer, true);
-                }
+                answer_converse(request, respond).await;
                 answered = true;
                 if let AfterOne::SendAway = after {
                     connection.graceful_shutdown();
@@ -328,9 +336,13 @@ async fn one_call_per_connection(after: AfterOne) -> (Gateway, Arc<AtomicUsize>)
 }
 
 async fn converse_call(proxy: &Gateway, i: usize) {
+    converse_call_at(proxy.addr, i).await;
+}
+
+async fn converse_call_at(proxy: std::net::SocketAddr, i: usize) {
     let body = converse_body(&format!("call {i}"), Some(100));
     let r = raw_request(
-        proxy.addr,
+        proxy,
         "POST",
         &model_path(SONNET_US, "converse"),
         body,
@@ -367,6 +379,77 @@ async fn a_refused_stream_goes_again_on_another_connection() {
     // The first connection refuses this one: it goes again, on a second connection.
     converse_call(&proxy, 1).await;
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    assert_ledger_zero(&proxy).await;
+    assert_eq!(settlements(&proxy, "sonnet4-us", "usage"), 2);
+}
+
+/// An HTTP/2 server (prior knowledge) that sends its first connection away (GOAWAY) as soon as
+/// that connection's first call arrives, tells `held`, and answers that call only once `release`
+/// is told; every other call it answers at once. Counts the calls it received.
+async fn serve_sending_the_first_connection_away(
+    listener: tokio::net::TcpListener,
+    received: Arc<AtomicUsize>,
+    held: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Notify>,
+) {
+    let mut first_connection = true;
+    while let Ok((socket, _)) = listener.accept().await {
+        let mut send_away = std::mem::replace(&mut first_connection, false);
+        let (received, held, release) = (received.clone(), held.clone(), release.clone());
+        tokio::spawn(async move {
+            let Ok(mut connection) = h2::server::handshake(socket).await else {
+                return;
+            };
+            while let Some(Ok((request, respond))) = connection.accept().await {
+                received.fetch_add(1, Ordering::SeqCst);
+                if std::mem::replace(&mut send_away, false) {
+                    connection.graceful_shutdown();
+                    let (held, release) = (held.clone(), release.clone());
+                    tokio::spawn(async move {
+                        held.notify_one();
+                        release.notified().await;
+                        answer_converse(request, respond).await;
+                    });
+                } else {
+                    tokio::spawn(answer_converse(request, respond));
+                }
+            }
+        });
+    }
+}
+
+/// A GOAWAY that arrives while a stream is in flight (AWS front ends send one when they rotate a
+/// connection) lets that stream finish where it is: its answer reaches the caller, it is not sent
+/// a second time, and its reservation settles on its usage. A call made meanwhile is answered.
+#[tokio::test]
+async fn a_stream_in_flight_when_its_connection_is_sent_away_finishes() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let upstream = listener.local_addr().expect("addr");
+    let received = Arc::new(AtomicUsize::new(0));
+    let (held, release) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    tokio::spawn(serve_sending_the_first_connection_away(
+        listener,
+        received.clone(),
+        held.clone(),
+        release.clone(),
+    ));
+    let config = proxy_config(upstream, &sonnet_pool(100_000_000, 8), "http = \"http2\"\n");
+    let proxy = start_proxy(config).await;
+    let first = tokio::spawn(converse_call_at(proxy.addr, 0));
+    tokio::time::timeout(Duration::from_secs(20), held.notified())
+        .await
+        .expect("the first call reached the server");
+    converse_call(&proxy, 1).await;
+    release.notify_one();
+    first
+        .await
+        .expect("the first call, answered after its connection was sent away");
+    assert_eq!(received.load(Ordering::SeqCst), 2, "no call was sent twice");
     assert_ledger_zero(&proxy).await;
     assert_eq!(settlements(&proxy, "sonnet4-us", "usage"), 2);
 }
