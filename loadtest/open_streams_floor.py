@@ -9,7 +9,7 @@ first bytes are in. The simulator is the floor: the same server stack as tokenga
 of tokengate's per call (no upstream connection, no reservation, no metering). Each process is its
 own; loopback only; Linux.
 
-    python3 loadtest/open_streams_floor.py target/release/tokengate [--streams 2000] [--http http2 http1]
+    python3 loadtest/open_streams_floor.py target/release/tokengate [--streams 2000] [--at-once 200] [--http http2 http1]
 
 It prints one JSON line per process: idle RSS, RSS with the streams open, and KiB per stream.
 """
@@ -33,7 +33,6 @@ PATH = f"/model/{MODEL.replace(':', '%3A')}/converse-stream"
 BODY = json.dumps({"messages": [{"role": "user", "content": [{"text": "[sim:fault=stall] [sim:output=20] hi"}]}],
                    "inferenceConfig": {"maxTokens": 100}}).encode()
 AUTH = "AWS4-HMAC-SHA256 Credential=x/20260101/us-east-1/bedrock/aws4_request, SignedHeaders=host, Signature=0"
-OPENING_AT_ONCE = 200  # connections being opened at a time (all stay open)
 
 
 def simulator_config() -> str:
@@ -64,9 +63,9 @@ async def open_stream(addr: str, opening: asyncio.Semaphore):
     return writer
 
 
-async def hold_streams(addr: str, n: int, pid: int) -> dict:
+async def hold_streams(addr: str, n: int, at_once: int, pid: int) -> dict:
     """Opens `n` streams at `addr`; `pid`'s RSS with all of them open."""
-    opening = asyncio.Semaphore(OPENING_AT_ONCE)
+    opening = asyncio.Semaphore(at_once)
     writers = await asyncio.wait_for(asyncio.gather(*(open_stream(addr, opening) for _ in range(n))), 120)
     open_kib = rss_kib(pid)
     for w in writers:
@@ -74,9 +73,9 @@ async def hold_streams(addr: str, n: int, pid: int) -> dict:
     return {"streams": len(writers), "rss_open_kib": open_kib}
 
 
-def measure(name: str, addr: str, pid: int, n: int) -> None:
+def measure(name: str, addr: str, pid: int, n: int, at_once: int) -> None:
     idle = rss_kib(pid)
-    held = asyncio.run(hold_streams(addr, n, pid))
+    held = asyncio.run(hold_streams(addr, n, at_once, pid))
     per_stream = (held["rss_open_kib"] - idle) / n
     print(json.dumps({"process": name, "idle_mib": round(idle / 1024, 1),
                       "open_mib": round(held["rss_open_kib"] / 1024, 1), "streams": held["streams"],
@@ -87,6 +86,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("binary", help="a release build of tokengate")
     parser.add_argument("--streams", type=int, default=2000)
+    parser.add_argument("--at-once", type=int, default=200,
+                        help="streams being opened at a time (all stay open); --at-once 2000 opens them in one burst")
     parser.add_argument("--http", nargs="+", default=["http2", "http1"], help="upstream.http values to measure")
     opts = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -110,7 +111,7 @@ def main() -> None:
                     target, addr = start([opts.binary, "serve", "--config", str(Path(tmp, "proxy.toml"))],
                                          "tokengate", env)
                     procs.append(target)
-                measure(name, addr, target.pid, opts.streams)
+                measure(name, addr, target.pid, opts.streams, opts.at_once)
             finally:
                 for p in reversed(procs):
                     p.terminate()
