@@ -314,6 +314,13 @@ def test_dockerfile_pins_probes_and_ships_the_binary_only():
     assert probe[:3] == ["/usr/local/bin/tokengate", "healthcheck", "--url"]
     assert probe[3] == f"http://127.0.0.1:{listen_port(docker_config['server']['listen'])}/readyz"
     assert dockerfile_exec_form("ENTRYPOINT") == [probe[0]]
+    # The binary shipped is the one the load results measure: Cargo.toml's `dist` profile, the
+    # release build optimised as one unit.
+    built = re.search(r"cargo build --profile (\w+) --locked --bin tokengate\s*\\\n\s*&& cp target/(\w+)/tokengate /tokengate",
+                      text)
+    assert built and built.group(1) == built.group(2) == "dist", "the image builds the dist profile"
+    profile = tomllib.loads((REPO_ROOT / "Cargo.toml").read_text())["profile"]["dist"]
+    assert profile == {"inherits": "release", "lto": "fat", "codegen-units": 1}
 
 
 # === Acceptance 2: the entrypoint, run the way the manifest runs it ===
