@@ -32,7 +32,7 @@ mod registry;
 mod service;
 mod tls;
 
-use std::{future::Future, io, net::SocketAddr, sync::Arc, time::Duration};
+use std::{future::Future, io, net::SocketAddr, sync::Arc, task::Poll, time::Duration};
 
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -215,6 +215,21 @@ pub async fn serve<S: HttpService<B>, B: ResponseBody>(
     Ok(())
 }
 
+/// What woke a connection's serving loop.
+enum Wake {
+    /// The connection ended.
+    Ended(Result<(), BoxError>),
+    /// Told to close at once ([`registry`]).
+    Closed,
+    /// Shutdown began: close gracefully.
+    Draining,
+    /// One of the connection's deadlines passed.
+    Expired(Expiry),
+}
+
+/// A timer not armed yet.
+const NEVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// One accepted connection's serving task.
 struct Task {
     slot: Slot,
@@ -290,30 +305,63 @@ impl Task {
         tokio::pin!(conn);
         let peer = self.peer;
         let mut closing = None;
+        let mut changed = std::pin::pin!(None::<tokio::sync::futures::Notified<'_>>);
+        let mut close = std::pin::pin!(self.slot.close.cancelled());
+        let mut drain = std::pin::pin!(self.drain.cancelled());
+        let mut timer = std::pin::pin!(tokio::time::sleep(NEVER));
+        let mut armed = None;
         loop {
-            let changed = activity.changed();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let due = match closing {
-                Some(at) => activity.close_deadline(at),
-                None => activity.next_deadline(&self.timeouts),
-            };
-            let expiry = async {
-                match due {
-                    Some((at, _)) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
+            let wake = std::future::poll_fn(|cx| {
+                // The connection first, with nothing registered for its changes: those it makes
+                // itself (an HTTP/1.1 head arriving, a request starting or ending) are read
+                // below. A wake-up of this task from within its own poll would have tokio put it
+                // at the back of the queue and wake the other worker thread to steal it, two or
+                // three times per call.
+                changed.set(None);
+                if let Poll::Ready(result) = conn.as_mut().poll(cx) {
+                    return Poll::Ready(Wake::Ended(result));
                 }
-            };
-            tokio::select! {
-                result = conn.as_mut() => {
+                if close.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Wake::Closed);
+                }
+                if closing.is_none() && drain.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Wake::Draining);
+                }
+                // Changes made by other tasks (HTTP/2 streams run as tasks of their own) wake
+                // it; registered before the state is read, so none is missed.
+                loop {
+                    changed.set(Some(activity.changed()));
+                    if let Some(notified) = changed.as_mut().as_pin_mut()
+                        && notified.poll(cx).is_pending()
+                    {
+                        break;
+                    }
+                }
+                let due = match closing {
+                    Some(at) => activity.close_deadline(at),
+                    None => activity.next_deadline(&self.timeouts),
+                };
+                if let Some((at, kind)) = due {
+                    if armed != Some(at) {
+                        timer.as_mut().reset(at);
+                        armed = Some(at);
+                    }
+                    if timer.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Wake::Expired(kind));
+                    }
+                }
+                Poll::Pending
+            })
+            .await;
+            match wake {
+                Wake::Ended(result) => {
                     if let Err(e) = result {
                         tracing::debug!(%peer, error = %e, "connection closed with error");
                     }
                     return;
                 }
-                () = changed => {}
-                () = expiry => {
-                    let Some((_, kind)) = due else { continue };
+                Wake::Closed => return,
+                Wake::Expired(kind) => {
                     self.count(kind);
                     if kind != Expiry::Idle {
                         tracing::debug!(%peer, ?kind, "connection timed out; closing");
@@ -322,8 +370,7 @@ impl Task {
                     conn.as_mut().graceful_shutdown();
                     closing = Some(tokio::time::Instant::now());
                 }
-                () = self.slot.close.cancelled() => return,
-                () = self.drain.cancelled(), if closing.is_none() => {
+                Wake::Draining => {
                     conn.as_mut().graceful_shutdown();
                     closing = Some(tokio::time::Instant::now());
                 }
