@@ -344,7 +344,7 @@ fn settle_in_background(
     now_or_spawn(async move {
         let result = ledger.settle(reservation, charge).await;
         // Capacity came back: queued requests may fit now.
-        queue.wake();
+        queue.capacity_returned();
         if let Err(e) = result {
             tracing::error!(error = %e, "settlement failed");
         }

@@ -308,9 +308,19 @@ impl AdmissionQueue {
         *self.last_limit.lock().unwrap_or_else(|p| p.into_inner()) = Some(limit);
     }
 
-    /// Something changed (a settlement, an arrival): let the dispatcher look again.
+    /// Something changed (an arrival, a departure, more capacity): let the dispatcher look again.
     pub fn wake(&self) {
         self.wake.notify_one();
+    }
+
+    /// Capacity came back (a settlement): let the dispatcher look again if anyone waits. With
+    /// nobody queued there is nothing to admit, and waking it would cost a task switch per
+    /// call; a request queued after this check wakes the dispatcher itself, and its look sees
+    /// the capacity already returned.
+    pub fn capacity_returned(&self) {
+        if !self.is_empty() {
+            self.wake();
+        }
     }
 
     /// Adds a waiter; `None` if the queue is full or closed.

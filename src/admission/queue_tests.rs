@@ -279,3 +279,27 @@ async fn a_full_queue_takes_no_more() {
         "room again once one leaves"
     );
 }
+
+#[tokio::test]
+async fn returned_capacity_wakes_the_dispatcher_only_when_someone_waits() {
+    use futures_util::FutureExt;
+    let ledger: Arc<dyn Ledger> = Arc::new(MemoryLedger::new(Clock::tokio()));
+    let queue = Arc::new(AdmissionQueue::new(Duration::from_secs(1), 2));
+    // A wake with no dispatcher listening is kept as a permit: the next look returns at once.
+    let woken = |queue: &AdmissionQueue| queue.wake.notified().now_or_never().is_some();
+
+    queue.capacity_returned();
+    assert!(!woken(&queue), "nobody waits: no look");
+
+    let ticket = queue
+        .enqueue(&WaiterClass::default(), 1, ledger.clone())
+        .unwrap();
+    assert!(woken(&queue), "an arrival wakes the dispatcher itself");
+    queue.capacity_returned();
+    assert!(woken(&queue), "someone waits: the dispatcher looks again");
+
+    drop(ticket);
+    assert!(woken(&queue), "a departure wakes it too");
+    queue.capacity_returned();
+    assert!(!woken(&queue), "the queue is empty again: no look");
+}
