@@ -27,6 +27,7 @@
 
 mod connection;
 pub mod fd_limit;
+mod own_wake;
 mod protocol;
 mod registry;
 mod service;
@@ -45,6 +46,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::ListenerMetrics;
 use connection::{Expiry, Timeouts, TrackedIo};
+use own_wake::OwnWake;
 use protocol::Protocols;
 use registry::{Connections, Slot};
 use service::ConnService;
@@ -310,15 +312,17 @@ impl Task {
         let mut drain = std::pin::pin!(self.drain.cancelled());
         let mut timer = std::pin::pin!(tokio::time::sleep(NEVER));
         let mut armed = None;
+        let (own, own_waker) = OwnWake::new();
         loop {
             let wake = std::future::poll_fn(|cx| {
                 // The connection first, with nothing registered for its changes: those it makes
                 // itself (an HTTP/1.1 head arriving, a request starting or ending) are read
                 // below. A wake-up of this task from within its own poll would have tokio put it
-                // at the back of the queue and wake the other worker thread to steal it, two or
-                // three times per call.
+                // at the back of the queue and wake the other worker thread to steal it; the
+                // connection's own wake-ups (a handler reading its body) are answered by polling
+                // it again ([`own_wake`]).
                 changed.set(None);
-                if let Poll::Ready(result) = conn.as_mut().poll(cx) {
+                if let Poll::Ready(result) = own.poll(&own_waker, cx, |cx| conn.as_mut().poll(cx)) {
                     return Poll::Ready(Wake::Ended(result));
                 }
                 if close.as_mut().poll(cx).is_ready() {

@@ -1,0 +1,199 @@
+//! A connection's waker that answers a wake-up made during the connection's own poll with
+//! another poll, instead of a trip through the scheduler.
+//!
+//! hyper runs an HTTP/1.1 request's handler inside the connection's future, and hands the request
+//! body from the connection's dispatcher to the handler through a channel whose receiver wakes
+//! the sender on every chunk it takes: the handler reading the body wakes its own task. tokio
+//! puts a task woken during its own poll at the back of the run queue and wakes another worker
+//! thread to steal it, a futex call and a context switch per request when the other worker is
+//! idle (every call at a moderate rate; loadtest/RESULTS.md, issue #19, session 8).
+//!
+//! [`OwnWake::poll`] polls the connection with a waker of its own. A wake-up while that poll runs
+//! (from this task or any other) is recorded, and answered by polling again at once; a wake-up at
+//! any other time wakes the task. Polling again is bounded ([`MAX_POLLS`]): a future that wakes
+//! itself on purpose (hyper's fairness yield, tokio's cooperative budget running out) then gets
+//! the scheduler's turn it asked for.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU8, Ordering},
+    },
+    task::{Context, Poll, Wake, Waker},
+};
+
+use futures_util::task::AtomicWaker;
+
+/// Not inside [`OwnWake::poll`]: a wake-up wakes the task.
+const IDLE: u8 = 0;
+/// Inside a poll, not woken yet.
+const POLLING: u8 = 1;
+/// Woken during the poll: poll again.
+const WOKEN: u8 = 2;
+
+/// Polls of the inner future per poll of the task, at most.
+pub(super) const MAX_POLLS: usize = 4;
+
+#[derive(Debug)]
+pub(super) struct OwnWake {
+    state: AtomicU8,
+    task: AtomicWaker,
+}
+
+impl OwnWake {
+    /// The shared state and the waker the inner future is polled with (made once per connection).
+    pub(super) fn new() -> (Arc<OwnWake>, Waker) {
+        let own = Arc::new(OwnWake {
+            state: AtomicU8::new(IDLE),
+            task: AtomicWaker::new(),
+        });
+        let waker = Waker::from(own.clone());
+        (own, waker)
+    }
+
+    /// Polls `inner` with `waker` (this state's, from [`OwnWake::new`]) until it is ready or was
+    /// not woken during its poll, at most [`MAX_POLLS`] times; past that, wakes the task.
+    pub(super) fn poll<T>(
+        &self,
+        waker: &Waker,
+        cx: &mut Context<'_>,
+        mut inner: impl FnMut(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        self.task.register(cx.waker());
+        let mut own = Context::from_waker(waker);
+        for _ in 0..MAX_POLLS {
+            self.state.store(POLLING, Ordering::SeqCst);
+            let polled = inner(&mut own);
+            let woken = self.state.swap(IDLE, Ordering::SeqCst) == WOKEN;
+            if polled.is_ready() || !woken {
+                return polled;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+impl Wake for OwnWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        match self
+            .state
+            .compare_exchange(POLLING, WOKEN, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            // Recorded: the poll running now polls again.
+            Ok(_) | Err(WOKEN) => {}
+            // Nobody is polling: wake the task.
+            Err(_) => self.task.wake(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    /// Counts the task's wake-ups.
+    #[derive(Default)]
+    struct Task(AtomicUsize);
+
+    impl Wake for Task {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn task() -> (Arc<Task>, Waker) {
+        let task = Arc::new(Task::default());
+        let waker = Waker::from(task.clone());
+        (task, waker)
+    }
+
+    #[test]
+    fn a_wake_up_during_the_poll_is_answered_by_polling_again_not_by_the_task() {
+        let (own, waker) = OwnWake::new();
+        let (task, task_waker) = task();
+        let mut cx = Context::from_waker(&task_waker);
+        let mut polls = 0;
+        let polled = own.poll(&waker, &mut cx, |cx| {
+            polls += 1;
+            if polls == 1 {
+                // Like the handler taking a body chunk from the dispatcher in the same task.
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            } else {
+                Poll::Ready(polls)
+            }
+        });
+        assert_eq!(polled, Poll::Ready(2));
+        assert_eq!(task.0.load(Ordering::SeqCst), 0, "the task was not woken");
+    }
+
+    #[test]
+    fn a_wake_up_after_the_poll_wakes_the_task() {
+        let (own, waker) = OwnWake::new();
+        let (task, task_waker) = task();
+        let mut cx = Context::from_waker(&task_waker);
+        let mut stored = None;
+        let polled: Poll<()> = own.poll(&waker, &mut cx, |cx| {
+            stored = Some(cx.waker().clone());
+            Poll::Pending
+        });
+        assert!(polled.is_pending());
+        assert_eq!(task.0.load(Ordering::SeqCst), 0);
+        // Another task (upstream's answer, a timer) wakes it later.
+        stored.expect("registered").wake();
+        assert_eq!(task.0.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_future_that_keeps_waking_itself_gets_the_schedulers_turn() {
+        let (own, waker) = OwnWake::new();
+        let (task, task_waker) = task();
+        let mut cx = Context::from_waker(&task_waker);
+        let mut polls = 0;
+        let polled: Poll<()> = own.poll(&waker, &mut cx, |cx| {
+            polls += 1;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        });
+        assert!(polled.is_pending());
+        assert_eq!(polls, MAX_POLLS);
+        assert_eq!(
+            task.0.load(Ordering::SeqCst),
+            1,
+            "yielded to the scheduler once"
+        );
+        // The next poll of the task starts afresh.
+        let polled = own.poll(&waker, &mut cx, |_| Poll::Ready(()));
+        assert!(polled.is_ready());
+    }
+
+    #[test]
+    fn a_wake_up_from_another_thread_during_the_poll_is_not_lost() {
+        let (own, waker) = OwnWake::new();
+        let (task, task_waker) = task();
+        let mut cx = Context::from_waker(&task_waker);
+        let mut polls = 0;
+        let polled = own.poll(&waker, &mut cx, |cx| {
+            polls += 1;
+            if polls == 1 {
+                let remote = cx.waker().clone();
+                std::thread::spawn(move || remote.wake())
+                    .join()
+                    .expect("waker thread");
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        });
+        assert!(polled.is_ready(), "polled again for the remote wake-up");
+        assert_eq!(polls, 2);
+        assert_eq!(task.0.load(Ordering::SeqCst), 0);
+    }
+}
