@@ -305,7 +305,6 @@ impl Task {
             .protocols
             .serve(io, ConnService::new(service, activity.clone()));
         tokio::pin!(conn);
-        let peer = self.peer;
         let mut closing = None;
         let mut changed = std::pin::pin!(None::<tokio::sync::futures::Notified<'_>>);
         let mut close = std::pin::pin!(self.slot.close.cancelled());
@@ -357,28 +356,34 @@ impl Task {
                 Poll::Pending
             })
             .await;
-            match wake {
-                Wake::Ended(result) => {
-                    if let Err(e) = result {
-                        tracing::debug!(%peer, error = %e, "connection closed with error");
-                    }
-                    return;
-                }
-                Wake::Closed => return,
-                Wake::Expired(kind) => {
-                    self.count(kind);
-                    if kind != Expiry::Idle {
-                        tracing::debug!(%peer, ?kind, "connection timed out; closing");
-                        return;
-                    }
-                    conn.as_mut().graceful_shutdown();
-                    closing = Some(tokio::time::Instant::now());
-                }
-                Wake::Draining => {
-                    conn.as_mut().graceful_shutdown();
-                    closing = Some(tokio::time::Instant::now());
-                }
+            if !self.closes_gracefully(wake) {
+                return;
             }
+            conn.as_mut().graceful_shutdown();
+            closing = Some(tokio::time::Instant::now());
+        }
+    }
+
+    /// What a wake-up of the serving loop means: `true` to close the connection gracefully and
+    /// serve it until it has; `false` when it is over.
+    fn closes_gracefully(&self, wake: Wake) -> bool {
+        let peer = self.peer;
+        match wake {
+            Wake::Ended(result) => {
+                if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "connection closed with error");
+                }
+                false
+            }
+            Wake::Closed => false,
+            Wake::Expired(kind) => {
+                self.count(kind);
+                if kind != Expiry::Idle {
+                    tracing::debug!(%peer, ?kind, "connection timed out; closing");
+                }
+                kind == Expiry::Idle
+            }
+            Wake::Draining => true,
         }
     }
 }

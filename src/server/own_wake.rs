@@ -102,98 +102,95 @@ mod tests {
     #[derive(Default)]
     struct Task(AtomicUsize);
 
+    impl Task {
+        fn wakes(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
     impl Wake for Task {
         fn wake(self: Arc<Self>) {
             self.0.fetch_add(1, Ordering::SeqCst);
         }
     }
 
-    fn task() -> (Arc<Task>, Waker) {
+    /// One poll of a task whose connection is `inner`, through a fresh [`OwnWake`]; what it gave,
+    /// the state for further polls, and the task.
+    fn poll_task<T>(
+        inner: impl FnMut(&mut Context<'_>) -> Poll<T>,
+    ) -> (Poll<T>, (Arc<OwnWake>, Waker), Arc<Task>) {
+        let (own, waker) = OwnWake::new();
         let task = Arc::new(Task::default());
-        let waker = Waker::from(task.clone());
-        (task, waker)
+        let task_waker = Waker::from(task.clone());
+        let polled = own.poll(&waker, &mut Context::from_waker(&task_waker), inner);
+        (polled, (own, waker), task)
     }
 
     #[test]
     fn a_wake_up_during_the_poll_is_answered_by_polling_again_not_by_the_task() {
-        let (own, waker) = OwnWake::new();
-        let (task, task_waker) = task();
-        let mut cx = Context::from_waker(&task_waker);
         let mut polls = 0;
-        let polled = own.poll(&waker, &mut cx, |cx| {
+        let (polled, _, task) = poll_task(|cx| {
             polls += 1;
             if polls == 1 {
                 // Like the handler taking a body chunk from the dispatcher in the same task.
                 cx.waker().wake_by_ref();
-                Poll::Pending
-            } else {
-                Poll::Ready(polls)
+                return Poll::Pending;
             }
+            Poll::Ready(polls)
         });
         assert_eq!(polled, Poll::Ready(2));
-        assert_eq!(task.0.load(Ordering::SeqCst), 0, "the task was not woken");
+        assert_eq!(task.wakes(), 0, "the task was not woken");
     }
 
     #[test]
     fn a_wake_up_after_the_poll_wakes_the_task() {
-        let (own, waker) = OwnWake::new();
-        let (task, task_waker) = task();
-        let mut cx = Context::from_waker(&task_waker);
         let mut stored = None;
-        let polled: Poll<()> = own.poll(&waker, &mut cx, |cx| {
+        let (polled, _, task) = poll_task(|cx| {
             stored = Some(cx.waker().clone());
-            Poll::Pending
+            Poll::<()>::Pending
         });
         assert!(polled.is_pending());
-        assert_eq!(task.0.load(Ordering::SeqCst), 0);
+        assert_eq!(task.wakes(), 0);
         // Another task (upstream's answer, a timer) wakes it later.
         stored.expect("registered").wake();
-        assert_eq!(task.0.load(Ordering::SeqCst), 1);
+        assert_eq!(task.wakes(), 1);
     }
 
     #[test]
     fn a_future_that_keeps_waking_itself_gets_the_schedulers_turn() {
-        let (own, waker) = OwnWake::new();
-        let (task, task_waker) = task();
-        let mut cx = Context::from_waker(&task_waker);
         let mut polls = 0;
-        let polled: Poll<()> = own.poll(&waker, &mut cx, |cx| {
+        let (polled, (own, waker), task) = poll_task(|cx| {
             polls += 1;
             cx.waker().wake_by_ref();
-            Poll::Pending
+            Poll::<()>::Pending
         });
         assert!(polled.is_pending());
         assert_eq!(polls, MAX_POLLS);
-        assert_eq!(
-            task.0.load(Ordering::SeqCst),
-            1,
-            "yielded to the scheduler once"
-        );
+        assert_eq!(task.wakes(), 1, "yielded to the scheduler once");
         // The next poll of the task starts afresh.
-        let polled = own.poll(&waker, &mut cx, |_| Poll::Ready(()));
+        let task_waker = Waker::from(task.clone());
+        let polled = own.poll(&waker, &mut Context::from_waker(&task_waker), |_| {
+            Poll::Ready(())
+        });
         assert!(polled.is_ready());
     }
 
     #[test]
     fn a_wake_up_from_another_thread_during_the_poll_is_not_lost() {
-        let (own, waker) = OwnWake::new();
-        let (task, task_waker) = task();
-        let mut cx = Context::from_waker(&task_waker);
         let mut polls = 0;
-        let polled = own.poll(&waker, &mut cx, |cx| {
+        let (polled, _, task) = poll_task(|cx| {
             polls += 1;
             if polls == 1 {
                 let remote = cx.waker().clone();
                 std::thread::spawn(move || remote.wake())
                     .join()
                     .expect("waker thread");
-                Poll::Pending
-            } else {
-                Poll::Ready(())
+                return Poll::Pending;
             }
+            Poll::Ready(())
         });
         assert!(polled.is_ready(), "polled again for the remote wake-up");
         assert_eq!(polls, 2);
-        assert_eq!(task.0.load(Ordering::SeqCst), 0);
+        assert_eq!(task.wakes(), 0);
     }
 }
