@@ -47,6 +47,7 @@ pub mod healthcheck;
 pub mod ledger;
 pub mod metrics;
 pub mod observe;
+pub(crate) mod own_wake;
 pub mod proxy;
 pub mod sagemaker;
 pub mod server;

@@ -27,7 +27,6 @@
 
 mod connection;
 pub mod fd_limit;
-mod own_wake;
 mod protocol;
 mod registry;
 mod service;
@@ -45,8 +44,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::ListenerMetrics;
+use crate::own_wake::OwnWake;
 use connection::{Expiry, Timeouts, TrackedIo};
-use own_wake::OwnWake;
 use protocol::Protocols;
 use registry::{Connections, Slot};
 use service::ConnService;
@@ -319,7 +318,7 @@ impl Task {
                 // below. A wake-up of this task from within its own poll would have tokio put it
                 // at the back of the queue and wake the other worker thread to steal it; the
                 // connection's own wake-ups (a handler reading its body) are answered by polling
-                // it again ([`own_wake`]).
+                // it again ([`crate::own_wake`]).
                 changed.set(None);
                 if let Poll::Ready(result) = own.poll(&own_waker, cx, |cx| conn.as_mut().poll(cx)) {
                     return Poll::Ready(Wake::Ended(result));

@@ -42,23 +42,23 @@ use std::{
         Arc, Mutex, Weak,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
     time::Duration,
 };
 
 use bytes::Bytes;
+use futures_util::{StreamExt, stream::FuturesUnordered, task::AtomicWaker};
 use http::{Request, Response, Uri};
 use http_body::Body;
 use hyper::{
     body::Incoming,
     client::conn::http2::{self, SendRequest},
 };
-use hyper_util::{
-    client::legacy::connect::Connection,
-    rt::{TokioExecutor, TokioTimer},
-};
+use hyper_util::{client::legacy::connect::Connection, rt::TokioTimer};
 use tokio::{sync::watch, time::Instant};
 use tower::ServiceExt;
+
+use crate::own_wake::OwnWake;
 
 use super::{
     Connector,
@@ -370,7 +370,8 @@ where
         if tls && !io.connected().is_negotiated_h2() {
             return Ok(None);
         }
-        let (send, connection) = http2::Builder::new(TokioExecutor::new())
+        let handed = ConnFutures::default();
+        let (send, connection) = http2::Builder::new(handed.clone())
             .timer(TokioTimer::new())
             // No stream goes before the server says how many it takes.
             .initial_max_send_streams(0)
@@ -380,11 +381,7 @@ where
             .await
             .map_err(|e| H2Error::Connect(error_chain(&e)))?;
         let (limit_tx, mut server_limit) = watch::channel(0);
-        tokio::spawn(Drive {
-            connection: Box::pin(connection),
-            limit: limit_tx,
-            looking: None,
-        });
+        tokio::spawn(Drive::new(connection, handed, limit_tx));
         if server_limit.wait_for(|limit| *limit > 0).await.is_err() {
             return Err(H2Error::Connect(
                 "the connection closed before the server's SETTINGS".into(),
@@ -463,13 +460,65 @@ fn host_key(uri: &Uri) -> String {
 
 /// Drives one connection, and after each poll publishes the server's stream limit.
 ///
-/// hyper runs the connection's I/O in a task of its own and this future (its dispatch) is woken
-/// only by requests, so until the server's first SETTINGS is seen it also wakes itself every
-/// [`SETTINGS_POLL`] to look.
+/// hyper hands the connection's futures (its I/O; per request, the wait for the response head, and
+/// the request body's pipe when the body is not all there) to its executor: here
+/// [`ConnFutures`], which gives them to this task. So a call's request, its answer and the
+/// connection's I/O pass between futures of one task instead of between three tasks, and no task
+/// is spawned per request (each spawn woke the other worker thread). Wake-ups among them during
+/// the task's poll are answered by polling again ([`OwnWake`]).
+///
+/// Until the server's first SETTINGS is seen it also wakes itself every [`SETTINGS_POLL`] to look.
 struct Drive<C> {
-    connection: Pin<Box<C>>,
+    /// hyper's dispatch; `None` once it has ended (dropped then, so that callers holding its
+    /// `SendRequest` see it closed), while the futures may still be finishing streams.
+    connection: Option<Pin<Box<C>>>,
+    futures: FuturesUnordered<BoxFuture>,
+    handed: ConnFutures,
+    own: Arc<OwnWake>,
+    own_waker: Waker,
     limit: watch::Sender<usize>,
     looking: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The executor hyper's HTTP/2 client is given for one connection: what it executes is run by
+/// that connection's [`Drive`] task.
+#[derive(Clone, Default)]
+struct ConnFutures {
+    shared: Arc<Handed>,
+}
+
+#[derive(Default)]
+struct Handed {
+    futures: Mutex<Vec<BoxFuture>>,
+    /// The [`Drive`] task, to be woken when a future is handed over from elsewhere.
+    drive: AtomicWaker,
+}
+
+impl<F> hyper::rt::Executor<F> for ConnFutures
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, future: F) {
+        lock(&self.shared.futures).push(Box::pin(future));
+        self.shared.drive.wake();
+    }
+}
+
+impl<C> Drive<C> {
+    fn new(connection: C, handed: ConnFutures, limit: watch::Sender<usize>) -> Drive<C> {
+        let (own, own_waker) = OwnWake::new();
+        Drive {
+            connection: Some(Box::pin(connection)),
+            futures: FuturesUnordered::new(),
+            handed,
+            own,
+            own_waker,
+            limit,
+            looking: None,
+        }
+    }
 }
 
 /// How often a new connection looks for the server's first SETTINGS (for about one round trip).
@@ -480,7 +529,7 @@ trait MaxSendStreams {
     fn max_send_streams(&self) -> usize;
 }
 
-impl<T, B> MaxSendStreams for http2::Connection<T, B, TokioExecutor>
+impl<T, B> MaxSendStreams for http2::Connection<T, B, ConnFutures>
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     B: Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static,
@@ -490,24 +539,61 @@ where
     }
 }
 
+impl<C> Drive<C>
+where
+    C: Future<Output = hyper::Result<()>> + MaxSendStreams,
+{
+    /// One pass over the dispatch and the handed futures; ready once all have ended.
+    fn poll_all(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(connection) = self.connection.as_mut()
+            && let Poll::Ready(result) = connection.as_mut().poll(cx)
+        {
+            if let Err(e) = result {
+                tracing::debug!(error = %error_chain(&e), "upstream HTTP/2 connection closed with an error");
+            }
+            self.connection = None;
+        }
+        let handed = std::mem::take(&mut *lock(&self.handed.shared.futures));
+        self.futures.extend(handed);
+        while let Poll::Ready(Some(())) = self.futures.poll_next_unpin(cx) {}
+        let finished = self.connection.is_none()
+            && self.futures.is_empty()
+            && lock(&self.handed.shared.futures).is_empty();
+        if finished {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
 impl<C> Future for Drive<C>
 where
     C: Future<Output = hyper::Result<()>> + MaxSendStreams,
 {
     type Output = ();
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let polled = self.connection.as_mut().poll(cx);
-        let now = self.connection.max_send_streams();
-        self.limit.send_if_modified(|limit| {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        // A future handed over during the poll (a request's wait for its head) is polled in the
+        // same poll; one handed over from elsewhere wakes the task.
+        this.handed.shared.drive.register(&this.own_waker);
+        let own = this.own.clone();
+        let own_waker = this.own_waker.clone();
+        let polled = own.poll(&own_waker, cx, |cx| this.poll_all(cx));
+        let now = this
+            .connection
+            .as_ref()
+            .map_or(0, |connection| connection.max_send_streams());
+        this.limit.send_if_modified(|limit| {
             let changed = *limit != now;
             *limit = now;
             changed
         });
         if now > 0 {
-            self.looking = None;
-        } else if polled.is_pending() {
-            let looking = self
+            this.looking = None;
+        } else if polled.is_pending() && this.connection.is_some() {
+            let looking = this
                 .looking
                 .get_or_insert_with(|| Box::pin(tokio::time::sleep(SETTINGS_POLL)));
             if looking.as_mut().poll(cx).is_ready() {
@@ -515,14 +601,6 @@ where
                 cx.waker().wake_by_ref();
             }
         }
-        match polled {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(result) => {
-                if let Err(e) = result {
-                    tracing::debug!(error = %error_chain(&e), "upstream HTTP/2 connection closed with an error");
-                }
-                Poll::Ready(())
-            }
-        }
+        polled
     }
 }

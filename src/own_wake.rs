@@ -1,14 +1,17 @@
-//! A connection's waker that answers a wake-up made during the connection's own poll with
-//! another poll, instead of a trip through the scheduler.
+//! A task's waker that answers a wake-up made during the task's own poll with another poll,
+//! instead of a trip through the scheduler.
 //!
-//! hyper runs an HTTP/1.1 request's handler inside the connection's future, and hands the request
-//! body from the connection's dispatcher to the handler through a channel whose receiver wakes
-//! the sender on every chunk it takes: the handler reading the body wakes its own task. tokio
-//! puts a task woken during its own poll at the back of the run queue and wakes another worker
-//! thread to steal it, a futex call and a context switch per request when the other worker is
-//! idle (every call at a moderate rate; loadtest/RESULTS.md, issue #19, session 8).
+//! tokio puts a task woken during its own poll at the back of the run queue and wakes another
+//! worker thread to steal it: a futex call and a context switch when the other worker is idle
+//! (every call at a moderate rate; loadtest/RESULTS.md, issue #19, session 8). Two tasks wake
+//! themselves on every call:
+//! - **a listener's connection** ([`crate::server`]): hyper runs an HTTP/1.1 request's handler
+//!   inside the connection's future, and hands it the request body through a channel whose
+//!   receiver wakes the sender (the connection's dispatcher, the same task) on every chunk taken;
+//! - **an upstream HTTP/2 connection** ([`crate::upstream`]), whose I/O, dispatch and per-request
+//!   response waits run in one task and wake one another.
 //!
-//! [`OwnWake::poll`] polls the connection with a waker of its own. A wake-up while that poll runs
+//! [`OwnWake::poll`] polls the inner future with a waker of its own. A wake-up while that poll runs
 //! (from this task or any other) is recorded, and answered by polling again at once; a wake-up at
 //! any other time wakes the task. Polling again is bounded ([`MAX_POLLS`]): a future that wakes
 //! itself on purpose (hyper's fairness yield, tokio's cooperative budget running out) then gets
@@ -32,17 +35,17 @@ const POLLING: u8 = 1;
 const WOKEN: u8 = 2;
 
 /// Polls of the inner future per poll of the task, at most.
-pub(super) const MAX_POLLS: usize = 4;
+pub(crate) const MAX_POLLS: usize = 4;
 
 #[derive(Debug)]
-pub(super) struct OwnWake {
+pub(crate) struct OwnWake {
     state: AtomicU8,
     task: AtomicWaker,
 }
 
 impl OwnWake {
     /// The shared state and the waker the inner future is polled with (made once per connection).
-    pub(super) fn new() -> (Arc<OwnWake>, Waker) {
+    pub(crate) fn new() -> (Arc<OwnWake>, Waker) {
         let own = Arc::new(OwnWake {
             state: AtomicU8::new(IDLE),
             task: AtomicWaker::new(),
@@ -53,7 +56,7 @@ impl OwnWake {
 
     /// Polls `inner` with `waker` (this state's, from [`OwnWake::new`]) until it is ready or was
     /// not woken during its poll, at most [`MAX_POLLS`] times; past that, wakes the task.
-    pub(super) fn poll<T>(
+    pub(crate) fn poll<T>(
         &self,
         waker: &Waker,
         cx: &mut Context<'_>,
