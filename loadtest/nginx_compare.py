@@ -9,13 +9,16 @@ and `nginx` on PATH (Debian: `nginx-light`, `wrk`) and a release build of tokeng
 
     python3 loadtest/nginx_compare.py target/release/tokengate [--seconds 10] [--rounds 3]
         [--connections 32] [--ledger memory|redis] [--no-access-log]
-        [--rate 1000 [--loadgen target/debug/loadgen]] [--keep DIR]
+        [--rate 1000 [--loadgen target/debug/loadgen]] [--upstream-http http1|http2] [--keep DIR]
 
 `--rate N` measures latency at a fixed rate instead of throughput: `loadgen pace` (a thin
 open-loop HTTP/1.1 client on one core, `loadtest/src/pace.rs`) sends N calls per second to each
 target in turn for `--seconds`, and the summary gives each target's latency percentiles (medians
 over the rounds) and what each proxy adds over the simulator direct, per round (p50 and p99 of
 the proxy minus those of the direct run just before it).
+
+`--upstream-http http2` has tokengate speak HTTP/2 (h2c) to the simulator, as it speaks HTTP/2 to
+AWS (the default, `http1`, is what nginx speaks upstream, for a like-for-like hop).
 
 Several binaries (`LABEL=PATH ...`, e.g. a build before and after a change) are each started and
 driven in turn within every round, so an A/B comparison shares the machine's load too; the
@@ -64,10 +67,10 @@ def simulator_config() -> str:
             'default_tokens_per_minute = 1000000000\n')
 
 
-def proxy_config(sim_addr: str, ledger: str) -> str:
+def proxy_config(sim_addr: str, ledger: str, upstream_http: str = "http1") -> str:
     """tokengate in front of the simulator at `sim_addr`: one pool whose quota nobody reaches."""
     return (f'[server]\nlisten = "127.0.0.1:0"\n[upstream]\nregion = "us-east-1"\n'
-            f'endpoint = "http://{sim_addr}"\n{ledger}[[pools]]\nname = "sonnet4-us"\n'
+            f'endpoint = "http://{sim_addr}"\nhttp = "{upstream_http}"\n{ledger}[[pools]]\nname = "sonnet4-us"\n'
             f'models = ["{MODEL}"]\ntokens_per_minute = 1000000000\nmax_concurrency = 4096\n'
             'output_burndown = 5\ndefault_max_tokens = 1000\nmax_wait_ms = 0\n')
 
@@ -217,6 +220,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=0,
                         help="latency at this many calls/s (loadgen pace) instead of wrk's throughput")
     parser.add_argument("--loadgen", default="target/debug/loadgen", help="the loadgen binary, for --rate")
+    parser.add_argument("--upstream-http", choices=["http1", "http2"], default="http1",
+                        help="the protocol tokengate speaks to the simulator (nginx speaks HTTP/1.1)")
     parser.add_argument("--keep", help="copy the run's configurations and logs to this directory")
     opts = parser.parse_args()
     for tool in ("wrk", "nginx") if not opts.rate else ("nginx", opts.loadgen):
@@ -247,7 +252,7 @@ def main() -> None:
                 redis, url = start_redis(tmp)
                 procs.append(redis)
                 ledger = f'[ledger]\nbackend = "redis"\nurl = "{url}"\n'
-            (tmp / "proxy.toml").write_text(proxy_config(sim_addr, ledger))
+            (tmp / "proxy.toml").write_text(proxy_config(sim_addr, ledger, opts.upstream_http))
             nginx, nginx_addr = start_nginx(tmp, sim_addr, access_log)
             procs.append(nginx)
             targets = {"simulator": sim_addr, "nginx": nginx_addr}
