@@ -37,37 +37,49 @@ const WOKEN: u8 = 2;
 /// Polls of the inner future per poll of the task, at most.
 pub(crate) const MAX_POLLS: usize = 4;
 
+/// One task's: the state its inner future's wake-ups are recorded in, and the waker that records
+/// them (made once per task).
 #[derive(Debug)]
 pub(crate) struct OwnWake {
+    shared: Arc<Shared>,
+    waker: Waker,
+}
+
+#[derive(Debug)]
+struct Shared {
     state: AtomicU8,
     task: AtomicWaker,
 }
 
 impl OwnWake {
-    /// The shared state and the waker the inner future is polled with (made once per connection).
-    pub(crate) fn new() -> (Arc<OwnWake>, Waker) {
-        let own = Arc::new(OwnWake {
+    pub(crate) fn new() -> OwnWake {
+        let shared = Arc::new(Shared {
             state: AtomicU8::new(IDLE),
             task: AtomicWaker::new(),
         });
-        let waker = Waker::from(own.clone());
-        (own, waker)
+        let waker = Waker::from(shared.clone());
+        OwnWake { shared, waker }
     }
 
-    /// Polls `inner` with `waker` (this state's, from [`OwnWake::new`]) until it is ready or was
-    /// not woken during its poll, at most [`MAX_POLLS`] times; past that, wakes the task.
+    /// The waker the inner future is polled with, for whatever else should wake it the same way.
+    pub(crate) fn waker(&self) -> &Waker {
+        &self.waker
+    }
+
+    /// Polls `inner` with [`OwnWake::waker`] until it is ready or was not woken during its poll,
+    /// at most [`MAX_POLLS`] times; past that, wakes the task.
     pub(crate) fn poll<T>(
         &self,
-        waker: &Waker,
         cx: &mut Context<'_>,
         mut inner: impl FnMut(&mut Context<'_>) -> Poll<T>,
     ) -> Poll<T> {
-        self.task.register(cx.waker());
-        let mut own = Context::from_waker(waker);
+        let shared = &self.shared;
+        shared.task.register(cx.waker());
+        let mut own = Context::from_waker(&self.waker);
         for _ in 0..MAX_POLLS {
-            self.state.store(POLLING, Ordering::SeqCst);
+            shared.state.store(POLLING, Ordering::SeqCst);
             let polled = inner(&mut own);
-            let woken = self.state.swap(IDLE, Ordering::SeqCst) == WOKEN;
+            let woken = shared.state.swap(IDLE, Ordering::SeqCst) == WOKEN;
             if polled.is_ready() || !woken {
                 return polled;
             }
@@ -77,7 +89,7 @@ impl OwnWake {
     }
 }
 
-impl Wake for OwnWake {
+impl Wake for Shared {
     fn wake(self: Arc<Self>) {
         self.wake_by_ref();
     }
@@ -118,15 +130,15 @@ mod tests {
     }
 
     /// One poll of a task whose connection is `inner`, through a fresh [`OwnWake`]; what it gave,
-    /// the state for further polls, and the task.
+    /// the `OwnWake` for further polls, and the task.
     fn poll_task<T>(
         inner: impl FnMut(&mut Context<'_>) -> Poll<T>,
-    ) -> (Poll<T>, (Arc<OwnWake>, Waker), Arc<Task>) {
-        let (own, waker) = OwnWake::new();
+    ) -> (Poll<T>, OwnWake, Arc<Task>) {
+        let own = OwnWake::new();
         let task = Arc::new(Task::default());
         let task_waker = Waker::from(task.clone());
-        let polled = own.poll(&waker, &mut Context::from_waker(&task_waker), inner);
-        (polled, (own, waker), task)
+        let polled = own.poll(&mut Context::from_waker(&task_waker), inner);
+        (polled, own, task)
     }
 
     #[test]
@@ -162,7 +174,7 @@ mod tests {
     #[test]
     fn a_future_that_keeps_waking_itself_gets_the_schedulers_turn() {
         let mut polls = 0;
-        let (polled, (own, waker), task) = poll_task(|cx| {
+        let (polled, own, task) = poll_task(|cx| {
             polls += 1;
             cx.waker().wake_by_ref();
             Poll::<()>::Pending
@@ -172,9 +184,7 @@ mod tests {
         assert_eq!(task.wakes(), 1, "yielded to the scheduler once");
         // The next poll of the task starts afresh.
         let task_waker = Waker::from(task.clone());
-        let polled = own.poll(&waker, &mut Context::from_waker(&task_waker), |_| {
-            Poll::Ready(())
-        });
+        let polled = own.poll(&mut Context::from_waker(&task_waker), |_| Poll::Ready(()));
         assert!(polled.is_ready());
     }
 

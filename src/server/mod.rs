@@ -310,7 +310,7 @@ impl Task {
         let mut drain = std::pin::pin!(self.drain.cancelled());
         let mut timer = std::pin::pin!(tokio::time::sleep(NEVER));
         let mut armed = None;
-        let (own, own_waker) = OwnWake::new();
+        let own = OwnWake::new();
         loop {
             let wake = std::future::poll_fn(|cx| {
                 // The connection first, with nothing registered for its changes: those it makes
@@ -320,7 +320,7 @@ impl Task {
                 // connection's own wake-ups (a handler reading its body) are answered by polling
                 // it again ([`crate::own_wake`]).
                 changed.set(None);
-                if let Poll::Ready(result) = own.poll(&own_waker, cx, |cx| conn.as_mut().poll(cx)) {
+                if let Poll::Ready(result) = own.poll(cx, |cx| conn.as_mut().poll(cx)) {
                     return Poll::Ready(Wake::Ended(result));
                 }
                 if close.as_mut().poll(cx).is_ready() {

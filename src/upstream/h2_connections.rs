@@ -42,7 +42,7 @@ use std::{
         Arc, Mutex, Weak,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
-    task::{Context, Poll, Waker},
+    task::{Context, Poll},
     time::Duration,
 };
 
@@ -469,15 +469,19 @@ fn host_key(uri: &Uri) -> String {
 ///
 /// Until the server's first SETTINGS is seen it also wakes itself every [`SETTINGS_POLL`] to look.
 struct Drive<C> {
+    work: Work<C>,
+    own: OwnWake,
+    limit: watch::Sender<usize>,
+    looking: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// What a [`Drive`] task polls.
+struct Work<C> {
     /// hyper's dispatch; `None` once it has ended (dropped then, so that callers holding its
     /// `SendRequest` see it closed), while the futures may still be finishing streams.
     connection: Option<Pin<Box<C>>>,
     futures: FuturesUnordered<BoxFuture>,
     handed: ConnFutures,
-    own: Arc<OwnWake>,
-    own_waker: Waker,
-    limit: watch::Sender<usize>,
-    looking: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -508,13 +512,13 @@ where
 
 impl<C> Drive<C> {
     fn new(connection: C, handed: ConnFutures, limit: watch::Sender<usize>) -> Drive<C> {
-        let (own, own_waker) = OwnWake::new();
         Drive {
-            connection: Some(Box::pin(connection)),
-            futures: FuturesUnordered::new(),
-            handed,
-            own,
-            own_waker,
+            work: Work {
+                connection: Some(Box::pin(connection)),
+                futures: FuturesUnordered::new(),
+                handed,
+            },
+            own: OwnWake::new(),
             limit,
             looking: None,
         }
@@ -539,12 +543,12 @@ where
     }
 }
 
-impl<C> Drive<C>
+impl<C> Work<C>
 where
     C: Future<Output = hyper::Result<()>> + MaxSendStreams,
 {
     /// One pass over the dispatch and the handed futures; ready once all have ended.
-    fn poll_all(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if let Some(connection) = self.connection.as_mut()
             && let Poll::Ready(result) = connection.as_mut().poll(cx)
         {
@@ -553,8 +557,8 @@ where
             }
             self.connection = None;
         }
-        let handed = std::mem::take(&mut *lock(&self.handed.shared.futures));
-        self.futures.extend(handed);
+        self.futures
+            .extend(lock(&self.handed.shared.futures).drain(..));
         while let Poll::Ready(Some(())) = self.futures.poll_next_unpin(cx) {}
         let finished = self.connection.is_none()
             && self.futures.is_empty()
@@ -577,11 +581,10 @@ where
         let this = self.get_mut();
         // A future handed over during the poll (a request's wait for its head) is polled in the
         // same poll; one handed over from elsewhere wakes the task.
-        this.handed.shared.drive.register(&this.own_waker);
-        let own = this.own.clone();
-        let own_waker = this.own_waker.clone();
-        let polled = own.poll(&own_waker, cx, |cx| this.poll_all(cx));
+        this.work.handed.shared.drive.register(this.own.waker());
+        let polled = this.own.poll(cx, |cx| this.work.poll(cx));
         let now = this
+            .work
             .connection
             .as_ref()
             .map_or(0, |connection| connection.max_send_streams());
@@ -592,7 +595,7 @@ where
         });
         if now > 0 {
             this.looking = None;
-        } else if polled.is_pending() && this.connection.is_some() {
+        } else if polled.is_pending() && this.work.connection.is_some() {
             let looking = this
                 .looking
                 .get_or_insert_with(|| Box::pin(tokio::time::sleep(SETTINGS_POLL)));
