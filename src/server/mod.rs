@@ -25,6 +25,49 @@
 //! [`ServeOptions::deadline`]: every response still in flight ends (a stream with an exception
 //! frame), settles, and gets a moment to flush; then whatever is left is closed.
 
+/// `AsyncWrite` for a wrapper that sees only what is read (a pin-projected `inner` stream):
+/// every write goes to `inner` as it is.
+macro_rules! write_through {
+    ($wrapper:ident) => {
+        impl<I: tokio::io::AsyncWrite> tokio::io::AsyncWrite for $wrapper<I> {
+            fn poll_write(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                self.project().inner.poll_write(cx, buf)
+            }
+
+            fn poll_write_vectored(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                self.project().inner.poll_write_vectored(cx, bufs)
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                self.inner.is_write_vectored()
+            }
+
+            fn poll_flush(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                self.project().inner.poll_flush(cx)
+            }
+
+            fn poll_shutdown(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                self.project().inner.poll_shutdown(cx)
+            }
+        }
+    };
+}
+use write_through;
+
 mod connection;
 pub mod fd_limit;
 mod protocol;
