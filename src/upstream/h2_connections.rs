@@ -64,6 +64,7 @@ use super::{
     Connector,
     body::{PooledBody, StreamCount, StreamGuard},
     error_chain,
+    pass_writes::{PassWrites, pass_io},
 };
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -371,6 +372,7 @@ where
             return Ok(None);
         }
         let handed = ConnFutures::default();
+        let (io, writes) = pass_io(io);
         let (send, connection) = http2::Builder::new(handed.clone())
             .timer(TokioTimer::new())
             // No stream goes before the server says how many it takes.
@@ -381,7 +383,7 @@ where
             .await
             .map_err(|e| H2Error::Connect(error_chain(&e)))?;
         let (limit_tx, mut server_limit) = watch::channel(0);
-        tokio::spawn(Drive::new(connection, handed, limit_tx));
+        tokio::spawn(Drive::new(connection, handed, writes, limit_tx));
         if server_limit.wait_for(|limit| *limit > 0).await.is_err() {
             return Err(H2Error::Connect(
                 "the connection closed before the server's SETTINGS".into(),
@@ -465,12 +467,14 @@ fn host_key(uri: &Uri) -> String {
 /// [`ConnFutures`], which gives them to this task. So a call's request, its answer and the
 /// connection's I/O pass between futures of one task instead of between three tasks, and no task
 /// is spawned per request (each spawn woke the other worker thread). Wake-ups among them during
-/// the task's poll are answered by polling again ([`OwnWake`]).
+/// the task's poll are answered by polling again ([`OwnWake`]). What the connection wrote
+/// during the poll is sent to its socket when the poll ends, in one call ([`PassWrites`]).
 ///
 /// Until the server's first SETTINGS is seen it also wakes itself every [`SETTINGS_POLL`] to look.
 struct Drive<C> {
     work: Work<C>,
     own: OwnWake,
+    writes: PassWrites,
     limit: watch::Sender<usize>,
     looking: Option<Pin<Box<tokio::time::Sleep>>>,
 }
@@ -511,7 +515,12 @@ where
 }
 
 impl<C> Drive<C> {
-    fn new(connection: C, handed: ConnFutures, limit: watch::Sender<usize>) -> Drive<C> {
+    fn new(
+        connection: C,
+        handed: ConnFutures,
+        writes: PassWrites,
+        limit: watch::Sender<usize>,
+    ) -> Drive<C> {
         Drive {
             work: Work {
                 connection: Some(Box::pin(connection)),
@@ -519,6 +528,7 @@ impl<C> Drive<C> {
                 handed,
             },
             own: OwnWake::new(),
+            writes,
             limit,
             looking: None,
         }
@@ -583,6 +593,9 @@ where
         // same poll; one handed over from elsewhere wakes the task.
         this.work.handed.shared.drive.register(this.own.waker());
         let polled = this.own.poll(cx, |cx| this.work.poll(cx));
+        // A failure to send is h2's to see (its next read or write fails with it); a send
+        // that waits wakes the task when the socket takes more.
+        let _ = this.writes.poll_send(cx);
         let now = this
             .work
             .connection

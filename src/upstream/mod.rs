@@ -43,6 +43,7 @@ pub mod h2_connections;
 #[cfg(test)]
 mod h2_connections_tests;
 pub mod headers;
+mod pass_writes;
 pub mod sagemaker;
 pub mod sign;
 pub mod signer;
