@@ -37,6 +37,7 @@
 
 use std::{
     collections::HashMap,
+    panic::AssertUnwindSafe,
     pin::Pin,
     sync::{
         Arc, Mutex, Weak,
@@ -47,7 +48,9 @@ use std::{
 };
 
 use bytes::Bytes;
-use futures_util::{StreamExt, stream::FuturesUnordered, task::AtomicWaker};
+use futures_util::{
+    FutureExt, StreamExt, future::CatchUnwind, stream::FuturesUnordered, task::AtomicWaker,
+};
 use http::{Request, Response, Uri};
 use http_body::Body;
 use hyper::{
@@ -484,11 +487,15 @@ struct Work<C> {
     /// hyper's dispatch; `None` once it has ended (dropped then, so that callers holding its
     /// `SendRequest` see it closed), while the futures may still be finishing streams.
     connection: Option<Pin<Box<C>>>,
-    futures: FuturesUnordered<BoxFuture>,
+    futures: FuturesUnordered<Isolated>,
     handed: ConnFutures,
 }
 
 type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A handed future whose panic ends it alone, as it would have ended the task of its own it was
+/// once spawned as: the connection and its other streams go on.
+type Isolated = CatchUnwind<AssertUnwindSafe<BoxFuture>>;
 
 /// The executor hyper's HTTP/2 client is given for one connection: what it executes is run by
 /// that connection's [`Drive`] task.
@@ -567,9 +574,21 @@ where
             }
             self.connection = None;
         }
-        self.futures
-            .extend(lock(&self.handed.shared.futures).drain(..));
-        while let Poll::Ready(Some(())) = self.futures.poll_next_unpin(cx) {}
+        self.futures.extend(
+            lock(&self.handed.shared.futures)
+                .drain(..)
+                .map(|future| AssertUnwindSafe(future).catch_unwind()),
+        );
+        while let Poll::Ready(Some(ended)) = self.futures.poll_next_unpin(cx) {
+            if let Err(panic) = ended {
+                let message = panic_message(&*panic);
+                tracing::error!(
+                    panic = message,
+                    "a future of an upstream HTTP/2 connection panicked; its stream fails, the \
+                     connection and its other streams go on"
+                );
+            }
+        }
         let finished = self.connection.is_none()
             && self.futures.is_empty()
             && lock(&self.handed.shared.futures).is_empty();
@@ -579,6 +598,15 @@ where
             Poll::Pending
         }
     }
+}
+
+/// What a panic said, if it said it as a string.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)")
 }
 
 impl<C> Future for Drive<C>
@@ -620,3 +648,7 @@ where
         polled
     }
 }
+
+#[cfg(test)]
+#[path = "h2_connections_drive_tests.rs"]
+mod drive_tests;
