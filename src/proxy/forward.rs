@@ -57,77 +57,91 @@ pub(super) const SERVICE_TIER: header::HeaderName =
     header::HeaderName::from_static("x-amzn-bedrock-service-tier");
 
 /// Forwards `request`; an `admitted` request takes `obs` along, to be written at settlement.
-pub async fn forward(
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps each argument twice while the call waits (rust-lang/rust#62958)"
+)]
+pub fn forward(
     state: &AppState,
     policy: &Arc<Policy>,
     request: Outgoing<'_>,
     admitted: Option<Admitted>,
     obs: &mut Option<Observation>,
-) -> Response {
-    let parts = request.parts;
-    let mut body = request.body;
-    let mut spilled_path = None;
-    let mut strip_usage_chunk = false;
-    let mut headers = request.headers;
-    let in_flight = admitted.map(|admitted| {
-        if let Some(rewritten) = admitted.body {
-            body = rewritten;
-        }
-        if let Some(tier) = admitted.service_tier_header {
-            // The route's forced tier, in place of the caller's.
-            headers.insert(SERVICE_TIER, HeaderValue::from_static(tier.label()));
-        }
-        strip_usage_chunk = admitted.strip_usage_chunk;
-        if admitted.spilled_from.is_some() {
-            // Sent as the pool's own model; the path signed is this path.
-            let model = admitted.hold.pool().config.model_id();
-            spilled_path = model_path(request.operation, model, parts.uri.query());
-        }
-        InFlight::new(admitted.hold, obs.take(), policy.observer.clone())
-    });
-    // Only a call the learned cap was written into can stop at it.
-    let retry = request.retry.filter(|_| {
-        in_flight
-            .as_ref()
-            .and_then(|f| f.hold().adaptive_cap())
-            .is_some()
-    });
-    let operation = request.operation;
-    let path_and_query = spilled_path
-        .as_deref()
-        .unwrap_or_else(|| raw_path_and_query(&parts.uri));
-    let sent = request
-        .upstream
-        .send(
-            operation,
-            &request.region,
-            parts.method.clone(),
-            path_and_query,
-            &headers,
-            body,
-        )
-        .await;
-    match (sent, in_flight) {
-        (Ok(response), Some(in_flight)) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
-            throttled(state, policy, in_flight, response, operation).await
-        }
-        (Ok(response), Some(in_flight)) if retry.is_some() && response.status().is_success() => {
-            let first = adaptive_retry::First {
-                parts: request.parts,
+) -> impl Future<Output = Response> {
+    async move {
+        let parts = request.parts;
+        let mut body = request.body;
+        let mut spilled_path = None;
+        let mut strip_usage_chunk = false;
+        let mut headers = request.headers;
+        let in_flight = admitted.map(|admitted| {
+            if let Some(rewritten) = admitted.body {
+                body = rewritten;
+            }
+            if let Some(tier) = admitted.service_tier_header {
+                // The route's forced tier, in place of the caller's.
+                headers.insert(SERVICE_TIER, HeaderValue::from_static(tier.label()));
+            }
+            strip_usage_chunk = admitted.strip_usage_chunk;
+            if admitted.spilled_from.is_some() {
+                // Sent as the pool's own model; the path signed is this path.
+                let model = admitted.hold.pool().config.model_id();
+                spilled_path = model_path(request.operation, model, parts.uri.query());
+            }
+            InFlight::new(admitted.hold, obs.take(), policy.observer.clone())
+        });
+        // Only a call the learned cap was written into can stop at it.
+        let retry = request.retry.filter(|_| {
+            in_flight
+                .as_ref()
+                .and_then(|f| f.hold().adaptive_cap())
+                .is_some()
+        });
+        let operation = request.operation;
+        let path_and_query = spilled_path
+            .as_deref()
+            .unwrap_or_else(|| raw_path_and_query(&parts.uri));
+        let sent = request
+            .upstream
+            .send(
                 operation,
-                upstream: request.upstream,
-            };
-            adaptive_retry::after_capped(state, policy, first, in_flight, response, retry).await
+                &request.region,
+                parts.method.clone(),
+                path_and_query,
+                &headers,
+                body,
+            )
+            .await;
+        match (sent, in_flight) {
+            (Ok(response), Some(in_flight))
+                if response.status() == StatusCode::TOO_MANY_REQUESTS =>
+            {
+                throttled(state, policy, in_flight, response, operation).await
+            }
+            (Ok(response), Some(in_flight))
+                if retry.is_some() && response.status().is_success() =>
+            {
+                let first = adaptive_retry::First {
+                    parts: request.parts,
+                    operation,
+                    upstream: request.upstream,
+                };
+                // Rare, and the largest state: boxed, so that every other call's is smaller.
+                Box::pin(adaptive_retry::after_capped(
+                    state, policy, first, in_flight, response, retry,
+                ))
+                .await
+            }
+            (Ok(response), in_flight) => respond(
+                state,
+                policy,
+                operation,
+                in_flight,
+                response,
+                strip_usage_chunk,
+            ),
+            (Err(e), in_flight) => unreachable(policy, in_flight, &e, operation),
         }
-        (Ok(response), in_flight) => respond(
-            state,
-            policy,
-            operation,
-            in_flight,
-            response,
-            strip_usage_chunk,
-        ),
-        (Err(e), in_flight) => unreachable(policy, in_flight, &e, operation),
     }
 }
 

@@ -104,33 +104,42 @@ impl Call {
 }
 
 /// Handles every `bedrock-runtime` and `sagemaker-runtime` call.
-pub async fn handle(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    // One policy generation for the whole request, whatever a reload does meanwhile.
-    let policy = state.policy();
-    let mut obs = Some(Observation::start());
-    let endpoint_call = request
-        .uri()
-        .path()
-        .starts_with(sagemaker::operation::PATH_PREFIX);
-    let mut turned_away = None;
-    let mut response = proxy(&state, &policy, request, &mut obs, &mut turned_away).await;
-    if endpoint_call {
-        response = sagemaker::error::own_answer(response);
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps each argument twice while the call waits (rust-lang/rust#62958)"
+)]
+pub fn handle(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+) -> impl Future<Output = Response> {
+    async move {
+        // One policy generation for the whole request, whatever a reload does meanwhile.
+        let policy = state.policy();
+        let mut obs = Some(Observation::start());
+        let endpoint_call = request
+            .uri()
+            .path()
+            .starts_with(sagemaker::operation::PATH_PREFIX);
+        let mut turned_away = None;
+        let mut response = proxy(&state, &policy, request, &mut obs, &mut turned_away).await;
+        if endpoint_call {
+            response = sagemaker::error::own_answer(response);
+        }
+        if let Some(mut obs) = obs {
+            obs.answered(response.status(), response.headers());
+            policy.observer.finished(obs);
+        }
+        let status = response.status();
+        if let (Some(Retryable { route, call }), true) = (
+            turned_away,
+            status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error(),
+        ) {
+            state
+                .rejections
+                .record(&route, &call, std::time::Instant::now());
+        }
+        response
     }
-    if let Some(mut obs) = obs {
-        obs.answered(response.status(), response.headers());
-        policy.observer.finished(obs);
-    }
-    let status = response.status();
-    if let (Some(Retryable { route, call }), true) = (
-        turned_away,
-        status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error(),
-    ) {
-        state
-            .rejections
-            .record(&route, &call, std::time::Instant::now());
-    }
-    response
 }
 
 /// A call its SDK may retry, and its route: a rejection answered to it vouches for the retry.
@@ -151,80 +160,86 @@ impl Retryable {
 
 /// Steps 1 to 4; `obs` is taken by an admitted request, whose line is written when it settles;
 /// `retryable` is set once the caller is identified, if its SDK names the call.
-async fn proxy(
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps each argument twice while the call waits (rust-lang/rust#62958)"
+)]
+fn proxy(
     state: &AppState,
     policy: &Arc<Policy>,
     request: Request,
     obs: &mut Option<Observation>,
     retryable: &mut Option<Retryable>,
-) -> Response {
-    let (parts, body) = request.into_parts();
-    let record = obs.get_or_insert_with(Observation::start);
-    policy.observer.began(record, &parts.headers);
-    // Until admission decides, an answer refuses the request itself (its path, its
-    // credentials, its body), in the error shape of the path's clients.
-    record.refused(Verdict::Invalid);
-    let dialect = Dialect::of_path(parts.uri.path());
-    let call = match Call::parse(&parts) {
-        Ok(call) => call,
-        Err(CallError::Model(e)) => return answer::target_error(e, dialect),
-        Err(CallError::Endpoint(e)) => return answer::endpoint_target_error(&e),
-    };
-    let operation = call.operation();
-    record.target(operation, call.label().as_deref());
-    if let Call::Model(target) = &call
-        && operation == Operation::InvokeModelWithBidirectionalStream
-    {
-        let model_id = target.model_id.as_deref();
-        return duplex::proxy(state, policy, parts, body, model_id, obs, retryable).await;
+) -> impl Future<Output = Response> {
+    async move {
+        let (parts, body) = request.into_parts();
+        let record = obs.get_or_insert_with(Observation::start);
+        policy.observer.began(record, &parts.headers);
+        // Until admission decides, an answer refuses the request itself (its path, its
+        // credentials, its body), in the error shape of the path's clients.
+        record.refused(Verdict::Invalid);
+        let dialect = Dialect::of_path(parts.uri.path());
+        let call = match Call::parse(&parts) {
+            Ok(call) => call,
+            Err(CallError::Model(e)) => return answer::target_error(e, dialect),
+            Err(CallError::Endpoint(e)) => return answer::endpoint_target_error(&e),
+        };
+        let operation = call.operation();
+        record.target(operation, call.label().as_deref());
+        if let Call::Model(target) = &call
+            && operation == Operation::InvokeModelWithBidirectionalStream
+        {
+            let model_id = target.model_id.as_deref();
+            return duplex::proxy(state, policy, parts, body, model_id, obs, retryable).await;
+        }
+        // Who is calling, from the head alone: an unknown caller never gets a body buffered.
+        let identity = match caller::identify_head(policy, &parts, operation) {
+            Ok(identity) => identity,
+            Err(refusal) => return refusal.into_response_in(dialect),
+        };
+        if let Some(refusal) = declared_not_json(operation, &parts.headers) {
+            return refusal;
+        }
+        let body = match read_body(state, &parts.headers, body, dialect).await {
+            Ok(body) => body,
+            Err(refusal) => return refusal,
+        };
+        let call_id = caller::call_id(&parts.headers, Some(&body));
+        let (id, rejections) = (call_id.as_ref(), &state.rejections);
+        let caller = match caller::identify(policy, &identity, &parts, &body, id, rejections) {
+            Ok(caller) => caller,
+            Err(refusal) => return refusal.into_response_in(dialect),
+        };
+        *retryable = Retryable::of(call_id, &caller);
+        record.caller(&caller);
+        let tier = service_tier(&parts.headers);
+        let decision = decide(policy, &call, (&body, tier), &caller, record).await;
+        if let Some(refusal) = answer::refusal(&decision, operation) {
+            return refusal;
+        }
+        let (upstream, region) = match destination(state, policy, &call, &decision) {
+            Ok(destination) => destination,
+            Err(unreachable) => return *unreachable,
+        };
+        let admitted = match decision {
+            Decision::Admit(admitted) => Some(admitted),
+            _ => None,
+        };
+        let mut headers =
+            headers::table(operation.api()).forwarded(&parts.headers, identity.signed_headers());
+        record.propagate_trace(&parts.headers, identity.signed_headers(), &mut headers);
+        let retry = adaptive_retry::Retry::for_call(&caller, &call, tier, &body, &headers);
+        let request = forward::Outgoing {
+            parts: &parts,
+            headers,
+            operation,
+            region,
+            body,
+            upstream: &upstream,
+            retry,
+        };
+        forward::forward(state, policy, request, admitted, obs).await
     }
-    // Who is calling, from the head alone: an unknown caller never gets a body buffered.
-    let identity = match caller::identify_head(policy, &parts, operation) {
-        Ok(identity) => identity,
-        Err(refusal) => return refusal.into_response_in(dialect),
-    };
-    if let Some(refusal) = declared_not_json(operation, &parts.headers) {
-        return refusal;
-    }
-    let body = match read_body(state, &parts.headers, body, dialect).await {
-        Ok(body) => body,
-        Err(refusal) => return refusal,
-    };
-    let call_id = caller::call_id(&parts.headers, Some(&body));
-    let (id, rejections) = (call_id.as_ref(), &state.rejections);
-    let caller = match caller::identify(policy, &identity, &parts, &body, id, rejections) {
-        Ok(caller) => caller,
-        Err(refusal) => return refusal.into_response_in(dialect),
-    };
-    *retryable = Retryable::of(call_id, &caller);
-    record.caller(&caller);
-    let tier = service_tier(&parts.headers);
-    let decision = decide(policy, &call, (&body, tier), &caller, record).await;
-    if let Some(refusal) = answer::refusal(&decision, operation) {
-        return refusal;
-    }
-    let (upstream, region) = match destination(state, policy, &call, &decision) {
-        Ok(destination) => destination,
-        Err(unreachable) => return *unreachable,
-    };
-    let admitted = match decision {
-        Decision::Admit(admitted) => Some(admitted),
-        _ => None,
-    };
-    let mut headers =
-        headers::table(operation.api()).forwarded(&parts.headers, identity.signed_headers());
-    record.propagate_trace(&parts.headers, identity.signed_headers(), &mut headers);
-    let retry = adaptive_retry::Retry::for_call(&caller, &call, tier, &body, &headers);
-    let request = forward::Outgoing {
-        parts: &parts,
-        headers,
-        operation,
-        region,
-        body,
-        upstream: &upstream,
-        retry,
-    };
-    forward::forward(state, policy, request, admitted, obs).await
 }
 
 /// InvokeModel's service tier header, if sent.

@@ -234,44 +234,50 @@ where
     /// Sends `request` (absolute URI) on a connection to its host, and waits for the response
     /// head. `replay` is a copy to send again if the server did not process the first (`None`:
     /// not retried).
-    pub async fn send(
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps each argument twice while the call waits (rust-lang/rust#62958)"
+    )]
+    pub fn send(
         &self,
         request: Request<B>,
         replay: Option<Request<B>>,
-    ) -> Result<Sent<B>, H2Error> {
-        let uri = request.uri().clone();
-        let host = self.host(&uri);
-        if host.http1.load(Ordering::Acquire) {
-            return Ok(Sent::Http1(request));
-        }
-        let (conn, guard) = match self.stream(&host, &uri, None).await? {
-            Some(chosen) => chosen,
-            None => return Ok(Sent::Http1(request)),
-        };
-        let mut failed = match conn.send.clone().try_send_request(request).await {
-            Ok(response) => return Ok(answered(response, guard)),
-            Err(e) => e,
-        };
-        drop(guard);
-        // Sent again only if it never left (its connection had closed) or was not processed.
-        let unsent = failed.take_message();
-        let error = failed.into_error();
-        if h2_error(&error).is_some_and(::h2::Error::is_go_away) {
-            conn.going_away.store(true, Ordering::Release);
-        }
-        let request = match (unsent, replay) {
-            (Some(unsent), _) => unsent,
-            (None, Some(copy)) if unprocessed(&error) => copy,
-            _ => return Err(H2Error::Send(error_chain(&error))),
-        };
-        tracing::debug!(error = %error_chain(&error), "upstream did not process the request; sending it again");
-        let (conn, guard) = match self.stream(&host, &uri, Some(&conn)).await? {
-            Some(chosen) => chosen,
-            None => return Ok(Sent::Http1(request)),
-        };
-        match conn.send.clone().send_request(request).await {
-            Ok(response) => Ok(answered(response, guard)),
-            Err(e) => Err(H2Error::Send(error_chain(&e))),
+    ) -> impl Future<Output = Result<Sent<B>, H2Error>> + '_ {
+        async move {
+            let uri = request.uri().clone();
+            let host = self.host(&uri);
+            if host.http1.load(Ordering::Acquire) {
+                return Ok(Sent::Http1(request));
+            }
+            let (conn, guard) = match self.stream(&host, &uri, None).await? {
+                Some(chosen) => chosen,
+                None => return Ok(Sent::Http1(request)),
+            };
+            let mut failed = match conn.send.clone().try_send_request(request).await {
+                Ok(response) => return Ok(answered(response, guard)),
+                Err(e) => e,
+            };
+            drop(guard);
+            // Sent again only if it never left (its connection had closed) or was not processed.
+            let unsent = failed.take_message();
+            let error = failed.into_error();
+            if h2_error(&error).is_some_and(::h2::Error::is_go_away) {
+                conn.going_away.store(true, Ordering::Release);
+            }
+            let request = match (unsent, replay) {
+                (Some(unsent), _) => unsent,
+                (None, Some(copy)) if unprocessed(&error) => copy,
+                _ => return Err(H2Error::Send(error_chain(&error))),
+            };
+            tracing::debug!(error = %error_chain(&error), "upstream did not process the request; sending it again");
+            let (conn, guard) = match self.stream(&host, &uri, Some(&conn)).await? {
+                Some(chosen) => chosen,
+                None => return Ok(Sent::Http1(request)),
+            };
+            match conn.send.clone().send_request(request).await {
+                Ok(response) => Ok(answered(response, guard)),
+                Err(e) => Err(H2Error::Send(error_chain(&e))),
+            }
         }
     }
 

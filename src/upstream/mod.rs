@@ -48,7 +48,13 @@ pub mod sagemaker;
 pub mod sign;
 pub mod signer;
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use bytes::Bytes;
 use dashmap::DashMap;
@@ -383,30 +389,36 @@ impl Upstream {
 
     /// Sends `request` over the HTTP/2 connections where they serve `endpoint`, else (or if
     /// the host turned out to speak HTTP/1.1) over hyper's pooled client.
-    async fn dispatch(
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps each argument twice while the call waits (rust-lang/rust#62958)"
+    )]
+    fn dispatch(
         &self,
         endpoint: &Endpoint,
         request: Request<Full<Bytes>>,
-    ) -> Result<Response<PooledBody>, UpstreamError> {
-        let failed = |e: String| UpstreamError::Connect(endpoint.shown.clone(), e);
-        let h2 = self
-            .h2
-            .as_ref()
-            .filter(|_| self.h2_plain_http || endpoint.scheme == Scheme::HTTPS);
-        let request = match h2 {
-            None => request,
-            Some(set) => {
-                let copy = replay(&request);
-                match set.send(request, Some(copy)).await {
-                    Ok(Sent::Answered(response)) => return Ok(response),
-                    Ok(Sent::Http1(request)) => request,
-                    Err(e) => return Err(failed(e.to_string())),
+    ) -> impl Future<Output = Result<Response<PooledBody>, UpstreamError>> {
+        async move {
+            let failed = |e: String| UpstreamError::Connect(endpoint.shown.clone(), e);
+            let h2 = self
+                .h2
+                .as_ref()
+                .filter(|_| self.h2_plain_http || endpoint.scheme == Scheme::HTTPS);
+            let request = match h2 {
+                None => request,
+                Some(set) => {
+                    let copy = replay(&request);
+                    match set.send(request, Some(copy)).await {
+                        Ok(Sent::Answered(response)) => return Ok(response),
+                        Ok(Sent::Http1(request)) => request,
+                        Err(e) => return Err(failed(e.to_string())),
+                    }
                 }
+            };
+            match self.client.request(request).await {
+                Ok(response) => Ok(response.map(PooledBody::plain)),
+                Err(e) => Err(failed(error_chain(&e))),
             }
-        };
-        match self.client.request(request).await {
-            Ok(response) => Ok(response.map(PooledBody::plain)),
-            Err(e) => Err(failed(error_chain(&e))),
         }
     }
 
@@ -448,14 +460,46 @@ impl Upstream {
 
     /// Waits for the response head of `call`, within the response timeout and the drain
     /// deadline.
-    async fn answer(
-        &self,
-        call: impl Future<Output = Result<Response<PooledBody>, UpstreamError>>,
-    ) -> Result<Response<PooledBody>, UpstreamError> {
-        let call = tokio::time::timeout(self.response_timeout, call);
-        tokio::select! {
-            answer = call => answer.unwrap_or(Err(UpstreamError::Timeout(self.response_timeout))),
-            () = self.deadline.cancelled() => Err(UpstreamError::ShuttingDown),
+    fn answer<F>(&self, call: F) -> Answer<'_, F>
+    where
+        F: Future<Output = Result<Response<PooledBody>, UpstreamError>>,
+    {
+        Answer {
+            call: tokio::time::timeout(self.response_timeout, call),
+            shutdown: self.deadline.cancelled(),
+            limit: self.response_timeout,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`Upstream::answer`]: a call's wait for its response head, with its timeout and the drain
+    /// deadline. A future of its own rather than an `async fn`, which keeps its argument (the
+    /// call, kilobytes of state) beside the copy it awaits for as long as the call waits
+    /// (rust-lang/rust#62958).
+    struct Answer<'a, F> {
+        #[pin]
+        call: tokio::time::Timeout<F>,
+        #[pin]
+        shutdown: tokio_util::sync::WaitForCancellationFuture<'a>,
+        limit: Duration,
+    }
+}
+
+impl<F> Future for Answer<'_, F>
+where
+    F: Future<Output = Result<Response<PooledBody>, UpstreamError>>,
+{
+    type Output = Result<Response<PooledBody>, UpstreamError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(answer) = this.call.poll(cx) {
+            return Poll::Ready(answer.unwrap_or(Err(UpstreamError::Timeout(*this.limit))));
+        }
+        match this.shutdown.poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(UpstreamError::ShuttingDown)),
+            Poll::Pending => Poll::Pending,
         }
     }
 }
