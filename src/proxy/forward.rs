@@ -74,20 +74,10 @@ pub fn forward(
         let mut spilled_path = None;
         let mut strip_usage_chunk = false;
         let mut headers = request.headers;
-        let in_flight = admitted.map(|admitted| {
-            if let Some(rewritten) = admitted.body {
-                body = rewritten;
-            }
-            if let Some(tier) = admitted.service_tier_header {
-                // The route's forced tier, in place of the caller's.
-                headers.insert(SERVICE_TIER, HeaderValue::from_static(tier.label()));
-            }
+        let in_flight = admitted.map(|mut admitted| {
+            let sent = (request.operation, parts);
+            spilled_path = admitted_changes(&mut admitted, sent, &mut body, &mut headers);
             strip_usage_chunk = admitted.strip_usage_chunk;
-            if admitted.spilled_from.is_some() {
-                // Sent as the pool's own model; the path signed is this path.
-                let model = admitted.hold.pool().config.model_id();
-                spilled_path = model_path(request.operation, model, parts.uri.query());
-            }
             InFlight::new(admitted.hold, obs.take(), policy.observer.clone())
         });
         // Only a call the learned cap was written into can stop at it.
@@ -143,6 +133,29 @@ pub fn forward(
             (Err(e), in_flight) => unreachable(policy, in_flight, &e, operation),
         }
     }
+}
+
+/// What an admitted call changes in the request it sends: admission's rewritten `body`, the
+/// route's forced tier in `headers`; the path it goes to when it spilled (sent as its pool's own
+/// model: the path signed is this path).
+fn admitted_changes(
+    admitted: &mut Admitted,
+    (operation, parts): (Operation, &Parts),
+    body: &mut bytes::Bytes,
+    headers: &mut http::HeaderMap,
+) -> Option<String> {
+    if let Some(rewritten) = admitted.body.take() {
+        *body = rewritten;
+    }
+    if let Some(tier) = admitted.service_tier_header {
+        // The route's forced tier, in place of the caller's.
+        headers.insert(SERVICE_TIER, HeaderValue::from_static(tier.label()));
+    }
+    let model = admitted.hold.pool().config.model_id();
+    admitted
+        .spilled_from
+        .as_ref()
+        .and_then(|_| model_path(operation, model, parts.uri.query()))
 }
 
 /// The most of a 429's body read to tell a daily quota from a per-minute one (Bedrock's are
