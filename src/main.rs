@@ -9,7 +9,7 @@ use tokengate::{
     config::{Config, LogFormat},
     gateway::{Gateway, GatewayOptions},
     healthcheck,
-    observe::log_writer::LogWriter,
+    observe::{log_fields::TextFields, log_writer::LogWriter},
     simulator::{self, SimulatorConfig},
 };
 
@@ -280,7 +280,7 @@ fn init_logging(format: LogFormat, level: &str) {
         .with_writer(LogWriter::stderr());
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.fmt_fields(TextFields).try_init(),
     };
 }
 

@@ -14,6 +14,7 @@
 
 pub mod access_log;
 pub mod emf;
+pub mod log_fields;
 pub mod log_writer;
 mod observation;
 pub mod otlp;
