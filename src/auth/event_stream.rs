@@ -26,11 +26,10 @@ use aws_sigv4::sign::v4::{calculate_signature, generate_signing_key};
 use aws_smithy_eventstream::frame::write_headers_to;
 use aws_smithy_types::event_stream::{Header, HeaderValue, Message};
 use bytes::Bytes;
-use sha2::{Digest, Sha256};
 
 use super::{
     amz_date::format_amz_date,
-    sigv4::{MAX_SKEW, constant_time_eq},
+    sigv4::{MAX_SKEW, constant_time_eq, hex_lower, sha256_hex},
 };
 use crate::config::Secret;
 
@@ -118,7 +117,7 @@ impl ChainVerifier {
         let malformed = FrameSignatureError::Malformed;
         let given = match header(envelope, CHUNK_SIGNATURE) {
             None => return Err(FrameSignatureError::Unsigned),
-            Some(HeaderValue::ByteArray(b)) if b.len() == 32 => hex::encode(b),
+            Some(HeaderValue::ByteArray(b)) if b.len() == 32 => hex_lower(b),
             Some(_) => return Err(malformed(":chunk-signature is not 32 bytes")),
         };
         let Some(HeaderValue::Timestamp(date)) = header(envelope, DATE) else {
@@ -141,8 +140,8 @@ impl ChainVerifier {
             self.region,
             self.service,
             self.prior,
-            hex::encode(Sha256::digest(&date_header)),
-            hex::encode(Sha256::digest(envelope.payload())),
+            sha256_hex(&date_header),
+            sha256_hex(envelope.payload()),
         );
         let key = generate_signing_key(&self.secret.0, at, &self.region, &self.service);
         let expected = calculate_signature(key, string_to_sign.as_bytes());

@@ -314,3 +314,15 @@ fn an_event_stream_head_is_signed_without_its_body() {
         Err(SigV4Error::SignatureMismatch)
     );
 }
+
+#[test]
+fn hex_lower_is_the_hex_crate_s_encoding() {
+    let every_byte: Vec<u8> = (0..=255).collect();
+    assert_eq!(hex_lower(&every_byte), hex::encode(&every_byte));
+    assert_eq!(hex_lower(&[]), "");
+    assert_eq!(
+        sha256_hex(b""),
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+        "the empty payload's hash, as AWS documents it"
+    );
+}

@@ -23,12 +23,11 @@ use aws_credential_types::Credentials;
 use aws_sigv4::sign::v4::{calculate_signature, generate_signing_key};
 use http::{HeaderName, HeaderValue, header};
 use percent_encoding::utf8_percent_encode;
-use sha2::{Digest, Sha256};
 
 use super::UpstreamError;
 use crate::auth::{
     amz_date::format_amz_date,
-    sigv4::{ALGORITHM, PATH_SET, canonical_query, trim_all},
+    sigv4::{ALGORITHM, PATH_SET, canonical_query, sha256_hex, trim_all},
 };
 
 /// Headers never signed (they may change on the way: `aws-sigv4`'s default exclusions).
@@ -122,7 +121,7 @@ impl SigningKeys {
         let (canonical, signed_headers) = canonical_request(request);
         let string_to_sign = format!(
             "{ALGORITHM}\n{date_time}\n{day}/{region}/{service}/aws4_request\n{}",
-            hex::encode(Sha256::digest(canonical.as_bytes()))
+            sha256_hex(canonical.as_bytes())
         );
         let key = self.key(credentials, (region, service), &day, at);
         let signature = calculate_signature(&key.key, string_to_sign.as_bytes());
@@ -185,6 +184,6 @@ fn canonical_request(request: &http::Request<bytes::Bytes>) -> (String, String) 
     out.push('\n');
     out.push_str(&signed);
     out.push('\n');
-    out.push_str(&hex::encode(Sha256::digest(request.body())));
+    out.push_str(&sha256_hex(request.body()));
     (out, signed)
 }
