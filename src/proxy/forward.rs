@@ -136,8 +136,7 @@ pub fn forward(
 }
 
 /// What an admitted call changes in the request it sends: admission's rewritten `body`, the
-/// route's forced tier in `headers`; the path it goes to when it spilled (sent as its pool's own
-/// model: the path signed is this path).
+/// route's forced tier in `headers`; the path it goes to when it spilled.
 fn admitted_changes(
     admitted: &mut Admitted,
     (operation, parts): (Operation, &Parts),
@@ -151,11 +150,10 @@ fn admitted_changes(
         // The route's forced tier, in place of the caller's.
         headers.insert(SERVICE_TIER, HeaderValue::from_static(tier.label()));
     }
+    admitted.spilled_from.as_ref()?;
+    // Sent as the pool's own model; the path signed is this path.
     let model = admitted.hold.pool().config.model_id();
-    admitted
-        .spilled_from
-        .as_ref()
-        .and_then(|_| model_path(operation, model, parts.uri.query()))
+    model_path(operation, model, parts.uri.query())
 }
 
 /// The most of a 429's body read to tell a daily quota from a per-minute one (Bedrock's are
