@@ -9,6 +9,9 @@
 //!   read of `maxTokens` and the input estimate, calibration, metrics, ledger) then
 //!   `Admitted::settle_usage`, observed as the proxy observes it (tracing off: the quota report's
 //!   counts, metrics, the access-log line).
+//! - `admission/admit_settle_converse_unobserved`: the same decision and settlement without the
+//!   observer (no request metrics, quota report or access-log line): admission and the ledger
+//!   alone, the split of the figure above.
 //! - `admission/admit_settle_converse_traced`: the same with tracing on, every request sampled:
 //!   its spans built and queued for the exporter (whose task sends them on a worker of its own).
 //!
@@ -173,18 +176,22 @@ default_max_tokens = 4096
 }
 
 /// One request's decision and settlement, observed as the proxy observes it (arrival with
-/// `headers`, the decision, the settlement and its access-log line).
+/// `headers`, the decision, the settlement and its access-log line); with `observer` `None`,
+/// the decision and settlement alone (nothing counted outside admission and the ledger).
 fn admit_settle(
     admission: &Admission,
-    observer: &Observer,
+    observer: Option<&Observer>,
     caller: &Caller,
     body: &Bytes,
     headers: &HeaderMap,
     usage: &Usage,
 ) {
-    let mut obs = Observation::start();
-    observer.began(&mut obs, headers);
-    obs.target(Operation::Converse, Some(MODEL));
+    let mut observed = observer.map(|observer| {
+        let mut obs = Observation::start();
+        observer.began(&mut obs, headers);
+        obs.target(Operation::Converse, Some(MODEL));
+        (observer, obs)
+    });
     let facts = Facts {
         operation: Operation::Converse,
         model_id: Some(MODEL),
@@ -198,11 +205,13 @@ fn admit_settle(
     let Some(decision) = decision else {
         panic!("the memory ledger never waits")
     };
-    observer.decided(&mut obs, &decision);
+    if let Some((observer, obs)) = &mut observed {
+        observer.decided(obs, &decision);
+    }
     match decision {
         Decision::Admit(mut admitted) => {
             let settled = admitted.hold.settle_usage(usage);
-            if let Some(settled) = settled {
+            if let (Some((observer, obs)), Some(settled)) = (observed, settled) {
                 observer.settled(obs, &settled);
             }
         }
@@ -283,7 +292,20 @@ fn admission(c: &mut Criterion) {
     };
     let mut group = c.benchmark_group("admission");
     group.bench_function("admit_settle_converse", |b| {
-        b.iter(|| admit_settle(&admission, &observer, &caller, &body, &headers, &usage));
+        b.iter(|| {
+            admit_settle(
+                &admission,
+                Some(&observer),
+                &caller,
+                &body,
+                &headers,
+                &usage,
+            )
+        });
+    });
+    // The decision and settlement alone: what the figure above spends outside the observer.
+    group.bench_function("admit_settle_converse_unobserved", |b| {
+        b.iter(|| admit_settle(&admission, None, &caller, &body, &headers, &usage));
     });
     // The same with tracing on: every request sampled, its three spans built and queued.
     // The exporter's task runs on a worker of its own, as in the proxy.
@@ -301,7 +323,7 @@ fn admission(c: &mut Criterion) {
         )
     };
     group.bench_function("admit_settle_converse_traced", |b| {
-        b.iter(|| admit_settle(&admission, &traced, &caller, &body, &headers, &usage));
+        b.iter(|| admit_settle(&admission, Some(&traced), &caller, &body, &headers, &usage));
     });
     // Reference points for reading the figure above: its one-pass read of the body alone, and the
     // parse into a `Value` and walk it replaced.
