@@ -35,6 +35,11 @@ struct Running {
 
 impl Running {
     async fn start(server: &str, tokens_per_second: u32) -> Running {
+        Running::start_with(server, tokens_per_second, &[]).await
+    }
+
+    /// [`Running::start`], with `serve`'s further command-line `args`.
+    async fn start_with(server: &str, tokens_per_second: u32, args: &[&str]) -> Running {
         let config = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\n{server}\n\n\
              [upstream]\nregion = \"us-east-1\"\nendpoint = \"simulated\"\n\n\
@@ -49,6 +54,7 @@ impl Running {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tokengate"))
             .args(["serve", "--config"])
             .arg(&path)
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -361,4 +367,47 @@ async fn queued_calls_are_answered_at_once_and_shutdown_reports_nothing_left() {
         1.0,
         "the holder settled on its usage; the queued call held nothing"
     );
+}
+
+#[tokio::test]
+async fn worker_threads_sets_how_many_threads_run_requests() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (args, expected) in [(&["--worker-threads", "1"][..], 1), (&[][..], cpus)] {
+        let mut proxy = Running::start_with("", 1000, args).await;
+        // The startup line says how many the runtime runs (batched: it comes within 50 ms).
+        let mut said = None;
+        eventually_async(Duration::from_secs(5), "the serving line", || {
+            said = proxy
+                .log_lines()
+                .iter()
+                .find(|line| line["fields"]["message"] == "serving")
+                .map(|line| line["fields"]["worker_threads"].clone());
+            std::future::ready(said.is_some())
+        })
+        .await;
+        assert_eq!(said, Some(Value::from(expected)), "serve {args:?}");
+        let r = raw_request(
+            proxy.addr,
+            "POST",
+            &model_path(SONNET_US, "converse"),
+            converse_body("[sim:output=5] hello", Some(10)),
+            false,
+        )
+        .await;
+        assert_eq!(r.status, 200, "serve {args:?} answers");
+        proxy.sigterm();
+        assert_eq!(proxy.exit_code(Duration::from_secs(30)).await, Some(0));
+    }
+}
+
+#[tokio::test]
+async fn worker_threads_of_zero_is_refused_with_the_flag_named() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .args(["serve", "--config", "unused.toml", "--worker-threads", "0"])
+        .output()
+        .await
+        .expect("tokengate runs");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--worker-threads"), "{stderr}");
 }
