@@ -22,7 +22,8 @@ AWS (the default, `http1`, is what nginx speaks upstream, for a like-for-like ho
 
 Several binaries (`LABEL=PATH ...`, e.g. a build before and after a change) are each started and
 driven in turn within every round, so an A/B comparison shares the machine's load too; the
-simulator is the first binary's.
+simulator is the first binary's. `serve` options may follow a path in the same argument, to compare
+settings of one build: `two=PATH 'one=PATH --worker-threads 1'`.
 
 Both proxies write one access-log line per request to a file in the run's temporary directory
 (tokengate's stderr; nginx's `access_log`), as each does by default; `--no-access-log` turns off
@@ -41,6 +42,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import statistics
@@ -211,7 +213,9 @@ def pace_rounds(targets: dict, pids: dict[str, int], proxies: list, opts) -> Non
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("binary", nargs="+",
-                        help="tokengate binaries, each `PATH` or `LABEL=PATH` (A/B runs alternate)")
+                        help="tokengate binaries, each `PATH` or `LABEL=PATH` (A/B runs alternate); "
+                             "`serve` options may follow the path in the same argument: "
+                             "'one=PATH --worker-threads 1'")
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=32)
@@ -244,8 +248,9 @@ def main() -> None:
                               'wrk.headers["content-type"] = "application/json"\n'
                               f'wrk.headers["authorization"] = "{AUTH}"\n')
             (tmp / "sim.toml").write_text(simulator_config())
-            sim, sim_addr = start([proxies[0][1], "simulate", "--listen", "127.0.0.1:0", "--config",
-                                   str(tmp / "sim.toml")], "simulator", env, subprocess.DEVNULL)
+            first = shlex.split(proxies[0][1])[0]
+            sim, sim_addr = start([first, "simulate", "--listen", "127.0.0.1:0", "--config", str(tmp / "sim.toml")],
+                                  "simulator", env, subprocess.DEVNULL)
             procs.append(sim)
             ledger = '[ledger]\nbackend = "memory"\n'
             if opts.ledger == "redis":
@@ -259,8 +264,9 @@ def main() -> None:
             pids = {"simulator": sim.pid, "nginx": nginx.pid}
             for label, binary in proxies:
                 with open(tmp / f"{label}.log", "w") as log:
-                    proxy, proxy_addr = start([binary, "serve", "--config", str(tmp / "proxy.toml")],
-                                              "tokengate", env, log)
+                    path, *serve_options = shlex.split(binary)
+                    proxy, proxy_addr = start([path, "serve", "--config", str(tmp / "proxy.toml"),
+                                               *serve_options], "tokengate", env, log)
                 procs.append(proxy)
                 targets[label] = proxy_addr
                 pids[label] = proxy.pid
