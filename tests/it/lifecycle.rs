@@ -55,6 +55,8 @@ impl Running {
             .args(["serve", "--config"])
             .arg(&path)
             .args(args)
+            // The runtime's own override, which would change the default counted below.
+            .env_remove("TOKIO_WORKER_THREADS")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
