@@ -135,16 +135,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    runtime.enable_all();
-    if let Command::Serve {
-        worker_threads: Some(threads),
-        ..
-    } = &cli.command
-    {
-        runtime.worker_threads(threads.get());
-    }
-    let runtime = match runtime.build() {
+    let runtime = match runtime(&cli.command) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tokengate: cannot start the runtime: {e}");
@@ -166,6 +157,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The runtime `command` runs on: one request thread per CPU, or `serve --worker-threads`.
+fn runtime(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if let Command::Serve {
+        worker_threads: Some(threads),
+        ..
+    } = command
+    {
+        runtime.worker_threads(threads.get());
+    }
+    runtime.build()
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {
