@@ -159,15 +159,32 @@ fn main() -> ExitCode {
     }
 }
 
-/// The runtime `command` runs on: one request thread per CPU, or `serve --worker-threads`.
+/// The runtime `command` runs on: one request thread per CPU, or `serve --worker-threads`, or
+/// tokio's own `TOKIO_WORKER_THREADS` (checked here: tokio would panic on a bad value).
 fn runtime(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
-    if let Command::Serve {
-        worker_threads: Some(threads),
-        ..
-    } = command
-    {
+    let flag = match command {
+        Command::Serve { worker_threads, .. } => *worker_threads,
+        _ => None,
+    };
+    let threads = match (flag, std::env::var_os("TOKIO_WORKER_THREADS")) {
+        (Some(threads), _) => Some(threads),
+        (None, Some(value)) => Some(
+            value
+                .to_str()
+                .and_then(|v| v.parse::<NonZeroUsize>().ok())
+                .ok_or_else(|| {
+                    std::io::Error::other(format!(
+                        "TOKIO_WORKER_THREADS={}: not a positive number of threads \
+                         (unset it, or use serve --worker-threads)",
+                        value.to_string_lossy()
+                    ))
+                })?,
+        ),
+        (None, None) => None,
+    };
+    if let Some(threads) = threads {
         runtime.worker_threads(threads.get());
     }
     runtime.build()

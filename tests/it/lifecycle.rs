@@ -413,3 +413,20 @@ async fn worker_threads_of_zero_is_refused_with_the_flag_named() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--worker-threads"), "{stderr}");
 }
+
+#[tokio::test]
+async fn a_bad_tokio_worker_threads_is_an_error_not_a_panic() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
+        .args(["serve", "--config", "unused.toml"])
+        .env("TOKIO_WORKER_THREADS", "0")
+        .output()
+        .await
+        .expect("tokengate runs");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("TOKIO_WORKER_THREADS=0: not a positive number")
+            && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+}
