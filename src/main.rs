@@ -160,34 +160,37 @@ fn main() -> ExitCode {
 }
 
 /// The runtime `command` runs on: one request thread per CPU, or `serve --worker-threads`, or
-/// tokio's own `TOKIO_WORKER_THREADS` (checked here: tokio would panic on a bad value).
+/// tokio's own `TOKIO_WORKER_THREADS`.
 fn runtime(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
-    let flag = match command {
-        Command::Serve { worker_threads, .. } => *worker_threads,
-        _ => None,
-    };
-    let threads = match (flag, std::env::var_os("TOKIO_WORKER_THREADS")) {
-        (Some(threads), _) => Some(threads),
-        (None, Some(value)) => Some(
-            value
-                .to_str()
-                .and_then(|v| v.parse::<NonZeroUsize>().ok())
-                .ok_or_else(|| {
-                    std::io::Error::other(format!(
-                        "TOKIO_WORKER_THREADS={}: not a positive number of threads \
-                         (unset it, or use serve --worker-threads)",
-                        value.to_string_lossy()
-                    ))
-                })?,
-        ),
-        (None, None) => None,
+    let threads = match command {
+        Command::Serve {
+            worker_threads: Some(threads),
+            ..
+        } => Some(*threads),
+        _ => tokio_worker_threads()?,
     };
     if let Some(threads) = threads {
         runtime.worker_threads(threads.get());
     }
     runtime.build()
+}
+
+/// `TOKIO_WORKER_THREADS`, if set, checked here: tokio would panic on a value that is not a
+/// positive number.
+fn tokio_worker_threads() -> std::io::Result<Option<NonZeroUsize>> {
+    let Some(value) = std::env::var_os("TOKIO_WORKER_THREADS") else {
+        return Ok(None);
+    };
+    match value.to_str().and_then(|v| v.parse().ok()) {
+        Some(threads) => Ok(Some(threads)),
+        None => Err(std::io::Error::other(format!(
+            "TOKIO_WORKER_THREADS={}: not a positive number of threads \
+             (unset it, or use serve --worker-threads)",
+            value.to_string_lossy()
+        ))),
+    }
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {

@@ -402,28 +402,33 @@ async fn worker_threads_sets_how_many_threads_run_requests() {
     }
 }
 
-#[tokio::test]
-async fn worker_threads_of_zero_is_refused_with_the_flag_named() {
+/// `tokengate serve` with `args` and `env`, which must exit before it starts: its exit code and
+/// stderr.
+async fn refused_at_start(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
-        .args(["serve", "--config", "unused.toml", "--worker-threads", "0"])
+        .args(["serve", "--config", "unused.toml"])
+        .args(args)
+        .envs(env.iter().copied())
         .output()
         .await
         .expect("tokengate runs");
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn worker_threads_of_zero_is_refused_with_the_flag_named() {
+    let (code, stderr) = refused_at_start(&["--worker-threads", "0"], &[]).await;
+    assert_eq!(code, Some(2));
     assert!(stderr.contains("--worker-threads"), "{stderr}");
 }
 
 #[tokio::test]
 async fn a_bad_tokio_worker_threads_is_an_error_not_a_panic() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tokengate"))
-        .args(["serve", "--config", "unused.toml"])
-        .env("TOKIO_WORKER_THREADS", "0")
-        .output()
-        .await
-        .expect("tokengate runs");
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (code, stderr) = refused_at_start(&[], &[("TOKIO_WORKER_THREADS", "0")]).await;
+    assert_eq!(code, Some(1));
     assert!(
         stderr.contains("TOKIO_WORKER_THREADS=0: not a positive number")
             && !stderr.contains("panicked"),
