@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ATOMIC = re.compile(r"^\s*([0-9a-f]+):\s+(lock |xchg\s+%?\w+,\(|xchg\s+\S*\()")
+ATOMIC = re.compile(r"^\s*([0-9a-f]+):\s+(lock |xchg\s+\S*\()")  # xchg with memory locks implicitly
 NAMED = re.compile(r"\((\d+)\)(?: (.*))?")
 
 
