@@ -399,6 +399,7 @@ async fn worker_threads_sets_how_many_threads_run_requests() {
         assert_eq!(r.status, 200, "serve {args:?} answers");
         proxy.sigterm();
         assert_eq!(proxy.exit_code(Duration::from_secs(30)).await, Some(0));
+        proxy.assert_stopped_clean();
     }
 }
 
